@@ -1,0 +1,1 @@
+"""The ``dsa-runtime`` command line."""

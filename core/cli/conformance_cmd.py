@@ -1,0 +1,3 @@
+HELP = "list plugins"
+def add_arguments(p): pass
+def run(a): return 0

@@ -1,0 +1,335 @@
+"""The five kernel families: names and the contract each implementation follows.
+
+Every backend provides one object per family it supports. The methods below are the whole contract:
+shapes, dtypes and layouts in the docstrings are normative, and the conformance kit
+(:mod:`dsa_runtime.testing`) checks each claimed case against the ``reference`` backend.
+
+Conventions used throughout:
+
+* ``e4m3`` is ``torch.float8_e4m3fn`` (max 448). FP8 scales are fp32 multipliers: ``x ~= fp32(x8) * scale``.
+* ``scale_fmt`` is ``"ue8m0"`` (scale rounded *up* to a power of two, as V3.1/V3.2 checkpoints use) or
+  ``"float"`` (plain ``amax / 448``, V3/R1). In both, ``amax`` is floored at ``1e-4`` first.
+* Index tensors are ``int32``; ``-1`` marks an empty slot and is never dereferenced.
+* A *slot* is a physical KV position: ``page * page_size + offset``.
+* MLA rows have ``d_qk = 576`` (512 latent ``c`` + 64 rotated ``k_pe``) and ``d_v = 512``.
+
+Cache layouts (see ``shared/specs/dsa-model.md`` sections 3 and 5):
+
+* ``"bf16"`` MLA layout: cache ``[pages, page_size, 576]`` bf16, row = ``[c | k_pe]``.
+* ``"fp8_656"`` MLA layout: cache ``[pages, page_size, 656]`` uint8, row bytes 0-511 = 512 e4m3 of ``c``,
+  512-527 = four fp32 scales (scale j covers ``c[128j:128j+128]``), 528-655 = 64 bf16 of ``k_pe``.
+* ``"index_k_132"`` indexer layout: cache ``[pages, page_size * 132]`` uint8; one page holds
+  ``page_size * 128`` e4m3 bytes (token-major) followed by ``page_size`` fp32 scales.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+Family = Literal["indexer", "topk", "sparse_attn", "kv_quant", "moe"]
+FAMILIES: tuple[Family, ...] = ("indexer", "topk", "sparse_attn", "kv_quant", "moe")
+
+ScaleFmt = Literal["ue8m0", "float"]
+MLALayout = Literal["bf16", "fp8_656"]
+MLA_LAYOUTS: tuple[MLALayout, ...] = ("bf16", "fp8_656")
+
+D_LATENT = 512
+D_ROPE = 64
+D_QK = D_LATENT + D_ROPE  # 576
+D_V = D_LATENT  # 512
+FP8_MLA_ROW_BYTES = 656
+INDEX_HEAD_DIM = 128
+INDEX_K_ROW_BYTES = INDEX_HEAD_DIM + 4  # 132
+FP8_MAX = 448.0
+FP8_AMAX_FLOOR = 1e-4
+QUANT_BLOCK = 128
+
+
+@runtime_checkable
+class IndexerKernels(Protocol):
+    """Lightning indexer: FP8 logits ``I[t, s] = k_scale[s] * sum_h w[t, h] * relu(q8[t, h] . k8[s])``."""
+
+    def quantize_q(
+        self, q: Tensor, head_weights: Tensor, *, scale_fmt: ScaleFmt = "ue8m0"
+    ) -> tuple[Tensor, Tensor]:
+        """Rotate and quantize indexer queries and fold their scales into the head weights.
+
+        Args:
+            q: ``[T, H, 128]`` bf16 (or fp32), RoPE already applied, *before* the Hadamard rotation.
+            head_weights: ``[T, H]`` fp32, the raw ``weights_proj(x)`` output.
+        Returns:
+            ``q8`` ``[T, H, 128]`` e4m3: normalized Walsh-Hadamard rotation ``H x / sqrt(128)``, then one FP8
+            block (scale) per (t, h); and ``w`` ``[T, H]`` fp32 =
+            ``head_weights * H**-0.5 * q_scale * 128**-0.5``.
+        """
+        ...
+
+    def quantize_k(self, k: Tensor, *, scale_fmt: ScaleFmt = "ue8m0") -> tuple[Tensor, Tensor]:
+        """Rotate and quantize indexer keys.
+
+        Args:
+            k: ``[S, 128]`` bf16 or fp32, after ``k_norm`` and RoPE, before the Hadamard rotation.
+        Returns:
+            ``k8`` ``[S, 128]`` e4m3 and ``k_scale`` ``[S]`` fp32 (one block per token).
+        """
+        ...
+
+    def logits_ragged(
+        self, q8: Tensor, weights: Tensor, k8: Tensor, k_scale: Tensor, ks: Tensor, ke: Tensor
+    ) -> Tensor:
+        """Prefill logits with a key window per query row (DeepGEMM ``fp8_mqa_logits`` semantics).
+
+        Args:
+            q8: ``[T, H, 128]`` e4m3. weights: ``[T, H]`` fp32 (from :meth:`quantize_q`).
+            k8: ``[S, 128]`` e4m3 and k_scale ``[S]`` fp32: keys of all requests, concatenated.
+            ks, ke: ``[T]`` int32; row t sees keys ``ks[t] <= s < ke[t]`` (an empty window is allowed).
+        Returns:
+            ``[T, S]`` fp32, ``-inf`` outside each row's window.
+        """
+        ...
+
+    def logits_paged(
+        self,
+        q8: Tensor,
+        weights: Tensor,
+        index_cache: Tensor,
+        context_lens: Tensor,
+        block_table: Tensor,
+        max_context_len: int,
+    ) -> Tensor:
+        """Decode logits over the paged ``index_k_132`` cache (DeepGEMM ``fp8_paged_mqa_logits``).
+
+        Args:
+            q8: ``[B, N, H, 128]`` e4m3, N = queries per request (1, or 2+ with MTP).
+            weights: ``[B * N, H]`` fp32.
+            index_cache: ``[pages, page_size * 132]`` uint8; page_size = ``index_cache.shape[1] // 132``.
+            context_lens: ``[B]`` int32, tokens in each request's cache (the N new ones included).
+            block_table: ``[B, max_pages]`` int32, request page -> physical page.
+            max_context_len: width of the output.
+        Returns:
+            ``[B * N, max_context_len]`` fp32. Query j of request b sees positions
+            ``p < context_lens[b] - N + j + 1``; every other entry is ``-inf``.
+        """
+        ...
+
+
+@runtime_checkable
+class TopKKernels(Protocol):
+    """Exact top-k within each row's window, and the request-position -> KV-slot transform."""
+
+    def topk(self, logits: Tensor, row_starts: Tensor, row_ends: Tensor, k: int) -> Tensor:
+        """Select the k largest logits of each row inside ``[row_starts[r], row_ends[r])``.
+
+        Args:
+            logits: ``[R, L]`` fp32 (values outside the window are ignored, whatever they are).
+            row_starts, row_ends: ``[R]`` int32 with ``0 <= start <= end <= L``.
+            k: number of entries per row (2048 for V3.2; any positive k is allowed).
+        Returns:
+            ``[R, k]`` int32 positions *relative to the row start* (``col - row_starts[r]``). When the window
+            holds ``n < k`` keys every one of them is selected and the other ``k - n`` entries are ``-1``.
+            Order inside a row is unspecified; the kit judges the selected set. Every position inside the
+            window is a candidate, ``-inf`` logits included. Ties: the reference keeps the lower column;
+            other backends may break ties differently (the kit accepts any set with the same values).
+        """
+        ...
+
+    def page_table_transform(
+        self, topk_indices: Tensor, page_table: Tensor, row_to_batch: Tensor, page_size: int
+    ) -> Tensor:
+        """Map request positions to physical slots: ``page_table[b, p // page_size] * page_size + p % page_size``.
+
+        Args:
+            topk_indices: ``[R, k]`` int32 request positions, ``-1`` padded.
+            page_table: ``[B, max_pages]`` int32. row_to_batch: ``[R]`` int32, the request of each row.
+        Returns:
+            ``[R, k]`` int32 slots; ``-1`` stays ``-1``.
+        """
+        ...
+
+    def topk_transform(
+        self,
+        logits: Tensor,
+        row_starts: Tensor,
+        row_ends: Tensor,
+        k: int,
+        page_table: Tensor,
+        row_to_batch: Tensor,
+        page_size: int,
+    ) -> Tensor:
+        """Fused :meth:`topk` then :meth:`page_table_transform`; same result as calling both."""
+        ...
+
+
+@runtime_checkable
+class SparseAttnKernels(Protocol):
+    """Sparse MLA in absorbed (MQA) form over top-k selected latents; returns output and log-sum-exp.
+
+    ``score = (q . kv_row[:576]) * sm_scale`` over the selected rows; ``out = softmax(score) @ kv_row[:512]``;
+    ``lse = log(sum(exp(score)))`` in natural log. A query whose selection holds no valid row outputs zeros
+    and ``lse = +inf`` (FlashMLA's convention). Duplicate indices each contribute (top-k never makes them).
+    Accumulate in fp32. ``sm_scale`` for V3.2 is 0.135234 (never 576**-0.5).
+    """
+
+    def prefill(
+        self, q: Tensor, kv: Tensor, indices: Tensor, sm_scale: float, d_v: int = D_V
+    ) -> tuple[Tensor, Tensor]:
+        """Ragged prefill over a flat bf16 KV buffer (``flash_mla_sparse_fwd`` semantics).
+
+        Args:
+            q: ``[T, H, 576]`` bf16, any head count H.
+            kv: ``[S, 576]`` bf16 (batches flattened; indices already offset).
+            indices: ``[T, K]`` int32 rows of ``kv``; ``-1`` or ``>= S`` is invalid.
+        Returns:
+            ``out`` ``[T, H, d_v]`` bf16 and ``lse`` ``[T, H]`` fp32.
+        """
+        ...
+
+    def decode(
+        self,
+        q: Tensor,
+        kv_cache: Tensor,
+        indices: Tensor,
+        sm_scale: float,
+        *,
+        layout: MLALayout,
+        d_v: int = D_V,
+    ) -> tuple[Tensor, Tensor]:
+        """Paged decode (``flash_mla_with_kvcache(..., indices=...)`` semantics).
+
+        Args:
+            q: ``[B, Q, H, 576]`` bf16 (Q queries per request, e.g. 2 with MTP).
+            kv_cache: ``[pages, page_size, 576]`` bf16 (``layout="bf16"``) or ``[pages, page_size, 656]`` uint8
+                (``layout="fp8_656"``).
+            indices: ``[B, Q, K]`` int32 physical slots, ``-1`` invalid.
+        Returns:
+            ``out`` ``[B, Q, H, d_v]`` bf16 and ``lse`` ``[B, Q, H]`` fp32.
+        """
+        ...
+
+
+@runtime_checkable
+class KVQuantKernels(Protocol):
+    """KV cache layouts: quantize, store into pages, dequantize."""
+
+    def quantize_mla(
+        self, c: Tensor, k_pe: Tensor, *, layout: MLALayout, scale_fmt: ScaleFmt = "ue8m0"
+    ) -> Tensor:
+        """Pack MLA rows. c: ``[N, 512]``, k_pe: ``[N, 64]`` (bf16, k_pe already rotated).
+
+        Returns ``[N, 656]`` uint8 for ``fp8_656`` (c quantized per 128-tile, k_pe kept bf16) or ``[N, 576]``
+        bf16 for ``bf16``.
+        """
+        ...
+
+    def dequantize_mla(self, rows: Tensor, *, layout: MLALayout) -> Tensor:
+        """Unpack ``[N, 656]`` uint8 or ``[N, 576]`` bf16 rows into ``[N, 576]`` bf16."""
+        ...
+
+    def store_mla(
+        self,
+        kv_cache: Tensor,
+        slots: Tensor,
+        c: Tensor,
+        k_pe: Tensor,
+        *,
+        layout: MLALayout,
+        scale_fmt: ScaleFmt = "ue8m0",
+    ) -> None:
+        """Quantize and write rows into ``kv_cache`` ``[pages, page_size, W]`` in place.
+
+        slots: ``[N]`` int32/int64; a slot of ``-1`` is skipped (padding). Other slots are untouched.
+        """
+        ...
+
+    def store_index_k(self, index_cache: Tensor, slots: Tensor, k8: Tensor, k_scale: Tensor) -> None:
+        """Write ``k8`` ``[N, 128]`` e4m3 and ``k_scale`` ``[N]`` fp32 into the ``index_k_132`` cache in place.
+
+        ``index_cache`` ``[pages, page_size * 132]`` uint8; slot ``-1`` is skipped.
+        """
+        ...
+
+    def gather_index_k(self, index_cache: Tensor, slots: Tensor) -> tuple[Tensor, Tensor]:
+        """Read ``[N]`` slots back: ``k8`` ``[N, 128]`` e4m3 and ``k_scale`` ``[N]`` fp32."""
+        ...
+
+
+@dataclass
+class ExpertWeights:
+    """Stacked SwiGLU expert weights: ``out = w2 @ (silu(w1 @ x) * (w3 @ x))``.
+
+    w13: ``[E, 2 * I, D]``, rows ``[:I]`` = w1 (gate_proj), rows ``[I:]`` = w3 (up_proj).
+    w2: ``[E, D, I]`` (down_proj). Either bf16, or e4m3 with block scales
+    ``w13_scale`` ``[E, ceil(2I / 128), ceil(D / 128)]`` and ``w2_scale`` ``[E, ceil(D / 128), ceil(I / 128)]``
+    fp32 (multipliers; edge blocks may be partial).
+    """
+
+    w13: Tensor
+    w2: Tensor
+    w13_scale: Tensor | None = None
+    w2_scale: Tensor | None = None
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.w13_scale is not None
+
+
+@runtime_checkable
+class MoEKernels(Protocol):
+    """DeepSeek MoE: grouped top-k routing and the expert computation."""
+
+    def route(
+        self,
+        router_logits: Tensor,
+        correction_bias: Tensor,
+        *,
+        top_k: int,
+        n_group: int,
+        topk_group: int,
+        routed_scaling_factor: float,
+        renormalize: bool = True,
+    ) -> tuple[Tensor, Tensor]:
+        """Grouped ``noaux_tc`` routing.
+
+        Args:
+            router_logits: ``[T, E]`` fp32 (``x @ Wg.T`` in fp32).
+            correction_bias: ``[E]`` fp32, used for *choosing* only.
+        Returns:
+            ``weights`` ``[T, top_k]`` fp32 and ``ids`` ``[T, top_k]`` int32. ``p = sigmoid(logits)``;
+            ``b = p + bias`` viewed as ``n_group`` groups; group score = sum of the top-2 ``b`` in the group;
+            keep ``topk_group`` groups; choose top_k experts by ``b`` inside them; weights are the *unbiased*
+            ``p`` of the chosen experts, divided by their sum when ``renormalize``, times
+            ``routed_scaling_factor``. Order of the k entries is unspecified. Ties: lower index wins.
+        """
+        ...
+
+    def experts(
+        self,
+        x: Tensor,
+        topk_weights: Tensor,
+        topk_ids: Tensor,
+        experts: ExpertWeights,
+        shared: ExpertWeights | None = None,
+    ) -> Tensor:
+        """``out[t] = sum_j topk_weights[t, j] * E_{ids[t, j]}(x[t]) + shared(x[t])``.
+
+        Args:
+            x: ``[T, D]`` bf16. topk_weights: ``[T, k]`` fp32. topk_ids: ``[T, k]`` int32, ``-1`` = skip
+                (an expert held by another rank).
+            experts: ``E`` routed experts. shared: one expert (``E = 1``) always added with weight 1, or None.
+        Returns:
+            ``[T, D]`` bf16 (accumulated in fp32).
+        """
+        ...
+
+
+FAMILY_PROTOCOLS: dict[str, type] = {
+    "indexer": IndexerKernels,
+    "topk": TopKKernels,
+    "sparse_attn": SparseAttnKernels,
+    "kv_quant": KVQuantKernels,
+    "moe": MoEKernels,
+}
