@@ -1,0 +1,66 @@
+"""Built-in plugin: the ``cpu`` platform and the ``reference`` backend (plain PyTorch, every family)."""
+
+from __future__ import annotations
+
+from dsa_runtime.backend import Backend
+from dsa_runtime.capabilities import Capabilities
+from dsa_runtime.families import FAMILIES
+from dsa_runtime.hookspecs import hookimpl
+from dsa_runtime.platform import Detection, Platform, PlatformDefaults
+
+KERNELS = {
+    "indexer": "dsa_runtime.reference.indexer:ReferenceIndexer",
+    "topk": "dsa_runtime.reference.topk:ReferenceTopK",
+    "sparse_attn": "dsa_runtime.reference.sparse_attn:ReferenceSparseAttn",
+    "kv_quant": "dsa_runtime.reference.kv_quant:ReferenceKVQuant",
+    "moe": "dsa_runtime.reference.moe:ReferenceMoE",
+}
+
+
+def reference_backend() -> Backend:
+    """The oracle of the conformance kit: every family, every claim, CPU and CUDA, fp32 accumulation."""
+    return Backend(
+        name="reference",
+        capabilities=Capabilities(families=frozenset(FAMILIES), devices=frozenset({"cpu", "cuda"})),
+        kernels=KERNELS,
+        platform="any",
+        description="plain PyTorch, fp32 accumulation, exactly per the spec; for correctness, not speed",
+    )
+
+
+def _detect_cpu() -> Detection:
+    return Detection(present=True, reason="a CPU is always present", device="cpu")
+
+
+def _cpu_defaults(_: Detection) -> PlatformDefaults:
+    return PlatformDefaults(
+        kv_layout="bf16",
+        page_size=64,
+        dense_prefill_threshold=2048,
+        prefill_attn="reference",
+        decode_attn="reference",
+        backends={family: ("reference",) for family in FAMILIES},
+        reasons={
+            "kv_layout": "bf16 KV: no FP8 arithmetic advantage on CPU",
+            "page_size": "64, the page size every GPU kernel uses, so caches are interchangeable",
+            "backends": "only the reference backend runs on CPU",
+        },
+    )
+
+
+@hookimpl
+def dsa_register_platforms(register):
+    register(
+        Platform(
+            name="cpu",
+            detect=_detect_cpu,
+            defaults=_cpu_defaults,
+            priority=0,
+            description="any CPU; runs the reference backend",
+        )
+    )
+
+
+@hookimpl
+def dsa_register_backends(register):
+    register(reference_backend())
