@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from dsa_runtime.capabilities import Capabilities
+from dsa_runtime.errors import PluginError
 from dsa_runtime.families import FAMILIES
 
 KernelFactory = str | Callable[[], object]
@@ -61,6 +62,12 @@ class Backend:
             raise KeyError(f"backend {self.name!r} does not provide {family!r}")
         if family not in self._cache:
             factory = self.kernels[family]
-            made = load_object(factory) if isinstance(factory, str) else factory
-            self._cache[family] = made() if callable(made) else made
+            try:
+                made = load_object(factory) if isinstance(factory, str) else factory
+                self._cache[family] = made() if callable(made) else made
+            except Exception as exc:
+                raise PluginError(
+                    f"backend {self.name!r} (plugin {self.plugin or '?'}) failed to load its {family} kernel "
+                    f"{factory if isinstance(factory, str) else repr(factory)}: {type(exc).__name__}: {exc}"
+                ) from exc
         return self._cache[family]

@@ -1,3 +1,143 @@
-HELP = "list plugins"
-def add_arguments(p): pass
-def run(a): return 0
+"""``dsa-runtime plugins``: every plugin, its hardware, the families it provides and why others are missing."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from dsa_runtime.families import FAMILIES
+
+HELP = "list plugins, platforms, backends and parsers, with availability and reasons"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    parser.add_argument(
+        "--resolve", action="store_true", help="also show what 'auto' resolves each kernel family to on this machine"
+    )
+
+
+def collect(resolve: bool = False) -> dict:
+    """Everything ``plugins`` shows, as plain data."""
+    from dsa_runtime.plugin_manager import BUILTIN_PLUGINS, GROUPS, get_manager
+
+    manager = get_manager()
+    plugins = []
+    builtin_order = list(BUILTIN_PLUGINS)
+    ordered = sorted(
+        manager.reports.items(),
+        key=lambda kv: (GROUPS.index(kv[1].group) if kv[1].group in GROUPS else 9, builtin_order.index(kv[0]) if kv[0] in builtin_order else len(builtin_order), kv[0]),
+    )
+    for key, report in ordered:
+        entry: dict = {
+            "name": report.name,
+            "group": report.group,
+            "source": report.source,
+            "status": report.status,
+            "reason": report.reason,
+            "problems": list(report.problems),
+            "platforms": [],
+            "backends": [],
+            "parsers": [],
+        }
+        for platform in manager.platforms.values():
+            if platform.plugin != key:
+                continue
+            detection = platform.detect()
+            provided = sorted(
+                {f for b in manager.backends.values() if b.platform == platform.name for f in b.kernels}
+            )
+            entry["platforms"].append(
+                {
+                    "name": platform.name,
+                    "description": platform.description,
+                    "present": detection.present,
+                    "reason": detection.reason,
+                    "details": dict(detection.details),
+                    "families_provided": provided,
+                    "families_unavailable": {
+                        f: platform.family_notes.get(f, "no kernel registered") for f in FAMILIES if f not in provided
+                    },
+                }
+            )
+        for backend in manager.backends.values():
+            if backend.plugin != key:
+                continue
+            ok, why = backend.available()
+            caps = backend.capabilities
+            entry["backends"].append(
+                {
+                    "name": backend.name,
+                    "platform": backend.platform,
+                    "description": backend.description,
+                    "available": ok,
+                    "reason": why,
+                    "families": sorted(backend.kernels),
+                    "devices": sorted(caps.devices),
+                    "not_provided": {
+                        f: caps.not_claimed.get(f, "not provided") for f in FAMILIES if f not in backend.kernels
+                    },
+                }
+            )
+        for spec in manager.parsers.values():
+            if spec.plugin == key:
+                entry["parsers"].append({"name": spec.name, "kind": spec.kind, "aliases": list(spec.aliases)})
+        plugins.append(entry)
+    result: dict = {"plugins": plugins}
+    if resolve:
+        from dsa_runtime.resolve import resolve_kernels
+
+        resolved = resolve_kernels(manager=manager)
+        result["resolved"] = {
+            "platform": resolved.platform,
+            "device": resolved.device,
+            "kv_layout": resolved.kv_layout,
+            "choices": {f: {"backend": c.backend, "reason": c.reason} for f, c in resolved.choices.items()},
+        }
+    return result
+
+
+def _print_text(data: dict, out=None) -> None:
+    out = out or sys.stdout
+    for plugin in data["plugins"]:
+        status = plugin["status"] + (f": {plugin['reason']}" if plugin["reason"] else "")
+        print(f"{plugin['name']}  [{plugin['group']}]  {plugin['source']}  -- {status}", file=out)
+        for problem in plugin["problems"]:
+            print(f"    ! {problem}", file=out)
+        for p in plugin["platforms"]:
+            mark = "present" if p["present"] else "absent"
+            print(f"    platform {p['name']}: {mark} ({p['reason']})", file=out)
+            libs = ", ".join(f"{k} {v}" for k, v in p["details"].items())
+            if libs:
+                print(f"      libraries: {libs}", file=out)
+            print(f"      families provided: {', '.join(p['families_provided']) or 'none'}", file=out)
+            for family, why in p["families_unavailable"].items():
+                print(f"      {family}: {why}", file=out)
+        for b in plugin["backends"]:
+            mark = "available" if b["available"] else f"unavailable: {b['reason']}"
+            print(
+                f"    backend {b['name']}: {mark}; families {', '.join(b['families'])}; devices {', '.join(b['devices'])}",
+                file=out,
+            )
+            for family, why in b["not_provided"].items():
+                print(f"      {family}: {why}", file=out)
+        if plugin["parsers"]:
+            listed = ", ".join(f"{p['kind']}:{p['name']}" for p in plugin["parsers"])
+            print(f"    parsers: {listed}", file=out)
+    if "resolved" in data:
+        r = data["resolved"]
+        print(f"\nauto on this machine: platform {r['platform']}, device {r['device']}, KV {r['kv_layout']}", file=out)
+        for family, choice in r["choices"].items():
+            print(f"    {family:<12} -> {choice['backend']} ({choice['reason']})", file=out)
+
+
+def run(args: argparse.Namespace) -> int:
+    data = collect(resolve=args.resolve)
+    if args.json:
+        json.dump(data, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        _print_text(data)
+    failed = [p["name"] for p in data["plugins"] if p["status"] == "failed" or p["problems"]]
+    return 1 if failed else 0

@@ -23,7 +23,7 @@ def reference_backend() -> Backend:
         name="reference",
         capabilities=Capabilities(families=frozenset(FAMILIES), devices=frozenset({"cpu", "cuda"})),
         kernels=KERNELS,
-        platform="any",
+        platform="cpu",
         description="plain PyTorch, fp32 accumulation, exactly per the spec; for correctness, not speed",
     )
 
@@ -39,7 +39,7 @@ def _cpu_defaults(_: Detection) -> PlatformDefaults:
         dense_prefill_threshold=2048,
         prefill_attn="reference",
         decode_attn="reference",
-        backends={family: ("reference",) for family in FAMILIES},
+        backends=dict.fromkeys(FAMILIES, ("reference",)),
         reasons={
             "kv_layout": "bf16 KV: no FP8 arithmetic advantage on CPU",
             "page_size": "64, the page size every GPU kernel uses, so caches are interchangeable",

@@ -1,0 +1,106 @@
+"""Backend resolution: auto follows the platform defaults, explicit impossible choices fail with reasons."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from dsa_runtime.errors import ConfigError
+from dsa_runtime.families import FAMILIES
+from dsa_runtime.plugin_manager import DSAPluginManager
+from dsa_runtime.resolve import KernelConfig, resolve_kernels
+
+from .fake_plugins import backend, plugin_registering
+
+
+def manager_with(*backends) -> DSAPluginManager:
+    manager = DSAPluginManager().load()
+    if backends:
+        manager.add_plugin(plugin_registering(*backends), "fakes")
+        manager.collect()
+    return manager
+
+
+def test_auto_on_cpu_is_reference_everywhere(caplog):
+    caplog.set_level(logging.INFO, logger="dsa_runtime.resolve")
+    resolved = resolve_kernels(manager=manager_with())
+    assert (resolved.platform, resolved.device, resolved.kv_layout) == ("cpu", "cpu", "bf16")
+    assert {c.backend for c in resolved.choices.values()} == {"reference"}
+    # Each choice is logged with its reason; hot-path objects are the kernels themselves.
+    for family in FAMILIES:
+        assert any(rec.getMessage().startswith(f"{family} -> reference") for rec in caplog.records)
+        assert type(getattr(resolved, family)).__name__.startswith("Reference")
+
+
+@pytest.mark.parametrize(
+    ("gpu", "platform", "layout"),
+    [("NVIDIA H100 80GB HBM3:9.0", "cuda_hopper", "bf16"), ("NVIDIA B200:10.0", "cuda_blackwell", "fp8_656")],
+)
+def test_auto_follows_platform_defaults(monkeypatch, gpu, platform, layout):
+    monkeypatch.setenv("DSA_FAKE_GPU", gpu)
+    resolved = resolve_kernels(manager=manager_with())
+    assert (resolved.platform, resolved.device, resolved.kv_layout) == (platform, "cuda", layout)
+    choice = resolved.choices["sparse_attn"]
+    assert choice.backend == "reference"
+    assert "not installed" in choice.reason  # the preferred backends are named as missing, not hidden
+
+
+def test_auto_prefers_the_platform_backend_when_registered(monkeypatch):
+    monkeypatch.setenv("DSA_FAKE_GPU", "NVIDIA H200:9.0")
+    triton = backend("triton", families=("topk",), devices=("cuda",), platform="cuda_hopper")
+    resolved = resolve_kernels(manager=manager_with(triton))
+    assert resolved.choices["topk"].backend == "triton"
+    assert resolved.choices["topk"].reason == "cuda_hopper default"
+    assert resolved.choices["indexer"].backend == "reference"
+
+
+def test_unavailable_preferred_backend_falls_back_with_reason(monkeypatch):
+    monkeypatch.setenv("DSA_FAKE_GPU", "NVIDIA H200:9.0")
+    triton = backend("triton", devices=("cuda",), available=(False, "triton not installed"))
+    resolved = resolve_kernels(manager=manager_with(triton))
+    assert resolved.choices["topk"].backend == "reference"
+    assert "triton not installed" in resolved.choices["topk"].reason
+
+
+def test_explicit_unknown_backend_lists_valid_names():
+    with pytest.raises(ConfigError, match="unknown backend 'flashmla'; registered backends: reference"):
+        resolve_kernels(KernelConfig(sparse_attn="flashmla"), manager=manager_with())
+
+
+def test_explicit_backend_without_the_family_fails_with_choices():
+    with pytest.raises(ConfigError) as info:
+        resolve_kernels(KernelConfig(moe="topk_only"), manager=manager_with(backend("topk_only")))
+    message = str(info.value)
+    assert "does not provide moe" in message and "backends that can run moe on cpu" in message
+    assert message.endswith("reference")
+
+
+def test_explicit_backend_on_unclaimed_device_fails():
+    gpu_only = backend("gpu_only", devices=("cuda",))
+    with pytest.raises(ConfigError, match=r"device 'cpu' not claimed"):
+        resolve_kernels(KernelConfig(topk="gpu_only"), manager=manager_with(gpu_only))
+
+
+def test_explicit_unavailable_backend_fails_with_reason():
+    missing = backend("needs_lib", available=(False, "flash_mla is not built"))
+    with pytest.raises(ConfigError, match="unavailable: flash_mla is not built"):
+        resolve_kernels(KernelConfig(topk="needs_lib"), manager=manager_with(missing))
+
+
+def test_explicit_layout_must_be_claimed():
+    bf16_only = backend("bf16_attn", families=("sparse_attn",), layouts=("bf16",))
+    with pytest.raises(ConfigError, match="KV layout 'fp8_656' not claimed"):
+        resolve_kernels(KernelConfig(sparse_attn="bf16_attn", kv_layout="fp8_656"), manager=manager_with(bf16_only))
+    resolved = resolve_kernels(KernelConfig(sparse_attn="bf16_attn"), manager=manager_with(bf16_only))
+    assert resolved.choices["sparse_attn"].reason == "chosen explicitly"
+
+
+def test_explicit_platform_without_hardware_fails():
+    with pytest.raises(ConfigError, match="platform 'cuda_hopper' was requested but its hardware is not present"):
+        resolve_kernels(KernelConfig(platform="cuda_hopper"), manager=manager_with())
+
+
+def test_unknown_kv_layout():
+    with pytest.raises(ConfigError, match="unknown KV layout 'fp4'"):
+        resolve_kernels(KernelConfig(kv_layout="fp4"), manager=manager_with())
