@@ -1,0 +1,70 @@
+"""JSON text helpers shared by the tool parsers.
+
+Arguments are always produced as ``json.dumps(..., ensure_ascii=False)`` text so that the streamed fragments
+and the whole-message arguments are the same bytes. Parsing is strict JSON: ``NaN``/``Infinity`` and
+numbers that overflow to infinity are rejected, because re-serialising them would emit invalid JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"non-standard JSON constant {name}")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number out of range: {text}")
+    return value
+
+
+def loads_strict(text: str) -> Any:
+    """``json.loads`` limited to standard JSON; raises ``ValueError`` (or ``RecursionError``) otherwise."""
+    return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+
+
+def dumps(value: Any) -> str:
+    """The one serialisation used for every argument value: default separators, characters unescaped."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def escape_fragment(text: str) -> str:
+    """JSON-escape a piece of a string value without quotes; escaping is per character, so pieces concatenate."""
+    return json.dumps(text, ensure_ascii=False)[1:-1]
+
+
+def typed_value_json(raw: str) -> str:
+    """JSON text of a ``string="false"`` (or untyped) parameter value.
+
+    The stripped value parsed as JSON, re-serialised; when it is not valid JSON the stripped raw text becomes a
+    JSON string instead (the official decoder would pass invalid JSON through and break the arguments).
+    """
+    text = raw.strip()
+    try:
+        return dumps(loads_strict(text))
+    except (ValueError, RecursionError):
+        return dumps(text)
+
+
+def object_json(raw: str) -> str:
+    """JSON text of an arguments object written as raw JSON; ``{}`` when no object can be recovered.
+
+    Accepts Markdown fences and trailing text after the object (seen in V3 output and V3.2 "format 2").
+    """
+    # The object starts at the first "{": whatever precedes it (a ```json fence line) or follows it is not
+    # part of the arguments.
+    text = raw
+    start = text.find("{")
+    if start < 0:
+        return "{}"
+    decoder = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+    try:
+        value, _ = decoder.raw_decode(text, start)
+        return dumps(value) if isinstance(value, dict) else "{}"
+    except (ValueError, RecursionError):
+        return "{}"
