@@ -37,7 +37,9 @@ def compute_scale(amax: Tensor, scale_fmt: ScaleFmt) -> Tensor:
     """fp32 scale for each ``amax`` (any shape): floor at 1e-4, divide by 448, optionally round up to 2**n."""
     if scale_fmt not in ("ue8m0", "float"):
         raise ValueError(f"unknown scale_fmt {scale_fmt!r}")
-    s = amax.float().clamp_min(FP8_AMAX_FLOOR) / FP8_MAX
+    # A true division by a same-device tensor: CUDA turns division by a Python scalar into a multiplication by
+    # its reciprocal, which can differ from amax / 448 in the last bit and make "float" scales device-dependent.
+    s = amax.float().clamp_min(FP8_AMAX_FLOOR) / torch.full_like(amax, FP8_MAX, dtype=torch.float32)
     return round_up_pow2(s) if scale_fmt == "ue8m0" else s
 
 
