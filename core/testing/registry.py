@@ -1,0 +1,42 @@
+"""The kit's case table: one module per family, gathered and filtered here."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable
+
+from dsa_runtime.errors import ConfigError
+from dsa_runtime.families import FAMILIES
+from dsa_runtime.testing.case import Case
+
+CASE_MODULES: dict[str, str] = {family: f"dsa_runtime.testing.cases_{family}" for family in FAMILIES}
+
+
+def family_cases(family: str) -> list[Case]:
+    """All cases (both tiers) of one family."""
+    if family not in CASE_MODULES:
+        raise ConfigError(f"unknown kernel family {family!r}; valid: {', '.join(FAMILIES)}")
+    return importlib.import_module(CASE_MODULES[family]).cases()
+
+
+def all_cases(
+    *, full: bool = False, families: Iterable[str] | None = None, keyword: str | None = None
+) -> list[Case]:
+    """Cases to run, in family order: the quick tier, plus the full tier when ``full``.
+
+    Args:
+        families: only these families (default: all five).
+        keyword: only cases whose id contains this substring.
+    """
+    chosen = list(dict.fromkeys(families)) if families else list(FAMILIES)
+    out: list[Case] = []
+    for family in chosen:
+        out += [c for c in family_cases(family) if (full or c.tier == "quick")]
+    if keyword:
+        out = [c for c in out if keyword in c.id]
+    seen: set[str] = set()
+    for c in out:
+        if c.id in seen:
+            raise RuntimeError(f"duplicate conformance case id {c.id!r}")
+        seen.add(c.id)
+    return out

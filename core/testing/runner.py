@@ -1,0 +1,238 @@
+"""Run the conformance kit against a backend, with the ``reference`` backend as the oracle.
+
+Every selected case ends as exactly one of ``passed``, ``failed`` (message says what differed), ``error``
+(an exception, recorded with its type and message; the run goes on) or ``not_claimed`` (the reason from the
+backend's :class:`~dsa_runtime.capabilities.Capabilities`). Nothing is skipped silently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import torch
+
+import dsa_runtime
+from dsa_runtime.backend import Backend
+from dsa_runtime.errors import ConfigError
+from dsa_runtime.testing.case import Case, CheckContext, clone, move
+from dsa_runtime.testing.registry import all_cases
+from dsa_runtime.testing.report import CaseResult, Report
+
+
+def lookup_backend(name: str) -> Backend:
+    """A registered backend by name (``ConfigError`` naming the valid ones when unknown)."""
+    from dsa_runtime.plugin_manager import get_manager
+
+    return get_manager().get_backend(name)
+
+
+def resolve_backend(backend: str | Backend) -> Backend:
+    return backend if isinstance(backend, Backend) else lookup_backend(backend)
+
+
+@dataclass
+class RunContext:
+    """The backend under test, the oracle, and where each runs."""
+
+    backend: Backend
+    oracle: Backend
+    device: torch.device
+    oracle_device: torch.device
+
+    def unclaimed_reason(self, case: Case) -> str | None:
+        """Why the backend does not claim ``case`` on this device, or None."""
+        return self.backend.capabilities.unclaimed_reason(case.family, device=self.device.type, **case.needs)
+
+
+def _pick_device(backend: Backend, device: str | torch.device | None) -> torch.device:
+    claims = backend.capabilities.devices
+    cuda = torch.cuda.is_available()
+    if device is None:
+        if "cuda" in claims and cuda:
+            return torch.device("cuda")
+        if "cpu" in claims:
+            return torch.device("cpu")
+        raise ConfigError(
+            f"backend {backend.name!r} claims devices {sorted(claims)}, none available here "
+            f"(CUDA {'available' if cuda else 'not available'}; the kit runs on cpu or cuda); pass --device"
+        )
+    dev = torch.device(device)
+    if dev.type == "cuda" and not cuda:
+        raise ConfigError("device cuda requested but torch sees no CUDA device")
+    return dev
+
+
+def prepare(
+    backend: str | Backend,
+    *,
+    device: str | torch.device | None = None,
+    oracle_device: str | torch.device | None = None,
+) -> RunContext:
+    """Resolve the backend and the devices; raises ``ConfigError`` for an unknown/unavailable backend."""
+    from dsa_runtime.reference.plugin import reference_backend
+
+    b = resolve_backend(backend)
+    ok, why = b.available()
+    if not ok:
+        raise ConfigError(f"backend {b.name!r} is not available here: {why}")
+    dev = _pick_device(b, device)
+    odev = torch.device(oracle_device) if oracle_device is not None else dev
+    if odev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("oracle device cuda requested but torch sees no CUDA device")
+    # Always a fresh built-in reference: never the object under test, even when it is called "reference".
+    return RunContext(backend=b, oracle=reference_backend(), device=dev, oracle_device=odev)
+
+
+def select_cases(
+    *, full: bool = False, families: Iterable[str] | None = None, keyword: str | None = None
+) -> list[Case]:
+    """The cases of a run (see :func:`dsa_runtime.testing.registry.all_cases`)."""
+    return all_cases(full=full, families=families, keyword=keyword)
+
+
+@contextlib.contextmanager
+def _exact_fp32() -> Iterator[None]:
+    """The oracle computes in true fp32 whatever the caller set (no TF32 / reduced-precision matmuls)."""
+    prev_prec = torch.get_float32_matmul_precision()
+    prev_cudnn = torch.backends.cudnn.allow_tf32
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(prev_prec)
+        torch.backends.cudnn.allow_tf32 = prev_cudnn
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def run_case(case: Case, ctx: RunContext) -> CaseResult:
+    """Run one case; never raises for a kernel's or a checker's exception (they become ``error``)."""
+    start = time.perf_counter()
+    head = f"family {case.family}, case {case.id}"
+
+    def result(status: str, message: str = "", exc: BaseException | None = None) -> CaseResult:
+        return CaseResult(case.id, case.family, status, message, time.perf_counter() - start, exc)
+
+    reason = ctx.unclaimed_reason(case)
+    if reason is not None:
+        return result("not_claimed", reason)
+    stage = "building the inputs"
+    try:
+        gen = torch.Generator(device=ctx.device).manual_seed(case.seed)
+        inputs = case.build(gen, ctx.device)
+        stage = "running the backend"
+        kernel = ctx.backend.kernel(case.family)
+        got = case.run(kernel, clone(inputs))
+        _sync(ctx.device)
+        stage = "running the reference (oracle)"
+        oracle = ctx.oracle.kernel(case.family)
+        with _exact_fp32():
+            want = move(case.run(oracle, move(clone(inputs), ctx.oracle_device)), ctx.device)
+        stage = "checking the results"
+        check = CheckContext(case, inputs, got, want, kernel, oracle, ctx.device, ctx.oracle_device)
+        with _exact_fp32():
+            message = case.check(check)
+        _sync(ctx.device)
+    except Exception as exc:  # a kernel bug must not end the run
+        return result("error", f"{head}: {stage} raised {type(exc).__name__}: {exc}", exc)
+    if message:
+        return result("failed", f"{head}: {message}")
+    return result("passed")
+
+
+class _Progress:
+    """tqdm when installed, else a one-line counter on stderr; silent when disabled."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.enabled, self.done, self.bar = total, enabled, 0, None
+        if enabled:
+            try:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=total, unit="case", file=sys.stderr, leave=False)
+            except ImportError:
+                self.bar = None
+
+    def step(self, case: Case, res: CaseResult) -> None:
+        self.done += 1
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.set_postfix_str(case.id[-60:], refresh=False)
+            self.bar.update(1)
+        else:
+            sys.stderr.write(f"\r\x1b[K[{self.done}/{self.total}] {res.status:<11} {case.id[-90:]}")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.close()
+        else:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+
+
+def run_conformance(
+    backend: str | Backend,
+    *,
+    full: bool = False,
+    device: str | torch.device | None = None,
+    families: Iterable[str] | None = None,
+    oracle_device: str | torch.device | None = None,
+    keyword: str | None = None,
+    progress: bool | None = None,
+) -> Report:
+    """Run the kit and return a :class:`Report`.
+
+    Args:
+        backend: a backend name (looked up through the plugin manager) or a :class:`Backend`.
+        full: add the full tier (V3.2's real shapes; meant for a GPU).
+        device: ``cpu``/``cuda``; default cuda when the backend claims it and CUDA is available, else cpu.
+        families: only these kernel families.
+        oracle_device: where the reference runs (default: the same device).
+        keyword: only cases whose id contains this substring.
+        progress: show progress on stderr (default: when stderr is a terminal).
+    """
+    ctx = prepare(backend, device=device, oracle_device=oracle_device)
+    cases = select_cases(full=full, families=families, keyword=keyword)
+    show = sys.stderr.isatty() if progress is None else progress
+    report = Report(
+        backend=ctx.backend.name,
+        plugin=ctx.backend.plugin,
+        version=dsa_runtime.__version__,
+        device=str(ctx.device),
+        oracle_device=str(ctx.oracle_device),
+        torch_version=torch.__version__,
+        full=full,
+        started=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
+    t0 = time.perf_counter()
+    bar = _Progress(len(cases), show)
+    try:
+        for case in cases:
+            res = run_case(case, ctx)
+            report.cases.append(res)
+            bar.step(case, res)
+            if ctx.device.type == "cuda" and case.tier == "full":
+                torch.cuda.empty_cache()
+    finally:
+        bar.close()
+    report.duration_s = time.perf_counter() - t0
+    return report
+
+
+def summary_line(report: Report) -> str:
+    s: dict[str, Any] = report.summary
+    return f"{s['passed']} passed, {s['failed']} failed, {s['errors']} errors, {s['not_claimed']} not claimed"
