@@ -132,8 +132,9 @@ class TopKKernels(Protocol):
             ``[R, k]`` int32 positions *relative to the row start* (``col - row_starts[r]``). When the window
             holds ``n < k`` keys every one of them is selected and the other ``k - n`` entries are ``-1``.
             Order inside a row is unspecified; the kit judges the selected set. Every position inside the
-            window is a candidate, ``-inf`` logits included. Ties: the reference keeps the lower column;
-            other backends may break ties differently (the kit accepts any set with the same values).
+            window is a candidate, ``-inf`` logits included; a NaN logit ranks as ``-inf``. Ties: the reference
+            keeps the lower column; other backends may break ties differently (the kit accepts any set with the
+            same values).
         """
         ...
 
@@ -204,7 +205,7 @@ class SparseAttnKernels(Protocol):
             q: ``[B, Q, H, 576]`` bf16 (Q queries per request, e.g. 2 with MTP).
             kv_cache: ``[pages, page_size, 576]`` bf16 (``layout="bf16"``) or ``[pages, page_size, 656]`` uint8
                 (``layout="fp8_656"``).
-            indices: ``[B, Q, K]`` int32 physical slots, ``-1`` invalid.
+            indices: ``[B, Q, K]`` int32 physical slots, ``-1`` (or ``>= pages * page_size``) invalid.
         Returns:
             ``out`` ``[B, Q, H, d_v]`` bf16 and ``lse`` ``[B, Q, H]`` fp32.
         """
