@@ -64,10 +64,7 @@ def judge_selection(name: str, idx: object, logits: Tensor, starts: Tensor, ends
     starts, ends = starts.long(), ends.long()
     lens = ends - starts
     valid = pos >= 0
-    checks = [
-        ("entries below -1", pos < -1),
-        ("positions outside the window", valid & (pos >= lens[:, None])),
-    ]
+    checks = [("positions outside the window", (pos < -1) | (valid & (pos >= lens[:, None])))]
     srt = pos.sort(dim=1).values
     dup = torch.zeros_like(valid)
     dup[:, 1:] = (srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)

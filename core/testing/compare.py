@@ -64,15 +64,20 @@ def close(name: str, got: Tensor, want: Tensor, tol: Tolerance, *, row_dims: int
         rows = w.abs().where(finite, torch.zeros_like(w)).reshape(*lead, -1)
         scale = rows.amax(dim=-1) if rows.shape[-1] else torch.zeros(lead, dtype=w.dtype, device=w.device)
         bound = bound + tol.row_atol * scale.reshape(*lead, *([1] * row_dims))
-    bad = (finite & (err > bound)) | special_bad
+    if bool(special_bad.any()):
+        at = unravel(int(torch.nonzero(special_bad.reshape(-1))[0]), g.shape)
+        return (
+            f"{name}: {int(special_bad.sum())} of {g.numel()} elements should be {_fmt(float(w[at]))} but are not; "
+            f"first at {at} (got {_fmt(float(g[at]))})"
+        )
+    bad = finite & ~(err <= bound)
     n_bad = int(bad.sum())
     if n_bad == 0:
         return None
     flat_bad = bad.reshape(-1)
     first = int(torch.nonzero(flat_bad)[0])
-    excess = torch.where(bad, err - bound, torch.zeros_like(err)).reshape(-1)
-    excess = torch.where(flat_bad & torch.isnan(excess), torch.full_like(excess, float("inf")), excess)
-    worst = int(torch.argmax(excess)) if bool((excess > 0).any()) else first
+    excess = torch.where(bad, (err - bound).nan_to_num(float("inf")), torch.zeros_like(err)).reshape(-1)
+    worst = int(torch.argmax(excess))
     wi, fi = unravel(worst, g.shape), unravel(first, g.shape)
     lead_n = max(0, g.dim() - row_dims)
     gf, wf = g.reshape(-1), w.reshape(-1)

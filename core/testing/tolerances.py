@@ -75,7 +75,9 @@ TOLERANCES: dict[str, Tolerance] = {
         rel_l2=1e-2, note="bf16 weights: per-token relative L2 error (bf16 intermediates allowed)"
     ),
     "moe.out_fp8": Tolerance(
-        rel_l2=6e-2, note="FP8 weights: per-token relative L2 error (per-128 FP8 activation quant allowed)"
+        rel_l2=0.12,
+        note="FP8 weights: per-token relative L2 error; per-128 FP8 activation quantization (as FP8 GEMMs do) "
+        "alone gives ~0.047 median, ~0.09 worst on small shapes",
     ),
 }
 
