@@ -132,7 +132,9 @@ def check_deltas(deltas: Sequence[Delta], markup: Sequence[str] = MARKUP) -> Non
     assert len(set(seen.values())) == len(seen), "call ids must be unique"
 
 
-def assert_same_everywhere(parser: OutputParser, text: str, truncated: bool = False, seeds: int = 3) -> tuple:
+def assert_same_everywhere(
+    parser: OutputParser, text: str, truncated: bool = False, seeds: int = 3, markup: Sequence[str] = MARKUP
+) -> tuple:
     """Whole-text parse == streamed parse for several chunkings; returns the summary."""
     whole = parser.parse(text, truncated=truncated)
     expected = summary(whole)
@@ -140,7 +142,7 @@ def assert_same_everywhere(parser: OutputParser, text: str, truncated: bool = Fa
     chunkings += [random_chunks(text, seed) for seed in range(seeds)]
     for chunks in chunkings:
         _, deltas, out = stream(parser, chunks, truncated)
-        check_deltas(deltas)
+        check_deltas(deltas, markup)
         assert summary(out) == expected, chunks
         # Same bytes, not only the same JSON: both come from one serialisation.
         assert [c.arguments for c in out.tool_calls] == [c.arguments for c in whole.tool_calls]
