@@ -87,7 +87,12 @@ class DSACaseItem(pytest.Item):
         return super().repr_failure(excinfo, style=style)
 
     def reportinfo(self) -> tuple[Any, int | None, str]:
-        return self.path, None, f"dsa-conformance {self.case.id}"
+        # The family's case module is where the case is defined (skip/fail summaries need a line number).
+        import importlib.util
+
+        spec = importlib.util.find_spec(f"dsa_runtime.testing.cases_{self.case.family}")
+        where = spec.origin if spec is not None and spec.origin else self.path
+        return where, 0, f"dsa-conformance {self.case.id}"
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -108,12 +113,16 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     parent = DSAConformanceCollector.from_parent(
         session, name=f"dsa-conformance[{ctx.backend.name}]", nodeid=f"dsa-conformance[{ctx.backend.name}]"
     )
+    made: list[pytest.Item] = []
     for case in cases:
         item = DSACaseItem.from_parent(parent, name=case.id, case=case)
         reason = ctx.unclaimed_reason(case)
         if reason is not None:
             item.add_marker(pytest.mark.skip(reason=f"not claimed: {reason}"))
-        items.append(item)
+        made.append(item)
+    # Report the collection like any collector does, so "collected N items", junitxml etc. count the kit.
+    config.hook.pytest_collectreport(report=pytest.CollectReport(parent.nodeid, "passed", None, made))
+    items.extend(made)
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:

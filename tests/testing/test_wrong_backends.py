@@ -1,0 +1,60 @@
+"""Deliberately wrong backends fail with messages naming the family and the case; right-but-different pass."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsa_runtime.testing import run_conformance
+from tests.testing import wrong_backends as W
+
+# (kernel class, family, substring every failing case id must contain to count, cases that must fail)
+WRONG = [
+    (W.TopKIgnoresWindows, "topk", ["topk/topk/r16/l300/k32/ragged/randn", "topk/topk_transform/b3/l40/k16/p64/prefill"]),
+    (W.SparseAttnDerefsMinusOne, "sparse_attn",
+     ["sparse_attn/prefill/h20/k64/t5/s80/oob", "sparse_attn/decode/fp8_656/h20/k64/q2/p64/partial_pages"]),
+    (W.SparseAttnLse2, "sparse_attn", ["sparse_attn/prefill/h128/k64/t4/s160/pad", "sparse_attn/decode/bf16/h16/k64/q1/p64/partial_pages"]),
+    (W.KVQuantScalesAtEnd, "kv_quant",
+     ["kv_quant/quantize_mla/fp8_656/ue8m0/n40/random", "kv_quant/quantize_mla/fp8_656/float/n40/edge",
+      "kv_quant/dequantize_mla/fp8_656/ue8m0/n40/random", "kv_quant/store_mla/fp8_656/ue8m0/p64/n30"]),
+    (W.KVQuantWritesMinusOne, "kv_quant", ["kv_quant/store_mla/bf16/p64/n30", "kv_quant/store_mla/fp8_656/float/p1/n30"]),
+    (W.MoEBiasedWeights, "moe", ["moe/route/e256/g8x4/k8/t33/renorm/s2.5/random", "moe/route/e256/g8x4/k8/t9/norenorm/s1/random"]),
+    (W.MoEMinusOneIsLastExpert, "moe", ["moe/experts/bf16/e6/k3/d320/i96/t7/shared/neg_ids", "moe/experts/fp8/e8/k4/d200/i72/t6/shared/all_neg"]),
+    (W.IndexerNoHadamard, "indexer", ["indexer/quantize_q/h64/t5/ue8m0/bf16/random", "indexer/quantize_k/n37/float/bf16/random"]),
+    (W.IndexerIgnoresMTPCausal, "indexer", ["indexer/logits_paged/h64/q2/p64/b3/l150", "indexer/logits_paged/h1/q2/p1/b3/l9"]),
+]
+
+
+@pytest.mark.parametrize(("cls", "family", "must_fail"), WRONG, ids=[w[0].__name__ for w in WRONG])
+def test_wrong_backend_fails(cls, family, must_fail):
+    report = run_conformance(W.make_backend("wrong", {family: cls}), families=[family], device="cpu", progress=False)
+    failed = {c.id: c for c in report.cases if c.status == "failed"}
+    assert report.summary["errors"] == 0, [c.message for c in report.cases if c.status == "error"]
+    assert not report.ok
+    for case_id in must_fail:
+        assert case_id in failed, f"{case_id} passed with {cls.__name__}"
+    for case in failed.values():
+        assert f"family {family}" in case.message and case.id in case.message, case.message
+
+
+def test_failure_messages_say_what_differed():
+    cases = {c.id: c for c in run_conformance(
+        W.make_backend("wrong", {"kv_quant": W.KVQuantWritesMinusOne}), families=["kv_quant"], progress=False
+    ).cases}
+    msg = cases["kv_quant/store_mla/bf16/p16/n30"].message
+    assert "untouched" in msg and "last slot" in msg
+    cases = {c.id: c for c in run_conformance(
+        W.make_backend("wrong", {"indexer": W.IndexerIgnoresMTPCausal}), families=["indexer"], keyword="q2", progress=False
+    ).cases}
+    msg = cases["indexer/logits_paged/h64/q2/p64/b3/l150"].message
+    assert "should be -inf" in msg and "logits" in msg
+    only_q1 = run_conformance(
+        W.make_backend("wrong", {"indexer": W.IndexerIgnoresMTPCausal}), families=["indexer"], keyword="/q1/", progress=False
+    )
+    assert only_q1.ok  # one query per request has no causal limit to get wrong
+
+
+@pytest.mark.parametrize(("cls", "family"), [(W.TopKHighColumnTies, "topk"), (W.MoEFP8Activations, "moe")],
+                         ids=["other_tie_break", "fp8_activations"])
+def test_right_but_different_backend_passes(cls, family):
+    report = run_conformance(W.make_backend("different", {family: cls}), families=[family], device="cpu", progress=False)
+    assert report.ok, [c.message for c in report.cases if c.status != "passed"]
