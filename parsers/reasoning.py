@@ -21,6 +21,7 @@ from dsa_runtime.parsers.markers import (
     is_special_fragment,
     match_literal,
 )
+from dsa_runtime.parsers.spacing import TrailingSpace
 
 REASONING = "reasoning"
 NORMAL = "normal"
@@ -38,7 +39,7 @@ class ReasoningSplitter:
         self.in_reasoning = in_reasoning
         self._literals = (THINK_END, THINK_START, *stops)
         self._buf = ""
-        self._pending = ""  # trailing whitespace of the reasoning, held in case a tool block follows
+        self._space = TrailingSpace()  # the reasoning's trailing whitespace: dropped if a tool block follows
         self._said = False  # some non-whitespace reasoning went out
 
     def feed(self, text: str) -> list[tuple[str, str]]:
@@ -46,9 +47,8 @@ class ReasoningSplitter:
 
     def finish(self) -> list[tuple[str, str]]:
         out = self._run("", final=True)
-        if self.in_reasoning and self._pending:
-            out.append((REASONING, self._pending))
-        self._pending = ""
+        if self.in_reasoning:
+            self._release(out)
         return out
 
     def _run(self, text: str, final: bool) -> list[tuple[str, str]]:
@@ -67,7 +67,8 @@ class ReasoningSplitter:
                 if not final:
                     break
                 if is_special_fragment(buf[pos:]):
-                    self._pending, pos = "", len(buf)  # a cut-off tool marker: as if the block had started
+                    self._space.drop()  # a cut-off tool marker: as if the block had started
+                    pos = len(buf)
                     break
                 found = None
             if found is None:
@@ -75,14 +76,14 @@ class ReasoningSplitter:
                 pos += 1
             elif found == THINK_START:
                 if not self._said:
-                    self._pending = ""  # whitespace before the opening tag is not reasoning
+                    self._space.drop()  # whitespace before the opening tag is not reasoning
                 pos += len(found)
             elif found == THINK_END:
-                self._say(out, "", flush=True)
+                self._release(out)
                 self.in_reasoning = False
                 pos += len(found)
             else:
-                self._pending = ""
+                self._space.drop()
                 self.in_reasoning = False  # a tool block starts: the marker stays for the tool parser
         if not self.in_reasoning and pos < len(buf):
             out.append((NORMAL, buf[pos:]))
@@ -90,13 +91,16 @@ class ReasoningSplitter:
         self._buf = buf[pos:]
         return out
 
-    def _say(self, out: list[tuple[str, str]], text: str, flush: bool = False) -> None:
-        text = self._pending + text
-        body = text if flush else text.rstrip()
-        self._pending = text[len(body) :]
+    def _say(self, out: list[tuple[str, str]], text: str) -> None:
+        body = self._space.push(text)
         if body:
             out.append((REASONING, body))
             self._said = True
+
+    def _release(self, out: list[tuple[str, str]]) -> None:
+        held = self._space.take()
+        if held:
+            out.append((REASONING, held))
 
 
 class DeepSeekR1ReasoningParser:

@@ -19,6 +19,7 @@ import json
 from dsa_runtime.parsers.markers import EOS
 from dsa_runtime.parsers.reasoning import REASONING, ReasoningSplitter
 from dsa_runtime.parsers.scanner import ARGS, BLOCK, CALL, END, TEXT, Event, ToolParser
+from dsa_runtime.parsers.spacing import TrailingSpace
 from dsa_runtime.parsers.types import Delta, ParsedOutput, ToolCall, ToolCallDelta, new_call_id
 
 
@@ -49,13 +50,11 @@ class ContentFormatter:
     def __init__(self) -> None:
         self._after_block = False  # a block has been seen: prose stretches are stripped from now on
         self._fresh = False  # nothing of the current post-block stretch went out yet
-        self._pending = ""  # trailing whitespace held until more text (or the end) decides it
+        self._space = TrailingSpace()
         self._said = False  # some content went out
 
     def text(self, text: str) -> str:
-        text = self._pending + text
-        body = text.rstrip()
-        self._pending = text[len(body) :]
+        body = self._space.push(text)
         if not body:
             return ""
         if self._fresh:
@@ -67,14 +66,14 @@ class ContentFormatter:
         return body
 
     def block(self) -> None:
-        self._after_block, self._fresh, self._pending = True, True, ""
+        self._after_block, self._fresh = True, True
+        self._space.drop()
 
     def finish(self) -> str:
-        pending, self._pending = self._pending, ""
-        if self._after_block or not pending:
-            return ""
-        self._said = True
-        return pending
+        held = self._space.take()
+        if self._after_block:
+            return ""  # the last stretch after a block is stripped
+        return held
 
 
 class _Deltas:
