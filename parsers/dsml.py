@@ -119,6 +119,7 @@ class DsmlFormat(Format):
         self.state = _BLOCK
         self.skip_call = False  # a nameless invoke: read but not reported
         self.args_done = False  # a raw JSON body already produced the whole arguments object
+        self.body_started = False  # the invoke body had a parameter or other text (so it is not raw JSON)
         self.keys: set[str] = set()
         self.param_skip = False
         self.param_string: bool = False
@@ -180,10 +181,13 @@ class DsmlFormat(Format):
         if self.state == _BLOCK:
             self.active = False  # prose where a tag should be: the block ended without its close tag
             return i
-        if buf[i] == "{" and not self.keys and not self.args_done:
+        if buf[i] == "{" and not self.body_started:
             self.state, self.parts = _RAW, ["{"]  # "format 2": raw JSON object as the invoke body
             return i + 1
-        j = buf.find("<", i + 1)  # stray text inside an invoke: not an argument, dropped
+        # Stray text inside an invoke: not an argument, dropped. Where this skip stops depends on the chunk,
+        # so everything it could influence (is the body raw JSON?) is fixed by its first character.
+        self.body_started = True
+        j = buf.find("<", i + 1)
         return j if j >= 0 else n
 
     def _tag(self, tag: Tag) -> None:
@@ -234,6 +238,7 @@ class DsmlFormat(Format):
     def _open_invoke(self, tag: Tag) -> None:
         name = tag.attrs.get("name", "").strip()
         self.state, self.skip_call, self.args_done, self.keys = _INVOKE, not name, False, set()
+        self.body_started = False
         if name:
             self.parser.call(name)
         if tag.self_closing:
@@ -253,7 +258,7 @@ class DsmlFormat(Format):
         string = tag.attrs.get("string")
         self.param_string = string is not None and string.strip().lower() == "true"
         self.param_skip = self.skip_call or self.args_done or key is None or key in self.keys
-        self.state, self.parts = _PARAM, []
+        self.state, self.parts, self.body_started = _PARAM, [], True
         if not self.param_skip:
             assert key is not None
             head = ("{" if not self.keys else ", ") + dumps(key) + ": "
