@@ -16,6 +16,14 @@ def new_call_id() -> str:
     return "call_" + secrets.token_hex(12)
 
 
+@dataclass(frozen=True)
+class FunctionView:
+    """``call.function.name`` / ``call.function.arguments``, as the OpenAI client objects read."""
+
+    name: str | None
+    arguments: str | None
+
+
 @dataclass
 class ToolCall:
     """One complete tool call. ``arguments`` is a JSON object as text (what OpenAI clients ``json.loads``)."""
@@ -24,6 +32,10 @@ class ToolCall:
     name: str
     arguments: str
     type: str = "function"
+
+    @property
+    def function(self) -> FunctionView:
+        return FunctionView(self.name, self.arguments)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -69,6 +81,10 @@ class ToolCallDelta:
     type: str | None = None
     name: str | None = None
     arguments: str | None = None
+
+    @property
+    def function(self) -> FunctionView:
+        return FunctionView(self.name, self.arguments)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"index": self.index}

@@ -163,6 +163,8 @@ def test_types_to_dict_shapes():
     }
     assert ToolCallDelta(index=1, arguments="{}").to_dict() == {"index": 1, "function": {"arguments": "{}"}}
     assert ToolCallDelta(index=2).to_dict() == {"index": 2}
+    assert (call.function.name, call.function.arguments) == ("f", "{}")  # OpenAI-client style access
+    assert (head.function.name, head.function.arguments) == ("f", "")
 
 
 def test_call_ids_are_unique_and_well_formed():
