@@ -6,10 +6,12 @@ Every vector is checked whole and streamed under many chunkings (same result, va
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
 from dsa_runtime.parsers import OutputParser
+from dsa_runtime.parsers.stream import collect
 from tests.parsers.parser_kit import (
     CALL_BEGIN,
     CALL_END,
@@ -269,3 +271,29 @@ def test_not_a_marker_is_eventually_content(text):
     expected = text.removesuffix("<\uff5c").rstrip() if text.endswith("<\uff5c") else text
     assert parser.parse(text).content == expected
     assert_same_everywhere(parser, text, markup=())
+
+
+def test_junk_then_brace_in_invoke_is_not_a_raw_body_for_any_cut():
+    """Regression (found by the fuzzer): skipping stray text must not depend on where a chunk ends."""
+    parser = OutputParser("deepseekv31", "deepseek-r1")
+    text = f'<{D}invoke name="f"><think>{{<{D}parameter name="k" string="true">v{PE}{IE}'
+    expected = parser.parse(text)
+    assert calls_of(expected) == [("f", {"k": "v"})]
+    for cut in range(1, len(text)):
+        stream = parser.stream()
+        deltas = stream.feed(text[:cut]) + stream.feed(text[cut:])
+        tail, reason = stream.finish()
+        assert calls_of(collect(deltas + tail, reason)) == [("f", {"k": "v"})], cut
+
+
+@pytest.mark.parametrize("kwargs", [V32, THINK])
+def test_whitespace_flood_streams_in_linear_time(kwargs):
+    """A model stuck emitting whitespace token by token must not make the held whitespace quadratic."""
+    stream = OutputParser(**kwargs).stream()
+    start = time.perf_counter()
+    stream.feed("x")
+    for _ in range(200_000):
+        stream.feed(" ")
+    stream.feed("y")
+    stream.finish()
+    assert time.perf_counter() - start < 5.0  # quadratic: ~7 s here; linear: ~0.3 s
