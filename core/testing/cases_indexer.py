@@ -179,7 +179,7 @@ def cases() -> list[Case]:
         _ragged_case(*spec, "quick")
         for spec in [(1, 3, 12, "ragged"), (16, 3, 12, "ragged"), (64, 3, 10, "empty"), (64, 1, 8, "chunked")]
     ]
-    out += [_ragged_case(64, 4, 1024, "ragged", "full"), _ragged_case(64, 1, 512, "chunked", "full"),
+    out += [_ragged_case(64, 4, 2048, "ragged", "full"), _ragged_case(64, 1, 1024, "chunked", "full"),
             _ragged_case(32, 4, 1024, "empty", "full")]
     out += [
         _paged_case(*spec, "quick")

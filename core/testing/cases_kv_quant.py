@@ -236,7 +236,7 @@ def cases() -> list[Case]:
                 out.append(_dequantize_case("fp8_656", fmt, values, n, tier))
     for layout, fmt in (("bf16", "ue8m0"), ("fp8_656", "ue8m0"), ("fp8_656", "float")):
         out += [_store_mla_case(layout, fmt, page, 30, "quick") for page in (64, 16, 1)]
-        out.append(_store_mla_case(layout, fmt, 64, 65536, "full"))
+        out.append(_store_mla_case(layout, fmt, 64, 262144, "full"))
     out += [_store_index_case(page, 30, "quick") for page in (64, 16)]
     out += [_gather_index_case(page, 30, "quick") for page in (64, 16)]
     out += [_store_index_case(64, 65536, "full"), _gather_index_case(64, 65536, "full")]

@@ -152,6 +152,6 @@ def cases() -> list[Case]:
         ]
         out += [
             _experts_case(64, 16, 8, 7168, 2048, dtype, True, "neg_ids", "full"),
-            _experts_case(256, 32, 8, 7168, 2048, dtype, False, "neg_ids", "full"),
+            _experts_case(512, 64 if dtype == "fp8" else 32, 8, 7168, 2048, dtype, False, "neg_ids", "full"),
         ]
     return out

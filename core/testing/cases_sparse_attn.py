@@ -1,8 +1,9 @@
 """Sparse MLA attention cases: ragged prefill over a flat bf16 buffer and paged decode over both layouts.
 
 Inputs are unit-scale random rows; ``sm_scale`` is V3.2's 0.135234. Only the selected cache slots hold data:
-every other slot (and the last slot of the cache, where a dereferenced ``-1`` lands) is poison (NaN for
-bf16, bytes with e4m3 NaNs for ``fp8_656``), so reading anything outside the selection shows up as NaN.
+every other slot is poison (NaN for bf16, bytes with e4m3 NaNs for ``fp8_656``), among them always slot 0 (a
+common stand-in for invalid indices: ``0 * NaN`` is NaN, so masking after the gather is not enough) and the
+last slot (where a dereferenced ``-1`` lands), so reading anything outside the selection shows up as NaN.
 In prefill, the row a dereferenced ``-1`` would read (the last one) is never selected and holds large values.
 Outputs are compared with the fp32-accumulated reference (``sparse_attn.out`` / ``sparse_attn.lse``); a
 query with no valid index must give exact zeros and ``lse = +inf``.
@@ -146,7 +147,7 @@ def cases() -> list[Case]:
         _prefill_case(*spec, "full")
         for spec in [
             (128, 512, 8192, 2048, "pad"),
-            (128, 256, 65536, 2048, "oob"),
+            (128, 1024, 131072, 2048, "oob"),
             (64, 256, 8192, 2048, "empty"),
             (20, 256, 8192, 2048, "pad"),
             (16, 128, 1500, 2048, "short"),
@@ -167,7 +168,7 @@ def cases() -> list[Case]:
         out += [
             _decode_case(layout, *spec, "full")
             for spec in [
-                (128, 2, 64, 2048, 32, 32768, "partial_pages"),
+                (128, 2, 64, 2048, 64, 65536, "partial_pages"),
                 (64, 1, 64, 2048, 64, 16384, "partial_pages"),
                 (128, 1, 64, 2048, 16, 3000, "short"),
                 (20, 2, 64, 2048, 8, 8192, "empty_query"),

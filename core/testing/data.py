@@ -37,14 +37,15 @@ def page_tables(
     """Block tables ``[B, max_pages]`` int32 of distinct, shuffled physical pages, and the page count.
 
     Request ``b`` owns ``ceil(lens[b] / page_size)`` pages (at least one). Physical page count = used +
-    ``spare_pages`` (>= 1); spare pages belong to no request and the *last* physical page is always spare, so
-    the last slot of the cache (where a ``-1`` index lands if a kernel dereferences it) holds poison. Unused
-    table entries point at a spare page (some kernels read them; no position there is ever selected).
+    ``spare_pages`` (at least 2); spare pages belong to no request. The *first and last* physical pages are
+    always spare, so slot 0 (a common stand-in for an invalid index) and the last slot (where a dereferenced
+    ``-1`` lands) hold poison. Unused table entries point at the last page (some kernels read them; no
+    position there is ever selected).
     """
     need = [max(1, -(-n // page_size)) for n in lens]
     max_pages = max(need)
-    total = sum(need) + max(1, spare_pages)
-    perm = randperm(gen, total - 1, device).tolist()
+    total = sum(need) + max(2, spare_pages)
+    perm = (randperm(gen, total - 2, device) + 1).tolist()
     table = torch.empty(len(lens), max_pages, dtype=torch.int32)
     at = 0
     for b, n in enumerate(need):
