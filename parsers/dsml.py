@@ -108,6 +108,29 @@ def match_tag(buf: str, pos: int) -> Tag | _Partial | None:
     return PARTIAL if k < limit else None
 
 
+def _plain_block_confirmed(buf: str, end: int) -> bool | _Partial | None:
+    """A plain ``<function_calls>`` opens a block only if an invoke (or the close tag) follows it.
+
+    Without the DSML prefix the tag could be prose about tags ("wrap calls in <function_calls>"), which must
+    stay visible; a real block starts with an invoke after at most whitespace.
+    """
+    i, n = end, len(buf)
+    while i < n and buf[i].isspace():
+        i += 1
+    if i >= n:
+        return PARTIAL
+    if buf[i] != "<":
+        return None
+    tag = match_tag(buf, i)
+    if tag is PARTIAL:
+        return PARTIAL
+    if tag is not None and (
+        (tag.kind == "invoke" and not tag.closing) or (tag.kind == "block" and tag.closing)
+    ):
+        return True
+    return None
+
+
 _BLOCK, _INVOKE, _PARAM, _RAW = "block", "invoke", "param", "raw"
 
 
@@ -133,6 +156,10 @@ class DsmlFormat(Format):
         if not (tag.dsml or self.primary):
             return None
         if tag.kind == "block" and not tag.closing:
+            if not tag.dsml:
+                confirmed = _plain_block_confirmed(buf, tag.end)
+                if confirmed is not True:
+                    return confirmed
             self.parser.block()
             self.state, self.active = _BLOCK, not tag.self_closing
             return tag.end

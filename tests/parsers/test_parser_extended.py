@@ -153,6 +153,11 @@ CASES = {
         f"</invoke>\n</function_calls>",
         False, None, None, [("f", {"a": "x", "b": "y"})], "tool_calls",
     ),
+    "plain-block-tag-in-prose-stays-prose": (
+        V32, "Wrap calls in <function_calls>\n  tags, then <tool_calls>.", False,
+        "Wrap calls in <function_calls>\n  tags, then <tool_calls>.", None, [], "stop",
+    ),
+    "plain-empty-block": (V32, "A\n<function_calls>\n</function_calls>\nB", False, "A\n\nB", None, [], "stop"),
     "v4-tool-calls-block-name": (
         V32, f"<{D}tool_calls>\n{I('f')}\n\n{IE}\n</{D}tool_calls>", False, None, None, [("f", {})], "tool_calls",
     ),
