@@ -1,4 +1,4 @@
-"""DeepSeek-V3.2 DSML tool calls: tag recognition and the streaming block parser.
+"""DeepSeek-V3.2 DSML tool calls: the streaming block parser (tags: :mod:`dsa_runtime.parsers.dsml_tags`).
 
 Canonical shape (spec §1)::
 
@@ -21,115 +21,10 @@ the first one may already be on the wire.
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-
-from dsa_runtime.parsers.markers import DSML, PARTIAL, _Partial, is_special_fragment
-from dsa_runtime.parsers.scanner import Format
+from dsa_runtime.parsers.dsml_tags import Tag, match_tag, plain_block_confirmed
+from dsa_runtime.parsers.markers import PARTIAL, _Partial, is_special_fragment
+from dsa_runtime.parsers.scanner import Format, ToolParser
 from dsa_runtime.parsers.values import dumps, escape_fragment, object_json, typed_value_json
-
-_NAMES = {
-    "function_calls": "block",
-    "function_call": "block",
-    "tool_calls": "block",  # DeepSeek-V4 spelling
-    "invoke": "invoke",
-    "parameter": "parameter",
-}
-_MAX_ATTRS = 512  # an open tag's attributes end with ">" within this many characters, or it is not a tag
-_MAX_CLOSE_SPACE = 16
-_ATTR_RE = re.compile(r"""([A-Za-z_][\w.-]*)\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s"'>/]+))""")
-
-
-@dataclass(frozen=True)
-class Tag:
-    """A complete DSML (or plain) tag: ``kind`` is ``block``, ``invoke`` or ``parameter``."""
-
-    kind: str
-    closing: bool
-    self_closing: bool
-    dsml: bool
-    attrs: dict[str, str]
-    end: int
-
-
-def _attrs(text: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for m in _ATTR_RE.finditer(text):
-        value = next(g for g in m.groups()[1:] if g is not None)
-        out.setdefault(m.group(1).lower(), value)
-    return out
-
-
-def match_tag(buf: str, pos: int) -> Tag | _Partial | None:
-    """The tag starting at ``buf[pos] == "<"``; PARTIAL while the text could still become one."""
-    n = len(buf)
-    i = pos + 1
-    if i >= n:
-        return PARTIAL
-    closing = buf[i] == "/"
-    if closing:
-        i += 1
-        if i >= n:
-            return PARTIAL
-    dsml = buf.startswith(DSML, i)
-    if dsml:
-        i += len(DSML)
-    elif n - i < len(DSML) and DSML.startswith(buf[i:]):
-        return PARTIAL
-    kind, j, partial = None, i, False
-    for name, name_kind in _NAMES.items():
-        if buf.startswith(name, i):
-            j = i + len(name)
-            if j >= n:
-                partial = True
-            elif buf[j] in ">/" or buf[j].isspace():
-                kind = name_kind
-                break
-        elif n - i < len(name) and name.startswith(buf[i:]):
-            partial = True
-    if kind is None:
-        return PARTIAL if partial else None
-    if closing:
-        k = j
-        while k < n and buf[k] in " \t" and k - j < _MAX_CLOSE_SPACE:
-            k += 1
-        if k >= n:
-            return PARTIAL
-        return Tag(kind, True, False, dsml, {}, k + 1) if buf[k] == ">" else None
-    k, limit = j, j + _MAX_ATTRS
-    while k < n and k < limit:
-        c = buf[k]
-        if c == ">":
-            attrs = buf[j:k]
-            return Tag(kind, False, attrs.rstrip().endswith("/"), dsml, _attrs(attrs), k + 1)
-        if c == "<" or c == "\n":
-            return None
-        k += 1
-    return PARTIAL if k < limit else None
-
-
-def _plain_block_confirmed(buf: str, end: int) -> bool | _Partial | None:
-    """A plain ``<function_calls>`` opens a block only if an invoke (or the close tag) follows it.
-
-    Without the DSML prefix the tag could be prose about tags ("wrap calls in <function_calls>"), which must
-    stay visible; a real block starts with an invoke after at most whitespace.
-    """
-    i, n = end, len(buf)
-    while i < n and buf[i].isspace():
-        i += 1
-    if i >= n:
-        return PARTIAL
-    if buf[i] != "<":
-        return None
-    tag = match_tag(buf, i)
-    if tag is PARTIAL:
-        return PARTIAL
-    if tag is not None and (
-        (tag.kind == "invoke" and not tag.closing) or (tag.kind == "block" and tag.closing)
-    ):
-        return True
-    return None
-
 
 _BLOCK, _INVOKE, _PARAM, _RAW = "block", "invoke", "param", "raw"
 
@@ -137,7 +32,7 @@ _BLOCK, _INVOKE, _PARAM, _RAW = "block", "invoke", "param", "raw"
 class DsmlFormat(Format):
     """Parses DSML blocks into call events (see the module docstring for the accepted shapes)."""
 
-    def __init__(self, parser, primary: bool) -> None:  # noqa: ANN001 - ToolParser, circular at runtime
+    def __init__(self, parser: ToolParser, primary: bool) -> None:
         super().__init__(parser, primary)
         self.state = _BLOCK
         self.skip_call = False  # a nameless invoke: read but not reported
@@ -157,7 +52,7 @@ class DsmlFormat(Format):
             return None
         if tag.kind == "block" and not tag.closing:
             if not tag.dsml:
-                confirmed = _plain_block_confirmed(buf, tag.end)
+                confirmed = plain_block_confirmed(buf, tag.end)
                 if confirmed is not True:
                     return confirmed
             self.parser.block()

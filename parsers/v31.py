@@ -29,7 +29,7 @@ from dsa_runtime.parsers.markers import (
     is_special_fragment,
     match_literal,
 )
-from dsa_runtime.parsers.scanner import Format
+from dsa_runtime.parsers.scanner import Format, ToolParser
 from dsa_runtime.parsers.values import object_json
 
 _TOKENS = (TOOL_CALLS_BEGIN, TOOL_CALLS_END, TOOL_CALL_BEGIN, TOOL_CALL_END, TOOL_SEP)
@@ -39,7 +39,7 @@ _BLOCK, _HEAD, _DECIDE, _NAME, _ARGS = "block", "head", "decide", "name", "args"
 class TokenFormat(Format):
     """Parses ``<｜tool▁calls▁begin｜>`` blocks into call events."""
 
-    def __init__(self, parser, primary: bool) -> None:  # noqa: ANN001 - ToolParser, circular at runtime
+    def __init__(self, parser: ToolParser, primary: bool) -> None:
         super().__init__(parser, primary)
         self.state = _BLOCK
         self.head = ""  # text before <｜tool▁sep｜> (the V3.1 name or the V3 type)
