@@ -115,6 +115,17 @@ def _sync(dev: torch.device) -> None:
         torch.cuda.synchronize(dev)
 
 
+def _device_alive(dev: torch.device) -> bool:
+    """False when the device context is unusable (after a device-side assert every later call fails)."""
+    if dev.type != "cuda":
+        return True
+    try:
+        torch.cuda.synchronize(dev)
+        return torch.ones(1, device=dev).item() == 1.0
+    except Exception:
+        return False
+
+
 def run_case(case: Case, ctx: RunContext) -> CaseResult:
     """Run one case; never raises for a kernel's or a checker's exception (they become ``error``)."""
     start = time.perf_counter()
@@ -220,13 +231,24 @@ def run_conformance(
     )
     t0 = time.perf_counter()
     bar = _Progress(len(cases), show)
+    lost: str | None = None  # set once a kernel has broken the device context (e.g. a device-side assert)
     try:
         for case in cases:
-            res = run_case(case, ctx)
+            if lost is not None and ctx.unclaimed_reason(case) is None:
+                res = CaseResult(case.id, case.family, "error", f"family {case.family}, case {case.id}: not run: {lost}")
+            else:
+                res = run_case(case, ctx)
+                if res.status == "error" and not _device_alive(ctx.device):
+                    lost = (
+                        f"the {ctx.device.type} context was lost in case {case.id} "
+                        f"({res.message.split(': ', 1)[-1].splitlines()[0][:160]}); "
+                        "rerun the rest in a new process (-k, --family)"
+                    )
             report.cases.append(res)
             bar.step(case, res)
-            if ctx.device.type == "cuda" and case.tier == "full":
-                torch.cuda.empty_cache()
+            if ctx.device.type == "cuda" and case.tier == "full" and lost is None:
+                with contextlib.suppress(Exception):
+                    torch.cuda.empty_cache()
     finally:
         bar.close()
     report.duration_s = time.perf_counter() - t0

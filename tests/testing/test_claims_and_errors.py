@@ -90,3 +90,20 @@ def test_explicit_unclaimed_device_is_not_claimed_not_an_error():
     report = run_conformance(cuda_only, device="cpu", families=["topk"], progress=False)
     assert report.summary["not_claimed"] == len(report.cases) > 0
     assert "device 'cpu' not claimed" in report.cases[0].message
+
+
+def test_lost_device_context_marks_the_rest_not_run(monkeypatch):
+    """After a device-side assert every later call fails: the rest are errors saying so, the run ends cleanly."""
+    import dsa_runtime.testing.runner as runner
+
+    monkeypatch.setattr(runner, "_device_alive", lambda dev: False)
+    backend = W.make_backend("asserts", {"kv_quant": W.KVQuantRaises}, families=("kv_quant", "topk"),
+                             page_sizes=frozenset({64}))
+    report = run_conformance(backend, families=["kv_quant", "topk"], progress=False)
+    statuses = [c.status for c in report.cases]
+    first = statuses.index("error")
+    assert report.cases[first].id == "kv_quant/gather_index_k/p64/n30"
+    after = report.cases[first + 1 :]
+    assert after and all(c.status in ("error", "not_claimed") for c in after)
+    assert any(c.status == "not_claimed" for c in after)  # claims are still reported as such
+    assert "not run: the cpu context was lost in case kv_quant/gather_index_k/p64/n30" in after[-1].message
