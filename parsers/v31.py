@@ -10,14 +10,15 @@ sits in a fence::
     <｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\\n```json\\n{JSON}\\n```<｜tool▁call▁end｜>
 
 One format reads both call layouts: a head of ``function`` followed by something other than ``{`` is the V3
-layout. The name is reported as soon as it is known; the arguments arrive whole at the end of each call,
-normalised to ``json.dumps`` layout (a partial JSON text can still turn out invalid, and streamed bytes
-cannot be taken back). Repeated ``<｜tool▁calls▁begin｜>`` (bug §6.21) and a call without the block
+layout. The name is reported as soon as it is known; the arguments stream as the model writes them,
+through :class:`~dsa_runtime.parsers.jsonstream.JsonObjectStream`, which never sends text that a later
+character could make invalid, and the call is complete as soon as its object closes. Repeated ``<｜tool▁calls▁begin｜>`` (bug §6.21) and a call without the block
 token are accepted; a missing end token is implied by the next call or block end.
 """
 
 from __future__ import annotations
 
+from dsa_runtime.parsers.jsonstream import JsonObjectStream
 from dsa_runtime.parsers.markers import (
     PARTIAL,
     TOOL_CALL_BEGIN,
@@ -42,9 +43,11 @@ class TokenFormat(Format):
     def __init__(self, parser: ToolParser, primary: bool) -> None:
         super().__init__(parser, primary)
         self.state = _BLOCK
-        self.head = ""  # text before <｜tool▁sep｜> (the V3.1 name or the V3 type)
-        self.parts: list[str] = []  # V3 name line, then the arguments text
+        self.head_parts: list[str] = []  # text before <｜tool▁sep｜> (the V3.1 name or the V3 type)
+        self.parts: list[str] = []  # the V3 name line
         self.reported = False  # the current call's name went out (a nameless call is read, not reported)
+        self.ended = False  # the current call's arguments object closed
+        self.json = JsonObjectStream()
 
     def start(self, buf: str, pos: int) -> int | _Partial | None:
         token = match_literal(buf, pos, _TOKENS)
@@ -118,7 +121,11 @@ class TokenFormat(Format):
         return pos + len(token)
 
     def _begin_call(self) -> None:
-        self.state, self.head, self.parts, self.reported = _HEAD, "", [], False
+        self.state, self.head_parts, self.parts, self.reported, self.ended = _HEAD, [], [], False, False
+
+    @property
+    def head(self) -> str:
+        return "".join(self.head_parts)
 
     def _after_sep(self) -> None:
         head = self.head.strip()
@@ -129,21 +136,26 @@ class TokenFormat(Format):
 
     def _named(self, name: str) -> None:
         self.parser.call(name)
-        self.state, self.parts, self.reported = _ARGS, [], True
+        self.reported = True
+        self._arguments()
+
+    def _arguments(self) -> None:
+        self.state, self.parts, self.json = _ARGS, [], JsonObjectStream()
 
     def _text(self, text: str) -> None:
         if self.state == _HEAD:
-            self.head += text
+            self.head_parts.append(text)
             return
         if self.state == _DECIDE:
             body = text.lstrip()
             if not body:
                 return
             if body[0] == "{":
-                if self.head.strip():
-                    self._named(self.head.strip())
+                head = self.head.strip()
+                if head:
+                    self._named(head)
                 else:
-                    self.state, self.parts = _ARGS, []  # nameless: arguments read, call not reported
+                    self._arguments()  # nameless: arguments read, call not reported
             else:
                 self.state = _NAME
             text = body
@@ -157,9 +169,14 @@ class TokenFormat(Format):
             if name:
                 self._named(name)
             else:
-                self.state, self.parts = _ARGS, []
+                self._arguments()
             text = text[newline + 1 :]
-        self.parts.append(text)
+        piece = self.json.feed(text)
+        if self.reported and not self.ended:
+            self.parser.args(piece)
+            if self.json.complete:
+                self.parser.end()  # the object is closed: the call is complete even if its end token never comes
+                self.ended = True
 
     def _end_call(self) -> None:
         """A call's end token (or what implies it): report whatever call the text so far makes."""
@@ -167,11 +184,12 @@ class TokenFormat(Format):
         self.state = _BLOCK
         if state == _HEAD:
             # No separator: "NAME{...}" or a bare "NAME" (zero arguments).
-            brace = self.head.find("{")
-            name = (self.head if brace < 0 else self.head[:brace]).strip()
+            head = self.head
+            brace = head.find("{")
+            name = (head if brace < 0 else head[:brace]).strip()
             if name and not any(c.isspace() for c in name):
                 self.parser.call(name)
-                self.parser.args(object_json(self.head[brace:]) if brace >= 0 else "{}")
+                self.parser.args(object_json(head[brace:]) if brace >= 0 else "{}")
                 self.parser.end()
         elif state in (_DECIDE, _NAME):
             name = text.strip() if state == _NAME else self.head.strip()
@@ -179,6 +197,6 @@ class TokenFormat(Format):
                 self.parser.call(name)
                 self.parser.args("{}")
                 self.parser.end()
-        elif state == _ARGS and self.reported:
-            self.parser.args(object_json(text))
+        elif state == _ARGS and self.reported and not self.ended:
+            self.parser.args(self.json.close())
             self.parser.end()

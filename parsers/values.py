@@ -1,8 +1,8 @@
 """JSON text helpers shared by the tool parsers.
 
-Arguments are always produced as ``json.dumps(..., ensure_ascii=False)`` text so that the streamed fragments
-and the whole-message arguments are the same bytes. Parsing is strict JSON: ``NaN``/``Infinity`` and
-numbers that overflow to infinity are rejected, because re-serialising them would emit invalid JSON.
+DSML arguments are written in ``json.dumps(..., ensure_ascii=False)`` layout, one serialisation for
+streamed fragments and whole messages. Parsing values is strict JSON: ``NaN``/``Infinity`` and numbers that
+overflow to infinity are rejected, because re-serialising them would emit invalid JSON.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import math
 from typing import Any
+
+from dsa_runtime.parsers.jsonstream import JsonObjectStream
 
 
 def _reject_constant(name: str) -> Any:
@@ -52,19 +54,11 @@ def typed_value_json(raw: str) -> str:
 
 
 def object_json(raw: str) -> str:
-    """JSON text of an arguments object written as raw JSON; ``{}`` when no object can be recovered.
+    """JSON text of an arguments object the model wrote as raw JSON, always a valid object.
 
-    Accepts Markdown fences and trailing text after the object (seen in V3 output and V3.2 "format 2").
+    The same rules as streamed V3/V3.1 arguments (:mod:`dsa_runtime.parsers.jsonstream`): text before the
+    first ``{`` and after the object is ignored; after a syntax error the members completed before it are
+    kept; ``{}`` when there is no object at all.
     """
-    # The object starts at the first "{": whatever precedes it (a ```json fence line) or follows it is not
-    # part of the arguments.
-    text = raw
-    start = text.find("{")
-    if start < 0:
-        return "{}"
-    decoder = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
-    try:
-        value, _ = decoder.raw_decode(text, start)
-        return dumps(value) if isinstance(value, dict) else "{}"
-    except (ValueError, RecursionError):
-        return "{}"
+    stream = JsonObjectStream()
+    return stream.feed(raw) + stream.close()
