@@ -55,7 +55,9 @@ def _chunked(
         m1 = min(m0 + chunk, m_total)
         idx = idx_all[m0:m1]
         valid = (idx >= 0) & (idx < n_rows)
-        kv = fetch(torch.where(valid, idx, 0))  # row 0 stands in for invalid ones; masked below
+        # Row 0 stands in for invalid indices; zero it out so that a poisoned (NaN) row 0 cannot leak
+        # through 0 * NaN in the weighted sum.
+        kv = torch.where(valid[..., None], fetch(torch.where(valid, idx, 0)), 0.0)
         out[m0:m1], lse[m0:m1] = _attend(q[m0:m1].float(), kv, valid, sm_scale, d_v)
     return out, lse
 
