@@ -22,7 +22,7 @@ the first one may already be on the wire.
 from __future__ import annotations
 
 from dsa_runtime.parsers.dsml_tags import Tag, match_tag, plain_block_confirmed
-from dsa_runtime.parsers.markers import PARTIAL, _Partial, is_special_fragment
+from dsa_runtime.parsers.markers import PARTIAL, Partial, is_special_fragment
 from dsa_runtime.parsers.scanner import Format, ToolParser
 from dsa_runtime.parsers.values import dumps, escape_fragment, object_json, typed_value_json
 
@@ -44,7 +44,7 @@ class DsmlFormat(Format):
         self.parts: list[str] = []
 
     # -- prose side -----------------------------------------------------------------------------------
-    def start(self, buf: str, pos: int) -> int | _Partial | None:
+    def start(self, buf: str, pos: int) -> int | Partial | None:
         tag = match_tag(buf, pos)
         if tag is PARTIAL or tag is None:
             return tag

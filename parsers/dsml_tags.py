@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from dsa_runtime.parsers.markers import DSML, PARTIAL, _Partial
+from dsa_runtime.parsers.markers import DSML, PARTIAL, Partial
 
 _NAMES = {
     "function_calls": "block",
@@ -44,7 +44,7 @@ def _attrs(text: str) -> dict[str, str]:
     return out
 
 
-def match_tag(buf: str, pos: int) -> Tag | _Partial | None:
+def match_tag(buf: str, pos: int) -> Tag | Partial | None:
     """The tag starting at ``buf[pos] == "<"``; PARTIAL while the text could still become one."""
     n = len(buf)
     i = pos + 1
@@ -92,7 +92,7 @@ def match_tag(buf: str, pos: int) -> Tag | _Partial | None:
     return PARTIAL if k < limit else None
 
 
-def plain_block_confirmed(buf: str, end: int) -> bool | _Partial | None:
+def plain_block_confirmed(buf: str, end: int) -> bool | Partial | None:
     """A plain ``<function_calls>`` opens a block only if an invoke (or the close tag) follows it.
 
     Without the DSML prefix the tag could be prose about tags ("wrap calls in <function_calls>"), which must

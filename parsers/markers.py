@@ -28,17 +28,17 @@ DSML_STARTS = ("<" + DSML + "function_call", "<" + DSML + "tool_calls", "<" + DS
 TOKEN_STARTS = (TOOL_CALLS_BEGIN, TOOL_CALL_BEGIN)
 
 
-class _Partial:
+class Partial:
     """Sentinel: the text so far is a strict prefix of a marker; wait for more before deciding."""
 
     def __repr__(self) -> str:
         return "PARTIAL"
 
 
-PARTIAL = _Partial()
+PARTIAL = Partial()
 
 
-def match_literal(buf: str, pos: int, literals: Iterable[str]) -> str | _Partial | None:
+def match_literal(buf: str, pos: int, literals: Iterable[str]) -> str | Partial | None:
     """The literal that starts at ``buf[pos]``, ``PARTIAL`` if ``buf[pos:]`` could still become one, else None.
 
     None of the literal sets used overlap as prefixes of one another, so the first full match is the match.

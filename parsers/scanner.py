@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import ClassVar, NamedTuple
 
-from dsa_runtime.parsers.markers import PARTIAL, _Partial, is_special_fragment, match_literal
+from dsa_runtime.parsers.markers import PARTIAL, Partial, is_special_fragment, match_literal
 
 TEXT = "text"  # prose (value: the text)
 BLOCK = "block"  # a tool block starts: the prose before it ends there
@@ -47,7 +47,7 @@ class Format:
         self.primary = primary
         self.active = False
 
-    def start(self, buf: str, pos: int) -> int | _Partial | None:
+    def start(self, buf: str, pos: int) -> int | Partial | None:
         raise NotImplementedError
 
     def step(self, buf: str, pos: int, final: bool) -> int:
@@ -159,7 +159,7 @@ class ToolParser:
                 pos = found
         self._buf = buf[pos:]
 
-    def _match_prose(self, buf: str, pos: int) -> int | _Partial | None:
+    def _match_prose(self, buf: str, pos: int) -> int | Partial | None:
         """At a ``<`` in prose: index after a dropped token or block start, PARTIAL, or None (plain text)."""
         dropped = match_literal(buf, pos, self._drop)
         if isinstance(dropped, str):

@@ -26,7 +26,7 @@ from dsa_runtime.parsers.markers import (
     TOOL_CALLS_BEGIN,
     TOOL_CALLS_END,
     TOOL_SEP,
-    _Partial,
+    Partial,
     is_special_fragment,
     match_literal,
 )
@@ -49,7 +49,7 @@ class TokenFormat(Format):
         self.ended = False  # the current call's arguments object closed
         self.json = JsonObjectStream()
 
-    def start(self, buf: str, pos: int) -> int | _Partial | None:
+    def start(self, buf: str, pos: int) -> int | Partial | None:
         token = match_literal(buf, pos, _TOKENS)
         if token is PARTIAL or token is None:
             return token
