@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-DSML = "\uff5cDSML\uff5c"  # ｜DSML｜, placed right after "<" or "</"
-BOS = "<\uff5cbegin\u2581of\u2581sentence\uff5c>"
-EOS = "<\uff5cend\u2581of\u2581sentence\uff5c>"
-THINK_START = "<think>"
-THINK_END = "</think>"
+# The V3.2 special tokens are defined once, with the encoder's prompt text; re-exported for the parsers.
+from dsa_runtime.parsers.tools_prompt_v32 import DSML as DSML
+from dsa_runtime.parsers.tools_prompt_v32 import EOS as EOS
+from dsa_runtime.parsers.tools_prompt_v32 import THINK_END as THINK_END
+from dsa_runtime.parsers.tools_prompt_v32 import THINK_START as THINK_START
 
 # V3 / V3.1 / R1 special-token tool-call format.
 TOOL_CALLS_BEGIN = "<\uff5ctool\u2581calls\u2581begin\uff5c>"
