@@ -14,6 +14,7 @@ V3.1-style block a V3.2-Exp model emits, and vice versa; upstream bugs §6.5 and
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import ClassVar, NamedTuple
 
 from dsa_runtime.parsers.markers import PARTIAL, Partial, is_special_fragment, match_literal
@@ -32,7 +33,7 @@ class Event(NamedTuple):
     value: str = ""
 
 
-class Format:
+class Format(ABC):
     """One tool-call wire format inside a :class:`ToolParser`.
 
     ``start`` looks at a ``<`` in prose; when it recognises a block start it emits the block (and sets
@@ -47,14 +48,17 @@ class Format:
         self.primary = primary
         self.active = False
 
+    @abstractmethod
     def start(self, buf: str, pos: int) -> int | Partial | None:
-        raise NotImplementedError
+        """At a ``<`` in prose: the index after a recognised start (or stray markup), PARTIAL or None."""
 
+    @abstractmethod
     def step(self, buf: str, pos: int, final: bool) -> int:
-        raise NotImplementedError
+        """Read the block body from ``pos``; ``final``: no more text will come."""
 
+    @abstractmethod
     def close(self, truncated: bool) -> None:
-        raise NotImplementedError
+        """The stream ended inside the block."""
 
 
 class ToolParser:
