@@ -150,7 +150,7 @@ def _auto_choice(
     for name in defaults.backends.get(family, ()):
         backend = manager.backends.get(name)
         if backend is None:
-            skipped.append(f"{name} not installed")
+            skipped.append(f"no {name!r} backend registered")
             continue
         problem = why_not(backend, family, device, kv_layout)
         if problem is None:

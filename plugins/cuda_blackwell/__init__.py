@@ -8,8 +8,8 @@ decode, page size 64. No Blackwell kernel is registered yet: ``auto`` resolves t
 from __future__ import annotations
 
 from dsa_runtime.hookspecs import hookimpl
-from dsa_runtime.hw_probe import describe_gpus, module_available, probe_nvidia
 from dsa_runtime.platform import Detection, Platform, PlatformDefaults
+from dsa_runtime.plugins._nvidia import NVIDIA_REASONS, detect_arch
 from dsa_runtime.plugins._pending import pending_family_notes
 
 PLANNED = {
@@ -22,14 +22,7 @@ PLANNED = {
 
 
 def detect() -> Detection:
-    probe = probe_nvidia()
-    blackwell = tuple(g for g in probe.gpus if g.capability[0] == 10)
-    libs = {lib: "found" if module_available(lib) else "not installed" for lib in ("flash_mla", "deep_gemm", "flashinfer")}
-    if blackwell:
-        return Detection(True, f"Blackwell GPU: {describe_gpus(blackwell)}", device="cuda", details=libs)
-    if probe.gpus:
-        return Detection(False, f"no SM100/SM103 GPU (found {describe_gpus(probe.gpus)})", details=libs)
-    return Detection(False, probe.reason, details=libs)
+    return detect_arch(10, "SM100/SM103", ("flash_mla", "deep_gemm", "flashinfer"))
 
 
 def defaults(_: Detection) -> PlatformDefaults:
@@ -50,8 +43,7 @@ def defaults(_: Detection) -> PlatformDefaults:
             "kv_layout": "SGLang's default on SM>=100: FP8 e4m3 KV in the 656-byte layout",
             "prefill_attn": "SGLang's Blackwell default with FP8 KV: flashmla_auto",
             "decode_attn": "SGLang's Blackwell default with FP8 KV: flashmla_kv",
-            "page_size": "64: DeepGEMM's paged indexer and FlashMLA require it",
-            "dense_prefill_threshold": "prompts of <= 2048 KV tokens attend densely (exactly equivalent)",
+            **NVIDIA_REASONS,
         },
     )
 

@@ -10,8 +10,8 @@ repositories), their modules ``flash_mla`` / ``deep_gemm`` are detected and repo
 from __future__ import annotations
 
 from dsa_runtime.hookspecs import hookimpl
-from dsa_runtime.hw_probe import describe_gpus, module_available, probe_nvidia
 from dsa_runtime.platform import Detection, Platform, PlatformDefaults
+from dsa_runtime.plugins._nvidia import NVIDIA_REASONS, detect_arch
 from dsa_runtime.plugins._pending import pending_family_notes
 
 PLANNED = {
@@ -25,14 +25,7 @@ OPTIONAL_LIBS = ("flash_mla", "deep_gemm", "flashinfer", "tilelang", "triton")
 
 
 def detect() -> Detection:
-    probe = probe_nvidia()
-    hopper = tuple(g for g in probe.gpus if g.capability[0] == 9)
-    libs = {lib: "found" if module_available(lib) else "not installed" for lib in OPTIONAL_LIBS}
-    if hopper:
-        return Detection(True, f"Hopper GPU: {describe_gpus(hopper)}", device="cuda", details=libs)
-    if probe.gpus:
-        return Detection(False, f"no SM90 GPU (found {describe_gpus(probe.gpus)})", details=libs)
-    return Detection(False, probe.reason, details=libs)
+    return detect_arch(9, "SM90", OPTIONAL_LIBS)
 
 
 def defaults(_: Detection) -> PlatformDefaults:
@@ -53,8 +46,7 @@ def defaults(_: Detection) -> PlatformDefaults:
             "kv_layout": "SGLang's Hopper default: bf16 KV (FP8 KV is the default only on SM>=100)",
             "prefill_attn": "SGLang's Hopper default: flashmla_sparse prefill",
             "decode_attn": "SGLang's Hopper default: fa3 decode over gathered bf16 pages",
-            "page_size": "64: DeepGEMM's paged indexer and FlashMLA require it",
-            "dense_prefill_threshold": "prompts of <= 2048 KV tokens attend densely (exactly equivalent)",
+            **NVIDIA_REASONS,
         },
     )
 
