@@ -19,3 +19,14 @@ def _isolated_plugins(monkeypatch):
     for probe in (probe_nvidia, probe_amd, probe_ascend):
         probe.cache_clear()
     reset_manager()
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    """Make the hardware probes see a CPU-only machine, whatever this one has (GPU hosts run the suite too)."""
+    from dsa_runtime.hw_probe import probe_nvidia
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    probe_nvidia.cache_clear()
+    yield
+    probe_nvidia.cache_clear()

@@ -139,7 +139,7 @@ def test_unknown_backend_lists_the_valid_names():
         get_manager().get_backend("nope")
 
 
-def test_plugins_cli_shows_every_builtin_with_reasons(capsys):
+def test_plugins_cli_shows_every_builtin_with_reasons(capsys, no_gpu):
     from dsa_runtime.cli.main import main
 
     main(["plugins"])

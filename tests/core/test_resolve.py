@@ -14,6 +14,11 @@ from dsa_runtime.resolve import KernelConfig, resolve_kernels
 from .fake_plugins import backend, plugin_registering
 
 
+@pytest.fixture(autouse=True)
+def _cpu_only(no_gpu):
+    """These tests describe a CPU-only host; GPU hosts are simulated with DSA_FAKE_GPU, which wins."""
+
+
 def manager_with(*backends) -> DSAPluginManager:
     manager = DSAPluginManager().load()
     if backends:

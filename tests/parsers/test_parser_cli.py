@@ -16,7 +16,8 @@ from tests.parsers.parser_kit import EOS, FC, FCE, IE, PE, I, P, check_deltas
 from tests.parsers.test_parser_vectors import VECTORS
 
 ROOT = Path(__file__).resolve().parents[2]
-EXE = ROOT / ".venv" / "bin" / "dsa-runtime"
+# The console script installed next to the interpreter running the tests (any venv, any machine).
+EXE = Path(sys.executable).with_name("dsa-runtime")
 KEYS = {"content", "reasoning_content", "tool_calls", "finish_reason"}
 
 
@@ -152,7 +153,6 @@ def test_cli_lone_surrogate_from_chunks_json_is_escaped(monkeypatch, capsys):
     assert rc == 0 and obj["content"] == "a\ud800b"
 
 
-@pytest.mark.skipif(not EXE.exists(), reason="console script not installed in .venv")
 def test_cli_real_subprocess():
     text = f"需要日期📅</think>\n\n{FC}\n{I('get_datetime')}\n{P('timezone', 'true')}Asia/Shanghai{PE}\n{IE}\n{FCE}{EOS}"
     for extra in ([], ["--chunk-size", "2"]):
@@ -177,7 +177,6 @@ def test_cli_real_subprocess():
         assert proc.stdout.decode("utf-8").count("\n") == 1  # one JSON object, one line
 
 
-@pytest.mark.skipif(not EXE.exists(), reason="console script not installed in .venv")
 def test_cli_real_subprocess_error_exit_code():
     proc = subprocess.run(
         [str(EXE), "parse", "--chunks-json"], input=b"not json", capture_output=True, timeout=60

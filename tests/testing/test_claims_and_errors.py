@@ -99,7 +99,7 @@ def test_lost_device_context_marks_the_rest_not_run(monkeypatch):
     monkeypatch.setattr(runner, "_device_alive", lambda dev: False)
     backend = W.make_backend("asserts", {"kv_quant": W.KVQuantRaises}, families=("kv_quant", "topk"),
                              page_sizes=frozenset({64}))
-    report = run_conformance(backend, families=["kv_quant", "topk"], progress=False)
+    report = run_conformance(backend, device="cpu", families=["kv_quant", "topk"], progress=False)
     statuses = [c.status for c in report.cases]
     first = statuses.index("error")
     assert report.cases[first].id == "kv_quant/gather_index_k/p64/n30"

@@ -31,7 +31,7 @@ def _register(*backends):
 
 def test_cli_json_report_and_exit_0(tmp_path, capsys):
     path = tmp_path / "out" / "report.json"
-    rc = main(["conformance", "reference", "--family", "topk", "--json", str(path), "--no-progress"])
+    rc = main(["conformance", "reference", "--family", "topk", "--device", "cpu", "--json", str(path), "--no-progress"])
     out = capsys.readouterr().out
     assert rc == 0
     data = json.loads(path.read_text())
