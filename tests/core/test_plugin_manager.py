@@ -150,3 +150,22 @@ def test_plugins_cli_shows_every_builtin_with_reasons(capsys, no_gpu):
     assert "families provided: none" in out
     assert "no Hopper kernel yet" in out
     assert "backend reference: available" in out
+
+
+def test_discovery_and_detection_import_nothing_heavy():
+    """Listing plugins and probing hardware must not import torch or any kernel library."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from dsa_runtime.plugin_manager import get_manager\n"
+        "m = get_manager()\n"
+        "[p.detect() for p in m.platforms.values()]\n"
+        "[b.available() for b in m.backends.values()]\n"
+        "import dsa_runtime.testing.pytest_plugin, dsa_runtime.cli.main\n"
+        "heavy = sorted(n for n in ('torch', 'triton', 'flash_mla', 'deep_gemm', 'tilelang') if n in sys.modules)\n"
+        "print(','.join(heavy))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == "", f"imported at discovery: {run.stdout.strip()}"
