@@ -131,7 +131,7 @@ def resolve_kernels(config: KernelConfig | None = None, manager: DSAPluginManage
             if problem is not None:
                 valid = [b.name for b in manager.backends.values() if why_not(b, family, device, kv_layout) is None]
                 raise ConfigError(
-                    f"{family}: cannot use {problem}; backends that can run {family} on {device} "
+                    f"{family}: {problem}; backends that can run {family} on {device} "
                     f"with {kv_layout} KV: {', '.join(valid) or 'none'}"
                 )
             choices[family] = Choice(family, requested, "chosen explicitly")

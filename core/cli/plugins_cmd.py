@@ -14,11 +14,34 @@ HELP = "list plugins, platforms, backends and parsers, with availability and rea
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.add_argument(
-        "--resolve", action="store_true", help="also show what 'auto' resolves each kernel family to on this machine"
+        "--resolve", action="store_true", help="also show what each kernel family resolves to on this machine"
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --resolve: a KernelConfig field (platform, device, kv_layout, indexer, topk, sparse_attn, "
+        "kv_quant, moe) instead of auto, e.g. --set sparse_attn=reference (repeatable)",
     )
 
 
-def collect(resolve: bool = False) -> dict:
+def parse_settings(items: list[str]) -> dict[str, str]:
+    """``["topk=reference", ...]`` -> KernelConfig keyword arguments; unknown keys are a ConfigError."""
+    from dsa_runtime.errors import ConfigError
+    from dsa_runtime.resolve import config_fields
+
+    valid = config_fields()
+    settings: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not value or key not in valid:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE with KEY one of {', '.join(valid)}")
+        settings[key] = value
+    return settings
+
+
+def collect(resolve: bool = False, settings: dict[str, str] | None = None) -> dict:
     """Everything ``plugins`` shows, as plain data."""
     from dsa_runtime.plugin_manager import BUILTIN_PLUGINS, GROUPS, get_manager
 
@@ -86,9 +109,9 @@ def collect(resolve: bool = False) -> dict:
         plugins.append(entry)
     result: dict = {"plugins": plugins}
     if resolve:
-        from dsa_runtime.resolve import resolve_kernels
+        from dsa_runtime.resolve import KernelConfig, resolve_kernels
 
-        resolved = resolve_kernels(manager=manager)
+        resolved = resolve_kernels(KernelConfig(**(settings or {})), manager=manager)
         result["resolved"] = {
             "platform": resolved.platform,
             "device": resolved.device,
@@ -127,13 +150,18 @@ def _print_text(data: dict, out=None) -> None:
             print(f"    parsers: {listed}", file=out)
     if "resolved" in data:
         r = data["resolved"]
-        print(f"\nauto on this machine: platform {r['platform']}, device {r['device']}, KV {r['kv_layout']}", file=out)
+        print(f"\nresolved on this machine: platform {r['platform']}, device {r['device']}, KV {r['kv_layout']}", file=out)
         for family, choice in r["choices"].items():
             print(f"    {family:<12} -> {choice['backend']} ({choice['reason']})", file=out)
 
 
 def run(args: argparse.Namespace) -> int:
-    data = collect(resolve=args.resolve)
+    settings = parse_settings(args.set)
+    if settings and not args.resolve:
+        from dsa_runtime.errors import ConfigError
+
+        raise ConfigError("--set only makes sense with --resolve")
+    data = collect(resolve=args.resolve, settings=settings)
     if args.json:
         json.dump(data, sys.stdout, indent=2)
         sys.stdout.write("\n")

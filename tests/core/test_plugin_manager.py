@@ -169,3 +169,19 @@ def test_discovery_and_detection_import_nothing_heavy():
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert run.stdout.strip() == "", f"imported at discovery: {run.stdout.strip()}"
+
+
+def test_plugins_resolve_with_explicit_settings(capsys, no_gpu):
+    from dsa_runtime.cli.main import main
+
+    assert main(["plugins", "--resolve", "--set", "topk=reference", "--set", "kv_layout=fp8_656"]) == 0
+    out = capsys.readouterr().out
+    assert "resolved on this machine: platform cpu, device cpu, KV fp8_656" in out
+    assert "topk         -> reference (chosen explicitly)" in out
+
+    assert main(["plugins", "--resolve", "--set", "moe=nope"]) == 2
+    assert "unknown backend 'nope'" in capsys.readouterr().err
+    assert main(["plugins", "--resolve", "--set", "colour=blue"]) == 2
+    assert "expected KEY=VALUE with KEY one of platform, device" in capsys.readouterr().err
+    assert main(["plugins", "--set", "topk=reference"]) == 2
+    assert "--set only makes sense with --resolve" in capsys.readouterr().err
