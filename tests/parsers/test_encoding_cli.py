@@ -12,16 +12,7 @@ import pytest
 
 from dsa_runtime.cli.main import main
 
-GOLDEN_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "specs" / "golden"
 B = "<｜begin▁of▁sentence｜>"
-
-
-@pytest.fixture
-def golden_files() -> tuple[Path, str]:
-    src = GOLDEN_DIR / "dsv32_encoding_input.json"
-    if not src.is_file():
-        pytest.skip(f"golden data not found in {GOLDEN_DIR}")
-    return src, (GOLDEN_DIR / "dsv32_encoding_output.txt").read_text(encoding="utf-8").strip()
 
 
 def _run(monkeypatch, capsys, argv: list[str], stdin: str) -> tuple[int, str, str]:

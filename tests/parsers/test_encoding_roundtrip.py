@@ -7,25 +7,11 @@ the assistant turn at index -6) plus edge-case values, through the output parser
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
+from dsa_runtime.parsers import output
 from dsa_runtime.parsers.encoding_v32 import encode_messages, render_assistant_completion
-
-output = pytest.importorskip("dsa_runtime.parsers.output")
-
-GOLDEN_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "specs" / "golden"
-
-
-@pytest.fixture
-def golden_messages() -> list[dict]:
-    src = GOLDEN_DIR / "dsv32_encoding_input.json"
-    if not src.is_file():
-        pytest.skip(f"golden data not found in {GOLDEN_DIR}")
-    data = json.loads(src.read_text(encoding="utf-8"))
-    data["messages"][0]["tools"] = data["tools"]
-    return data["messages"]
 
 
 def _parse(text: str, thinking: bool = True):
