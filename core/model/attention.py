@@ -122,20 +122,22 @@ def prefill_mha(ctx: AttnContext, seq: SeqMeta, q_nope: Tensor, q_pe: Tensor, kv
 
     w_uk ``[H, nope, 512]``, w_uv ``[H, v, 512]``; keys/values rebuilt per head from the cached latents.
     """
-    kv = gathered_rows(ctx, seq, kv_cache).to(q_nope.dtype)
+    # fp32 throughout: bf16 scores (|s| ~ 10, ulp 0.06) would add far more noise than the absorbed path has.
+    kv = gathered_rows(ctx, seq, kv_cache).float()
     d_lat = w_uk.shape[-1]
     c, k_pe = kv[:, :d_lat], kv[:, d_lat:]
-    k_nope = torch.einsum("sc,hnc->hsn", c, w_uk)
-    v = torch.einsum("sc,hvc->hsv", c, w_uv)
+    k_nope = torch.einsum("sc,hnc->hsn", c, w_uk.float())
+    v = torch.einsum("sc,hvc->hsv", c, w_uv.float())
+    q_nope, q_pe = q_nope.float(), q_pe.float()
     pos = ctx.step.positions[seq.t0:seq.t1]
     keys = torch.arange(seq.end_pos, device=q_nope.device)
-    out = torch.empty(q_nope.shape[0], w_uv.shape[0], w_uv.shape[1], dtype=q_nope.dtype, device=q_nope.device)
+    out = torch.empty(q_nope.shape[0], w_uv.shape[0], w_uv.shape[1], dtype=w_uv.dtype, device=q_nope.device)
     for r0 in range(0, q_nope.shape[0], MHA_ROW_CHUNK):
         r1 = min(r0 + MHA_ROW_CHUNK, q_nope.shape[0])
-        scores = torch.einsum("thn,hsn->hts", q_nope[r0:r1], k_nope).float()
-        scores += torch.einsum("thr,sr->hts", q_pe[r0:r1], k_pe).float()
+        scores = torch.einsum("thn,hsn->hts", q_nope[r0:r1], k_nope)
+        scores += torch.einsum("thr,sr->hts", q_pe[r0:r1], k_pe)
         scores *= ctx.sm_scale
         scores.masked_fill_(keys[None, None, :] > pos[None, r0:r1, None], float("-inf"))
         probs = torch.softmax(scores, dim=-1)
-        out[r0:r1] = torch.einsum("hts,hsv->thv", probs, v.float()).to(out.dtype)
+        out[r0:r1] = torch.einsum("hts,hsv->thv", probs, v).to(out.dtype)
     return out
