@@ -18,23 +18,27 @@ from dsa_runtime.model.ops import rms_norm
 from dsa_runtime.model.rope import apply_interleaved
 from dsa_runtime.model.weights import WeightSource
 
+_TAKES_SCALE_FMT: dict[type, bool] = {}
+
 
 def store_mla(kernels, kv_cache: Tensor, slots: Tensor, c: Tensor, k_pe: Tensor, layout: str) -> None:
-    """``kernels.kv_quant.store_mla``; the fp8_656 cache always uses ue8m0 scales (exact bf16 dequant).
+    """``kernels.kv_quant.store_mla``; the fp8_656 cache always uses ue8m0 scales, which make the bf16
+    dequantisation exact (prefill reads bf16 rows, decode reads FP8 rows: both see the same values).
 
-    Contracts that no longer take ``scale_fmt`` (the rule is fixed there) are called without it.
+    Contracts that no longer take ``scale_fmt`` (the rule fixed to ue8m0 there) are called without it.
     """
-    fn = kernels.kv_quant.store_mla
-    takes = getattr(fn, "_dsa_takes_scale_fmt", None)
+    kv_quant = kernels.kv_quant
+    takes = _TAKES_SCALE_FMT.get(type(kv_quant))
     if takes is None:
         try:
-            takes = "scale_fmt" in inspect.signature(fn).parameters
+            takes = "scale_fmt" in inspect.signature(kv_quant.store_mla).parameters
         except (TypeError, ValueError):
             takes = True
+        _TAKES_SCALE_FMT[type(kv_quant)] = takes
     if takes:
-        fn(kv_cache, slots, c, k_pe, layout=layout, scale_fmt="ue8m0")
+        kv_quant.store_mla(kv_cache, slots, c, k_pe, layout=layout, scale_fmt="ue8m0")
     else:
-        fn(kv_cache, slots, c, k_pe, layout=layout)
+        kv_quant.store_mla(kv_cache, slots, c, k_pe, layout=layout)
 
 
 class MLA:
