@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from dsa_runtime.families import FAMILIES
+from dsa_runtime.families import FAMILIES, METHODS
 
 HELP = "list plugins, platforms, backends and parsers, with availability and reasons"
 
@@ -22,26 +22,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="with --resolve: a KernelConfig field (platform, device, kv_layout, indexer, topk, sparse_attn, "
-        "kv_quant, moe) instead of auto, e.g. --set sparse_attn=reference (repeatable)",
+        "kv_quant, moe, sparse_attn_prefill, sparse_attn_decode) or a method (sparse_attn.prefill, "
+        "topk.topk_transform...) instead of auto, e.g. --set sparse_attn.decode=reference (repeatable)",
     )
 
 
-def parse_settings(items: list[str]) -> dict[str, str]:
-    """``["topk=reference", ...]`` -> KernelConfig keyword arguments; unknown keys are a ConfigError."""
+def parse_settings(items: list[str]) -> dict[str, object]:
+    """``["topk=reference", "sparse_attn.prefill=x", ...]`` -> KernelConfig keyword arguments (methods go into
+    ``methods``); unknown keys are a ConfigError."""
     from dsa_runtime.errors import ConfigError
+    from dsa_runtime.families import METHODS
     from dsa_runtime.resolve import config_fields
 
     valid = config_fields()
-    settings: dict[str, str] = {}
+    settings: dict[str, object] = {}
+    methods: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or not value or key not in valid:
-            raise ConfigError(f"--set {item!r}: expected KEY=VALUE with KEY one of {', '.join(valid)}")
-        settings[key] = value
+        if not sep or not value or (key not in valid and key not in METHODS):
+            raise ConfigError(
+                f"--set {item!r}: expected KEY=VALUE with KEY one of {', '.join(valid)} or a method "
+                f"({', '.join(METHODS)})"
+            )
+        if key in METHODS:
+            methods[key] = value
+        else:
+            settings[key] = value
+    if methods:
+        settings["methods"] = methods
     return settings
 
 
-def collect(resolve: bool = False, settings: dict[str, str] | None = None) -> dict:
+def collect(resolve: bool = False, settings: dict[str, object] | None = None) -> dict:
     """Everything ``plugins`` shows, as plain data."""
     from dsa_runtime.plugin_manager import BUILTIN_PLUGINS, GROUPS, get_manager
 
@@ -98,8 +110,14 @@ def collect(resolve: bool = False, settings: dict[str, str] | None = None) -> di
                     "reason": why,
                     "families": sorted(backend.kernels),
                     "devices": sorted(caps.devices),
+                    "methods": caps.describe(),
                     "not_provided": {
                         f: caps.not_claimed.get(f, "not provided") for f in FAMILIES if f not in backend.kernels
+                    }
+                    | {
+                        m: caps.unclaimed_reason(m) or ""
+                        for m in METHODS
+                        if m.split(".")[0] in backend.kernels and caps.claim(m) is None
                     },
                 }
             )
@@ -111,12 +129,12 @@ def collect(resolve: bool = False, settings: dict[str, str] | None = None) -> di
     if resolve:
         from dsa_runtime.resolve import KernelConfig, resolve_kernels
 
-        resolved = resolve_kernels(KernelConfig(**(settings or {})), manager=manager)
+        resolved = resolve_kernels(KernelConfig(**(settings or {})), manager=manager)  # type: ignore[arg-type]
         result["resolved"] = {
             "platform": resolved.platform,
             "device": resolved.device,
             "kv_layout": resolved.kv_layout,
-            "choices": {f: {"backend": c.backend, "reason": c.reason} for f, c in resolved.choices.items()},
+            "choices": {m: {"backend": c.backend, "reason": c.reason} for m, c in resolved.choices.items()},
         }
     return result
 
@@ -151,8 +169,8 @@ def _print_text(data: dict, out=None) -> None:
     if "resolved" in data:
         r = data["resolved"]
         print(f"\nresolved on this machine: platform {r['platform']}, device {r['device']}, KV {r['kv_layout']}", file=out)
-        for family, choice in r["choices"].items():
-            print(f"    {family:<12} -> {choice['backend']} ({choice['reason']})", file=out)
+        for method, choice in r["choices"].items():
+            print(f"    {method:<28} -> {choice['backend']} ({choice['reason']})", file=out)
 
 
 def run(args: argparse.Namespace) -> int:
