@@ -17,23 +17,18 @@ with no pluggy dispatch on the hot path, even when prefill and decode come from 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 
 from dsa_runtime.backend import Backend
 from dsa_runtime.errors import ConfigError, PluginError
 from dsa_runtime.families import FAMILIES, FAMILY_METHODS, METHODS, MLA_LAYOUTS
+from dsa_runtime.kernel_needs import NEED_KEYS, why_not
 from dsa_runtime.platform import Detection, Platform, PlatformDefaults
 from dsa_runtime.plugin_manager import DSAPluginManager, get_manager
 
 logger = logging.getLogger(__name__)
 AUTO = "auto"
-# Methods that read or write the MLA cache in the configured KV layout. Prefill always reads bf16 rows
-# (FlashMLA's sparse prefill takes a bf16 buffer; an FP8 cache is dequantized for it).
-LAYOUT_METHODS = frozenset(
-    {"sparse_attn.decode", "kv_quant.quantize_mla", "kv_quant.dequantize_mla", "kv_quant.store_mla"}
-)
-BF16_METHODS = frozenset({"sparse_attn.prefill"})
 # KernelConfig fields naming one method (the serve/generate flags --dsa-prefill-backend / --dsa-decode-backend).
 METHOD_FIELDS = {"sparse_attn_prefill": "sparse_attn.prefill", "sparse_attn_decode": "sparse_attn.decode"}
 
@@ -115,6 +110,7 @@ class ResolvedKernels:
     Attributes:
         choices: ``"family.method" -> Choice`` for every method, in contract order.
         kernels: ``family -> FamilyKernels``; also reachable as attributes (``resolved.sparse_attn.decode``).
+        needs: the model/engine values the choices were checked against (``page_size`` always).
     """
 
     platform: str
@@ -123,6 +119,7 @@ class ResolvedKernels:
     defaults: PlatformDefaults
     choices: dict[str, Choice]
     kernels: dict[str, FamilyKernels] = field(repr=False)
+    needs: dict[str, object] = field(default_factory=dict)
 
     def __getattr__(self, family: str) -> FamilyKernels:
         # resolved.sparse_attn.decode(...) reads naturally at call sites.
@@ -134,32 +131,6 @@ class ResolvedKernels:
     def backend_of(self, method: str) -> str:
         """Name of the backend running ``"family.method"``."""
         return self.choices[method].backend
-
-
-def method_needs(method: str, device: str, kv_layout: str) -> dict[str, object]:
-    """Capability needs the engine puts on ``method`` (device; KV layout where the method touches it)."""
-    needs: dict[str, object] = {"device": device}
-    if method in LAYOUT_METHODS:
-        needs["kv_layout"] = kv_layout
-    elif method in BF16_METHODS:
-        needs["kv_layout"] = "bf16"
-    return needs
-
-
-def why_not(backend: Backend, method: str, device: str, kv_layout: str) -> str | None:
-    """Why ``backend`` cannot run ``method`` (``"family.method"``; a bare family = all its methods), or None."""
-    family = method.split(".")[0]
-    if family not in backend.kernels:
-        return f"backend {backend.name!r} does not provide {family}"
-    todo = [f"{family}.{m}" for m in FAMILY_METHODS[family]] if method in FAMILIES else [method]
-    for m in todo:
-        reason = backend.capabilities.unclaimed_reason(m, **method_needs(m, device, kv_layout))
-        if reason is not None:
-            return f"backend {backend.name!r}: {m}: {reason}"
-    ok, detail = backend.available()
-    if not ok:
-        return f"backend {backend.name!r} unavailable: {detail}"
-    return None
 
 
 def _choose_platform(manager: DSAPluginManager, name: str) -> tuple[Platform, Detection]:
@@ -184,8 +155,10 @@ def _choose_platform(manager: DSAPluginManager, name: str) -> tuple[Platform, De
     return platform, detection
 
 
-def _explicit_error(manager: DSAPluginManager, method: str, problem: str, device: str, kv_layout: str) -> ConfigError:
-    valid = [b.name for b in manager.backends.values() if why_not(b, method, device, kv_layout) is None]
+def _explicit_error(
+    manager: DSAPluginManager, method: str, problem: str, device: str, kv_layout: str, needs: Mapping[str, object]
+) -> ConfigError:
+    valid = [b.name for b in manager.backends.values() if why_not(b, method, device, kv_layout, needs) is None]
     return ConfigError(
         f"{method}: {problem}; backends that can run {method} on {device} "
         f"with {kv_layout} KV: {', '.join(valid) or 'none'}"
@@ -194,30 +167,45 @@ def _explicit_error(manager: DSAPluginManager, method: str, problem: str, device
 
 def _resolve_method(
     manager: DSAPluginManager, platform: Platform, defaults: PlatformDefaults, config: KernelConfig,
-    method: str, device: str, kv_layout: str,
+    method: str, device: str, kv_layout: str, needs: Mapping[str, object],
 ) -> Choice:
     family = method.split(".")[0]
     requested, how = config.requested(method)
     if how == "auto":
-        return _auto_choice(manager, platform, defaults, method, device, kv_layout, [])
+        return _auto_choice(manager, platform, defaults, method, device, kv_layout, needs, [])
     backend = manager.get_backend(requested)
-    problem = why_not(backend, method, device, kv_layout)
+    problem = why_not(backend, method, device, kv_layout, needs)
     if problem is None:
         return Choice(family, requested, "chosen explicitly" if how == "method" else f"chosen for {family}", method)
     lacks = family in backend.kernels and backend.capabilities.claim(method) is None
     if how == "family" and lacks and backend.capabilities.claimed_methods(family):
         # The family's backend implements other methods of the family: this one falls back, logged.
-        return _auto_choice(manager, platform, defaults, method, device, kv_layout, [problem])
-    raise _explicit_error(manager, method if how == "method" else family, problem, device, kv_layout)
+        return _auto_choice(manager, platform, defaults, method, device, kv_layout, needs, [problem])
+    raise _explicit_error(manager, method if how == "method" else family, problem, device, kv_layout, needs)
 
 
-def resolve_kernels(config: KernelConfig | None = None, manager: DSAPluginManager | None = None) -> ResolvedKernels:
-    """Resolve ``config`` into kernels; raises :class:`ConfigError` with the reason and valid choices."""
+def resolve_kernels(
+    config: KernelConfig | None = None,
+    manager: DSAPluginManager | None = None,
+    *,
+    needs: Mapping[str, object] | None = None,
+) -> ResolvedKernels:
+    """Resolve ``config`` into kernels; raises :class:`ConfigError` with the reason and valid choices.
+
+    Args:
+        needs: what the model and engine will ask of the kernels, checked against each backend's claims where
+            a method uses the key: ``heads`` (attention heads), ``index_heads``, ``k`` (index top-k),
+            ``page_size`` (default: the platform's), ``decode_queries`` (1, or 2 with MTP), ``scale_fmt``,
+            ``weight_dtype``. A backend whose claims exclude them is skipped (auto) or refused (explicit).
+    """
     config = config or KernelConfig()
     manager = manager or get_manager()
     unknown = [m for m in config.methods if m not in METHODS]
     if unknown:
         raise ConfigError(f"unknown kernel methods {', '.join(sorted(unknown))}; valid: {', '.join(METHODS)}")
+    bad = [k for k in (needs or {}) if k not in NEED_KEYS]
+    if bad:
+        raise ConfigError(f"unknown kernel needs {', '.join(sorted(bad))}; valid: {', '.join(NEED_KEYS)}")
     platform, detection = _choose_platform(manager, config.platform)
     defaults = platform.defaults(detection)
     device = config.device if config.device != AUTO else (detection.device or "cpu")
@@ -227,9 +215,10 @@ def resolve_kernels(config: KernelConfig | None = None, manager: DSAPluginManage
     if config.kv_layout == AUTO:
         logger.info("kv_layout %s: %s", kv_layout, defaults.reasons.get("kv_layout", f"{platform.name} default"))
 
+    checked: dict[str, object] = {"page_size": defaults.page_size, **(needs or {})}
     choices: dict[str, Choice] = {}
     for method in METHODS:
-        choices[method] = _resolve_method(manager, platform, defaults, config, method, device, kv_layout)
+        choices[method] = _resolve_method(manager, platform, defaults, config, method, device, kv_layout, checked)
         logger.info("%s -> %s (%s)", method, choices[method].backend, choices[method].reason)
 
     kernels: dict[str, FamilyKernels] = {}
@@ -237,7 +226,7 @@ def resolve_kernels(config: KernelConfig | None = None, manager: DSAPluginManage
         names = FAMILY_METHODS[family]
         bound = {m: _bind(manager.backends[choices[f"{family}.{m}"].backend], family, m) for m in names}
         kernels[family] = FamilyKernels(family, bound, {m: choices[f"{family}.{m}"].backend for m in names})
-    return ResolvedKernels(platform.name, device, kv_layout, defaults, choices, kernels)
+    return ResolvedKernels(platform.name, device, kv_layout, defaults, choices, kernels, checked)
 
 
 def _bind(backend: Backend, family: str, method: str) -> Callable[..., object]:
@@ -253,7 +242,7 @@ def _bind(backend: Backend, family: str, method: str) -> Callable[..., object]:
 
 def _auto_choice(
     manager: DSAPluginManager, platform: Platform, defaults: PlatformDefaults, method: str, device: str,
-    kv_layout: str, skipped: list[str],
+    kv_layout: str, needs: Mapping[str, object], skipped: list[str],
 ) -> Choice:
     family = method.split(".")[0]
     fallback = bool(skipped)
@@ -262,13 +251,13 @@ def _auto_choice(
         if backend is None:
             skipped.append(f"no {name!r} backend registered")
             continue
-        problem = why_not(backend, method, device, kv_layout)
+        problem = why_not(backend, method, device, kv_layout, needs)
         if problem is None:
             reason = f"{platform.name} default"
             return Choice(family, name, f"fallback: {'; '.join(skipped)}; {reason}" if fallback else reason, method)
         skipped.append(problem)
     reference = manager.backends.get("reference")
-    if reference is not None and why_not(reference, method, device, kv_layout) is None:
+    if reference is not None and why_not(reference, method, device, kv_layout, needs) is None:
         note = platform.family_notes.get(family, "")
         detail = "; ".join(skipped) if skipped else note or "no preferred backend"
         return Choice(family, "reference", f"fallback: {detail}", method)

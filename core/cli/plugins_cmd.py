@@ -23,33 +23,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="with --resolve: a KernelConfig field (platform, device, kv_layout, indexer, topk, sparse_attn, "
         "kv_quant, moe, sparse_attn_prefill, sparse_attn_decode) or a method (sparse_attn.prefill, "
-        "topk.topk_transform...) instead of auto, e.g. --set sparse_attn.decode=reference (repeatable)",
+        "topk.topk_transform...) instead of auto, e.g. --set sparse_attn.decode=reference, or a model need "
+        "checked against the claims (heads, index_heads, k, page_size, decode_queries, scale_fmt, weight_dtype), "
+        "e.g. --set heads=128 (repeatable)",
     )
 
 
 def parse_settings(items: list[str]) -> dict[str, object]:
-    """``["topk=reference", "sparse_attn.prefill=x", ...]`` -> KernelConfig keyword arguments (methods go into
-    ``methods``); unknown keys are a ConfigError."""
+    """``["topk=reference", "sparse_attn.prefill=x", "heads=128", ...]`` -> KernelConfig keyword arguments
+    (methods go into ``methods``, model needs into ``needs``: not a KernelConfig field, see :func:`collect`);
+    unknown keys are a ConfigError."""
     from dsa_runtime.errors import ConfigError
     from dsa_runtime.families import METHODS
+    from dsa_runtime.kernel_needs import NEED_KEYS
     from dsa_runtime.resolve import config_fields
 
     valid = config_fields()
     settings: dict[str, object] = {}
     methods: dict[str, str] = {}
+    needs: dict[str, object] = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or not value or (key not in valid and key not in METHODS):
+        if not sep or not value or (key not in valid and key not in METHODS and key not in NEED_KEYS):
             raise ConfigError(
-                f"--set {item!r}: expected KEY=VALUE with KEY one of {', '.join(valid)} or a method "
-                f"({', '.join(METHODS)})"
+                f"--set {item!r}: expected KEY=VALUE with KEY one of {', '.join(valid)}, a method "
+                f"({', '.join(METHODS)}) or a model need ({', '.join(NEED_KEYS)})"
             )
         if key in METHODS:
             methods[key] = value
+        elif key in NEED_KEYS:
+            needs[key] = int(value) if value.isdigit() else value
         else:
             settings[key] = value
     if methods:
         settings["methods"] = methods
+    if needs:
+        settings["needs"] = needs
     return settings
 
 
@@ -129,11 +138,14 @@ def collect(resolve: bool = False, settings: dict[str, object] | None = None) ->
     if resolve:
         from dsa_runtime.resolve import KernelConfig, resolve_kernels
 
-        resolved = resolve_kernels(KernelConfig(**(settings or {})), manager=manager)  # type: ignore[arg-type]
+        fields = dict(settings or {})
+        needs = fields.pop("needs", None)
+        resolved = resolve_kernels(KernelConfig(**fields), manager=manager, needs=needs)  # type: ignore[arg-type]
         result["resolved"] = {
             "platform": resolved.platform,
             "device": resolved.device,
             "kv_layout": resolved.kv_layout,
+            "needs": dict(resolved.needs),
             "choices": {m: {"backend": c.backend, "reason": c.reason} for m, c in resolved.choices.items()},
         }
     return result
@@ -169,6 +181,7 @@ def _print_text(data: dict, out=None) -> None:
     if "resolved" in data:
         r = data["resolved"]
         print(f"\nresolved on this machine: platform {r['platform']}, device {r['device']}, KV {r['kv_layout']}", file=out)
+        print(f"    checked against: {', '.join(f'{k} {v}' for k, v in r['needs'].items())}", file=out)
         for method, choice in r["choices"].items():
             print(f"    {method:<28} -> {choice['backend']} ({choice['reason']})", file=out)
 

@@ -135,4 +135,52 @@ def test_cli_sets_prefill_and_decode_separately(capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "sparse_attn.decode: backend 'prefill_only'" in err and "decode_only" in err
     assert main(["plugins", "--resolve", "--set", "sparse_attn.forward=x"]) == 2
-    assert "or a method (indexer.quantize_q" in capsys.readouterr().err
+    assert "a method (indexer.quantize_q" in capsys.readouterr().err
+    assert plugins_cmd.parse_settings(["heads=128", "scale_fmt=ue8m0"]) == {"needs": {"heads": 128, "scale_fmt": "ue8m0"}}
+    assert main(["plugins", "--resolve", "--set", "page_size=16", "--set", "decode_queries=2"]) == 0
+    assert "    checked against: page_size 16, decode_queries 2\n" in capsys.readouterr().out
+
+
+def flashmla_shaped(name="flashmla_sparse"):
+    heads = ValueSet.one_of(64, 128)
+    return method_backend(name, {
+        "sparse_attn.prefill": MethodClaim(heads=heads, k=ValueSet.multiples(128, 128, 16384)),
+        "sparse_attn.decode": MethodClaim(heads=heads, k=ValueSet.multiples(64, 64, 16384), page_sizes={64}),
+    })
+
+
+def test_model_needs_decide_whether_a_backend_fits():
+    manager = manager_with(flashmla_shaped())
+    fits = resolve_kernels(KernelConfig(sparse_attn="flashmla_sparse"), manager=manager,
+                           needs={"heads": 128, "k": 2048, "decode_queries": 2})
+    assert fits.backend_of("sparse_attn.decode") == "flashmla_sparse"
+    assert fits.needs == {"page_size": 64, "heads": 128, "k": 2048, "decode_queries": 2}
+    with pytest.raises(ConfigError, match="head count 4 not claimed: claims one of \\[64, 128\\]"):
+        resolve_kernels(KernelConfig(sparse_attn="flashmla_sparse"), manager=manager, needs={"heads": 4})
+    with pytest.raises(ConfigError, match="page size 16 not claimed: claims one of \\[64\\]"):
+        resolve_kernels(KernelConfig(sparse_attn_decode="flashmla_sparse"), manager=manager, needs={"page_size": 16})
+    # prefill does not use the page size, so only decode is refused
+    ok = resolve_kernels(KernelConfig(sparse_attn_prefill="flashmla_sparse"), manager=manager, needs={"page_size": 16})
+    assert ok.backend_of("sparse_attn.prefill") == "flashmla_sparse"
+    with pytest.raises(ConfigError, match="unknown kernel needs head_count"):
+        resolve_kernels(manager=manager, needs={"head_count": 4})
+
+
+def test_auto_skips_a_preferred_backend_the_model_does_not_fit(monkeypatch):
+    monkeypatch.setenv("DSA_FAKE_GPU", "NVIDIA H100 80GB HBM3:9.0")
+    manager = manager_with(method_backend("flashmla_sparse", {
+        "sparse_attn.prefill": MethodClaim(heads={64, 128}, k=ValueSet.multiples(128, 128, 16384))}, ("cuda",)))
+    tiny = resolve_kernels(manager=manager, needs={"heads": 4, "k": 32})
+    prefill = tiny.choices["sparse_attn.prefill"]
+    assert prefill.backend == "reference" and "head count 4 not claimed" in prefill.reason
+    real = resolve_kernels(manager=manager, needs={"heads": 128, "k": 2048})
+    assert real.backend_of("sparse_attn.prefill") == "flashmla_sparse"
+
+
+def test_resolution_keys_mirror_the_kit_keys():
+    from dsa_runtime.kernel_needs import BF16_METHODS, LAYOUT_METHODS, SHAPE_KEYS
+    from dsa_runtime.testing.registry import method_keys
+
+    for method, keys in method_keys().items():
+        assert set(SHAPE_KEYS[method]) == set(keys) - {"device", "kv_layout"}, method
+        assert ("kv_layout" in keys) == (method in LAYOUT_METHODS | BF16_METHODS), method
