@@ -173,6 +173,10 @@ def _print_text(data: dict, out=None) -> None:
                 f"    backend {b['name']}: {mark}; families {', '.join(b['families'])}; devices {', '.join(b['devices'])}",
                 file=out,
             )
+            partial = {f for f in b["families"] if any(m.split(".")[0] == f for m in b["not_provided"])}
+            for method, claim in b["methods"].items():
+                if method.split(".")[0] in partial:  # a family claimed in part: say what is claimed
+                    print(f"      {method}: claimed ({claim})", file=out)
             for family, why in b["not_provided"].items():
                 print(f"      {family}: {why}", file=out)
         if plugin["parsers"]:

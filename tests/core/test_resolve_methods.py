@@ -184,3 +184,15 @@ def test_resolution_keys_mirror_the_kit_keys():
     for method, keys in method_keys().items():
         assert set(SHAPE_KEYS[method]) == set(keys) - {"device", "kv_layout"}, method
         assert ("kv_layout" in keys) == (method in LAYOUT_METHODS | BF16_METHODS), method
+
+
+def test_plugins_lists_partly_claimed_families_per_method(capsys, monkeypatch):
+    from dsa_runtime.cli.main import main
+
+    manager = manager_with(prefill_only())
+    monkeypatch.setattr("dsa_runtime.plugin_manager.get_manager", lambda: manager)
+    assert main(["plugins"]) == 0
+    out = capsys.readouterr().out
+    assert "      sparse_attn.prefill: claimed (kv_layouts one of ['bf16'])\n" in out
+    assert "      sparse_attn.decode: prefill-only library\n" in out
+    assert "      topk.topk: claimed" not in out  # whole families claimed alike are not spelled out
