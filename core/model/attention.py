@@ -24,6 +24,7 @@ from torch import Tensor
 from dsa_runtime.model.batch import SeqMeta, StepMeta
 
 MHA_ROW_CHUNK = 128
+DENSE_WIDTH_MULTIPLE = 64  # dense (V3) index sets are padded to this, the granularity GPU kernels claim
 
 
 @dataclass
@@ -46,6 +47,13 @@ class AttnContext:
 
     def needs_index_queries(self) -> bool:
         return any(not self.is_dense(s) for s in self.step.seqs)
+
+    def index_width(self, longest: int) -> int:
+        """Width K of the index tensors: ``index_topk`` for DSA (what the kernels were resolved for, dense
+        rows padded with -1); for the V3 family the longest visible context rounded up to 64."""
+        if self.index_topk is not None:
+            return self.index_topk
+        return -(-longest // DENSE_WIDTH_MULTIPLE) * DENSE_WIDTH_MULTIPLE
 
 
 def _pad_rows(rows: list[Tensor], width: int, device) -> Tensor:
@@ -81,7 +89,7 @@ def decode_attention(ctx: AttnContext, seqs: list[SeqMeta], q: Tensor, kv_cache:
         )
         for j, i in enumerate(sparse):
             rows[i] = picked[j]
-    width = max(r.numel() for r in rows)  # type: ignore[union-attr]
+    width = ctx.index_width(max(r.numel() for r in rows))  # type: ignore[union-attr]
     indices = _pad_rows(rows, width, device)  # type: ignore[arg-type]
     out, _lse = kernels.sparse_attn.decode(
         q.unsqueeze(1), kv_cache, indices.unsqueeze(1), ctx.sm_scale, layout=ctx.kv_layout
@@ -103,7 +111,7 @@ def prefill_absorbed(ctx: AttnContext, seq: SeqMeta, q: Tensor, kv_cache: Tensor
     pos = ctx.step.positions[seq.t0:seq.t1]
     ends = (pos + 1).to(torch.int32)
     if ctx.is_dense(seq):
-        cols = torch.arange(seq.end_pos, device=device)
+        cols = torch.arange(ctx.index_width(seq.end_pos), device=device)
         indices = torch.where(cols[None, :] < ends[:, None], cols[None, :], -1).to(torch.int32)
     else:
         k8, k_scale = kernels.kv_quant.gather_index_k(index_cache, ctx.step.slots_of(seq))

@@ -18,7 +18,7 @@ from dsa_runtime.model.ops import rms_norm
 from dsa_runtime.model.rope import apply_interleaved
 from dsa_runtime.model.weights import WeightSource
 
-_TAKES_SCALE_FMT: dict[type, bool] = {}
+_TAKES_SCALE_FMT: dict[object, bool] = {}
 
 
 def store_mla(kernels, kv_cache: Tensor, slots: Tensor, c: Tensor, k_pe: Tensor, layout: str) -> None:
@@ -27,18 +27,19 @@ def store_mla(kernels, kv_cache: Tensor, slots: Tensor, c: Tensor, k_pe: Tensor,
 
     Contracts that no longer take ``scale_fmt`` (the rule fixed to ue8m0 there) are called without it.
     """
-    kv_quant = kernels.kv_quant
-    takes = _TAKES_SCALE_FMT.get(type(kv_quant))
+    fn = kernels.kv_quant.store_mla
+    key = getattr(fn, "__func__", fn)  # the backend's function, whatever view object holds it
+    takes = _TAKES_SCALE_FMT.get(key)
     if takes is None:
         try:
-            takes = "scale_fmt" in inspect.signature(kv_quant.store_mla).parameters
+            takes = "scale_fmt" in inspect.signature(fn).parameters
         except (TypeError, ValueError):
-            takes = True
-        _TAKES_SCALE_FMT[type(kv_quant)] = takes
+            takes = False
+        _TAKES_SCALE_FMT[key] = takes
     if takes:
-        kv_quant.store_mla(kv_cache, slots, c, k_pe, layout=layout, scale_fmt="ue8m0")
+        fn(kv_cache, slots, c, k_pe, layout=layout, scale_fmt="ue8m0")
     else:
-        kv_quant.store_mla(kv_cache, slots, c, k_pe, layout=layout)
+        fn(kv_cache, slots, c, k_pe, layout=layout)
 
 
 class MLA:

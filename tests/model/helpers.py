@@ -30,10 +30,13 @@ def weights(name: str) -> dict[str, torch.Tensor]:
     return random_state_dict(preset(name), seed=1234)
 
 
-def kernels(kv_layout: str = "bf16"):
+def kernels(kv_layout: str = "bf16", config: ModelConfig | None = None, page_size: int = PAGE_SIZE):
+    """CPU kernels, checked against the model's needs (heads, k, page size...) when a config is given."""
+    from dsa_runtime.model.runner import kernel_needs
     from dsa_runtime.resolve import KernelConfig, resolve_kernels
 
-    return resolve_kernels(KernelConfig(platform="cpu", kv_layout=kv_layout))
+    needs = kernel_needs(config, page_size) if config is not None else None
+    return resolve_kernels(KernelConfig(platform="cpu", kv_layout=kv_layout), needs=needs)
 
 
 def make_runner(
@@ -54,7 +57,7 @@ def make_runner(
     cache = KVCache(config, num_pages, page_size, kv_layout, "cpu", dtype)
     if poison:
         cache.poison()
-    return ModelRunner(config, tensors, kernels=kernels(kv_layout), cache=cache, dtype=dtype,
+    return ModelRunner(config, tensors, kernels=kernels(kv_layout, config, page_size), cache=cache, dtype=dtype,
                        mha_max_keys=mha_max_keys)
 
 

@@ -114,3 +114,27 @@ def test_dtype_and_cache_mismatch_errors():
     runner = make_runner("tiny-v32")
     with pytest.raises(ValueError, match="different model config"):
         ModelRunner(preset("tiny-v3"), weights("tiny-v3"), kernels=kernels(), cache=runner.cache)
+
+
+@pytest.mark.parametrize("name", ["tiny-v32", "tiny-v3"])
+def test_index_tensors_have_the_width_the_kernels_were_resolved_for(name):
+    """DSA: every index tensor is exactly index_topk wide (the ``k`` need); V3: a multiple of 64."""
+    runner = make_runner(name, mha_max_keys=0)
+    widths: list[int] = []
+    view = runner.kernels.sparse_attn
+    for method in ("prefill", "decode"):
+        inner = getattr(view, method)
+
+        def spy(q, kv, indices, *args, _inner=inner, **kwargs):
+            widths.append(indices.shape[-1])
+            return _inner(q, kv, indices, *args, **kwargs)
+
+        setattr(view, method, spy)
+    ids = tokens(40, seed=6)
+    runner.forward(ForwardBatch([ForwardSeq(ids[:20], 0, [1, 2, 3], "none"), ForwardSeq(ids[:3], 0, [4], "none")]))
+    runner.forward(ForwardBatch([ForwardSeq(ids[20:], 20, [1, 2, 3], "none"), ForwardSeq([ids[3]], 3, [4], "none")]))
+    assert len(widths) == 4 * runner.config.num_hidden_layers
+    if runner.config.is_dsa:
+        assert set(widths) == {runner.config.index_topk}
+    else:
+        assert set(widths) == {64}  # contexts of 4, 20 and 40 tokens, rounded up to 64
