@@ -69,3 +69,12 @@ def test_bad_arguments():
         plan_capacity(cfg, 64, "fp16", max_total_tokens=10)
     with pytest.raises(ValueError, match="max_total_tokens must be >= 1"):
         plan_capacity(cfg, 64, "bf16", max_total_tokens=0)
+
+
+def test_device_budget_needs_a_gpu_and_a_sane_fraction():
+    from dsa_runtime.cache import device_budget_bytes
+
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        device_budget_bytes("cpu", 0.85)
+    with pytest.raises(ValueError, match="mem_fraction_static"):
+        device_budget_bytes("cpu", 1.5)
