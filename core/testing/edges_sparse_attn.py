@@ -25,13 +25,14 @@ from dsa_runtime.testing.case import Case, Inputs
 from dsa_runtime.testing.cases_sparse_attn import _decode_case, _prefill_case
 
 
-def _variant(base: Case, variant: str, change, what: str) -> Case:
-    """``base`` with its last id segment replaced by ``variant`` and its inputs passed through ``change``."""
+def _variant(base: Case, variant: str, change, what: str, size: str | None = None) -> Case:
+    """``base`` with its last id segment replaced by ``variant`` (and the one before by ``size``, when the
+    change alters the buffer size) and its inputs passed through ``change``."""
 
     def build(gen: torch.Generator, dev: torch.device) -> Inputs:
         return change(base.build(gen, dev))
 
-    head = base.id.rsplit("/", 1)[0]
+    head = base.id.rsplit("/", 2 if size else 1)[0] + (f"/{size}" if size else "")
     return dataclasses.replace(base, id=f"{head}/{variant}", build=build, description=f"{base.description}; {what}")
 
 
@@ -77,7 +78,7 @@ def _edges() -> list[Case]:
     out = [
         _prefill_case(16, 5, 48, 1, "pad", "quick"),
         _variant(_prefill_case(64, 3, 2, 64, "pad", "quick"), "single_key", _single_row,
-                 "the buffer holds one row (a one-token prompt)"),
+                 "the buffer holds one row (a one-token prompt)", size="s1"),
         _variant(_prefill_case(20, 4, 80, 32, "pad", "quick"), "last_row", _select_last_row,
                  "the last row of the buffer (S - 1) is selected"),
     ]
