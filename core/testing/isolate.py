@@ -48,10 +48,19 @@ class BackendRef:
     value: Any
 
 
-def backend_ref(backend: str | Backend) -> BackendRef:
-    """Describe ``backend`` for a worker; ``ConfigError`` when a Backend object cannot be sent."""
+def backend_ref(backend: str | Backend, resolved: Backend | None = None) -> BackendRef:
+    """Describe ``backend`` for a worker; ``ConfigError`` when a Backend object cannot be sent.
+
+    A name whose ``resolved`` Backend pickles is sent by value (so a backend registered in-process, which a
+    fresh process's plugin manager cannot find, still works); otherwise by name.
+    """
     if isinstance(backend, str):
-        return BackendRef("factory" if ":" in backend else "name", backend)
+        if ":" in backend:
+            return BackendRef("factory", backend)
+        if resolved is not None:
+            with contextlib.suppress(ConfigError):
+                return backend_ref(resolved)
+        return BackendRef("name", backend)
     from dataclasses import fields
 
     state = {f.name: getattr(backend, f.name) for f in fields(backend) if f.init}

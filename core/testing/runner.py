@@ -272,7 +272,7 @@ def run_conformance(
     if isolated:
         from dsa_runtime.testing.isolate import IsolatedRunner, backend_ref
 
-        ref = backend_ref(backend if isinstance(backend, str) else ctx.backend)
+        ref = backend_ref(backend if isinstance(backend, str) else ctx.backend, ctx.backend)
         worker = IsolatedRunner(ref, str(ctx.device), str(ctx.oracle_device), case_timeout_s)
     lost: str | None = None  # set once a kernel has broken the device context (e.g. a device-side assert)
     try:

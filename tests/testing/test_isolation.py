@@ -98,3 +98,14 @@ def test_keyboard_interrupt_writes_partial_report(tmp_path, capsys):
     assert report.interrupted and not report.ok and report.not_run > 0
     assert data["interrupted"] is True and data["not_run"] == report.not_run
     assert len(data["cases"]) == len(report.cases) > 0 and all(c["status"] == "passed" for c in data["cases"])
+
+
+def test_backend_registered_in_process_reaches_the_worker():
+    """A backend registered through add_plugin (invisible to a fresh process's plugin manager) is sent by value."""
+    from tests.testing.test_cli_and_report import _register
+
+    _register(W.make_backend("inproc_wrong_topk", {"topk": W.TopKPadsWithZero}, families=("topk",)))
+    assert backend_ref("inproc_wrong_topk", W.make_backend("x", {}, families=("topk",))).kind == "pickle"
+    report = run_conformance("inproc_wrong_topk", keyword="topk/topk/r12/l100", device="cpu", progress=False,
+                             isolate=True)
+    assert report.isolated and [c.status for c in report.cases] == ["failed"]
