@@ -73,13 +73,17 @@ def _nvidia_driver() -> str:
     return UNKNOWN
 
 
-def collect(backend: Backend, device: torch.device) -> dict[str, str]:
-    """The ``Report.environment`` mapping (keys: :data:`dsa_runtime.testing.report.ENVIRONMENT_KEYS`)."""
+def collect(backend: Backend, device: torch.device, *, name_device: bool = True) -> dict[str, str]:
+    """The ``Report.environment`` mapping (keys: :data:`dsa_runtime.testing.report.ENVIRONMENT_KEYS`).
+
+    ``name_device=False`` leaves ``device_name`` as ``"-"``: asking CUDA for it creates a context, which an
+    isolated run's parent process avoids (its worker reports the name instead).
+    """
     package, version = backend_package(backend)
     env = {
         "backend_package": package,
         "backend_package_version": version,
-        "device_name": device_name(device),
+        "device_name": device_name(device) if name_device or device.type != "cuda" else UNKNOWN,
         "platform": platform.platform(terse=True),
         "python_version": platform.python_version(),
         "cuda_runtime_version": torch.version.cuda or UNKNOWN,

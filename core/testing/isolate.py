@@ -103,7 +103,9 @@ def _worker(conn: Connection, ref: BackendRef, device: str, oracle_device: str) 
     except BaseException as exc:
         conn.send(("fatal", f"{type(exc).__name__}: {exc}"))
         return
-    conn.send(("ready", None))
+    from dsa_runtime.testing.environment import device_name
+
+    conn.send(("ready", device_name(ctx.device)))
     while True:
         try:
             case_id = conn.recv()
@@ -141,6 +143,7 @@ class IsolatedRunner:
         self.proc: Any = None
         self.conn: Connection | None = None
         self.started = 0  # worker processes started (the first one plus one per crash)
+        self.device_name = ""  # as the worker sees it (the parent never initializes CUDA itself)
 
     def __enter__(self) -> IsolatedRunner:
         return self
@@ -166,6 +169,7 @@ class IsolatedRunner:
         if kind != "ready":
             self.close()
             raise ConfigError(f"the isolated worker process died while starting ({payload})")
+        self.device_name = str(payload)
 
     def _receive(self, timeout_s: float | None) -> tuple[str, Any]:
         """The worker's next message, ``("died", why)`` when it exits first, ``("timeout", s)`` after ``timeout_s``."""

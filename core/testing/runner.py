@@ -263,7 +263,7 @@ def run_conformance(
         torch_version=torch.__version__,
         full=full,
         started=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        environment=environment.collect(ctx.backend, ctx.device),
+        environment=environment.collect(ctx.backend, ctx.device, name_device=not isolated),
         isolated=isolated,
     )
     t0 = time.perf_counter()
@@ -279,6 +279,7 @@ def run_conformance(
         for case in cases:
             if worker is not None and ctx.unclaimed_reason(case) is None:
                 res = worker.run(case)
+                report.environment["device_name"] = worker.device_name or report.environment["device_name"]
             elif lost is not None and ctx.unclaimed_reason(case) is None:
                 res = CaseResult(case.id, case.family, "error", f"family {case.family}, case {case.id}: not run: {lost}")
             else:
@@ -304,6 +305,10 @@ def run_conformance(
         bar.close()
         if worker is not None:
             worker.close()
+            if worker.device_name:
+                report.environment["device_name"] = worker.device_name
+            elif report.environment.get("device_name", "-") == "-":  # no worker ran: ask here, the run is over
+                report.environment["device_name"] = environment.device_name(ctx.device)
     report.not_run = len(cases) - len(report.cases)
     report.duration_s = time.perf_counter() - t0
     if json_path is not None:

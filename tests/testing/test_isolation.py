@@ -35,6 +35,7 @@ def test_segfault_and_raise_with_isolate_every_other_case_runs(tmp_path, capsys)
     others = [c for cid, c in cases.items() if cid not in RAISE_CASES | {SEGV_CASE}]
     assert others and all(c["status"] == "passed" for c in others)  # the run went on after the crash
     assert data["summary"]["crashed"] == 1 and data["isolated"] is True and data["not_run"] == 0
+    assert data["device_name"] not in ("", "-") and data["backend_package"] == "-"  # a factory: no package
     assert "CRASHED" in out and "FAILED" in out
 
 
