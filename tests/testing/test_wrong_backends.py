@@ -78,8 +78,9 @@ def test_failure_messages_say_what_differed():
     assert only_q1.ok  # one query per request has no causal limit to get wrong
 
 
-@pytest.mark.parametrize(("cls", "family"), [(W.TopKHighColumnTies, "topk"), (W.MoEFP8Activations, "moe")],
-                         ids=["other_tie_break", "fp8_activations"])
+@pytest.mark.parametrize(("cls", "family"), [(W.TopKHighColumnTies, "topk"), (W.MoEFP8Activations, "moe"),
+                                             (W.IndexerBf16Rotation, "indexer")],
+                         ids=["other_tie_break", "fp8_activations", "bf16_rotation"])
 def test_right_but_different_backend_passes(cls, family):
     report = run_conformance(W.make_backend("different", {family: cls}), families=[family], device="cpu", progress=False)
     assert report.ok, [c.message for c in report.cases if c.status != "passed"]

@@ -199,6 +199,7 @@ class IndexerIgnoresMTPCausal(ReferenceIndexer):
 
 # --- the gaps of issue 6 item 7 and the peers' bugs (kept in their own module) -----------------------------
 from tests.testing.wrong_backends_edges import (  # noqa: E402, F401
+    IndexerBf16Rotation,
     IndexerScaleTwiceTooCoarse,
     IndexerTruncates,
     IndexerZeroPastLastEnd,

@@ -195,3 +195,17 @@ class MoEBf16Bias(ReferenceMoE):
                              topk_group=topk_group, routed_scaling_factor=routed_scaling_factor,
                              renormalize=renormalize)
 
+
+
+class IndexerBf16Rotation(ReferenceIndexer):
+    """Right answer the GPU way: the rotated q/k rounded to bf16 before the FP8 cast (as kernels that rotate in
+    bf16 do), and the block amax taken from those bf16 values: must pass."""
+
+    def quantize_q(self, q, head_weights, *, scale_fmt="ue8m0"):
+        q8, q_scale = _quant(hadamard_rotate(q.float()).to(torch.bfloat16), scale_fmt)
+        heads = q.shape[1]
+        return q8, head_weights.float() * heads**-0.5 * q_scale.squeeze(-1) * INDEX_HEAD_DIM**-0.5
+
+    def quantize_k(self, k, *, scale_fmt="ue8m0"):
+        k8, s = _quant(hadamard_rotate(k.float()).to(torch.bfloat16), scale_fmt)
+        return k8, s.squeeze(-1)
