@@ -193,12 +193,21 @@ class IsolatedRunner:
         """Run one (claimed) case in the worker; a worker that dies or times out makes the case ``crashed``."""
         from dsa_runtime.testing.report import CaseResult
 
-        if self.proc is None or not self.proc.is_alive():
-            self.close()
-            self._start()
-        assert self.conn is not None
         start = time.perf_counter()
         head = f"family {case.family}, case {case.id}"
+        if self.proc is None or not self.proc.is_alive():
+            self.close()
+            try:
+                self._start()
+            except ConfigError as exc:
+                if self.started <= 1:  # the very first worker failed: nothing can run, say so once
+                    raise
+                # A restart after a crash failed (e.g. the device is gone): this case is lost, the next tries again.
+                return CaseResult(
+                    case.id, case.family, "crashed", f"{head}: not run: {exc}", time.perf_counter() - start,
+                    method=_method(case), needs=dict(case.needs),
+                )
+        assert self.conn is not None
         try:
             self.conn.send(case.id)
             kind, payload = self._receive(self.case_timeout_s)

@@ -66,3 +66,12 @@ class TopKLosesContext(ReferenceTopK):
 
 def make_losing_context():
     return make_backend("losing", {"topk": TopKLosesContext}, families=("topk",))
+
+
+def make_fails_in_worker():
+    """Builds in the parent, raises in a worker process (as a backend whose library fails to load there)."""
+    import multiprocessing
+
+    if multiprocessing.parent_process() is not None:
+        raise ImportError("libvendor.so: cannot open shared object file")
+    return make_backend("fails_in_worker", {}, families=("topk",))

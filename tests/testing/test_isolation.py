@@ -110,3 +110,9 @@ def test_backend_registered_in_process_reaches_the_worker():
     report = run_conformance("inproc_wrong_topk", keyword="topk/topk/r12/l100", device="cpu", progress=False,
                              isolate=True)
     assert report.isolated and [c.status for c in report.cases] == ["failed"]
+
+
+def test_worker_that_cannot_set_up_the_backend_is_a_config_error():
+    with pytest.raises(ConfigError, match="could not set up the backend: .*libvendor.so"):
+        run_conformance("tests.testing.crashing_backends:make_fails_in_worker", families=["topk"], keyword="k16/",
+                        device="cpu", progress=False, isolate=True)
