@@ -23,6 +23,7 @@ import dsa_runtime
 from dsa_runtime.backend import Backend
 from dsa_runtime.errors import ConfigError
 from dsa_runtime.testing.case import Case, CheckContext, clone, move
+from dsa_runtime.testing.progress import Progress
 from dsa_runtime.testing.registry import all_cases
 from dsa_runtime.testing.report import CaseResult, Report, method_of
 
@@ -181,40 +182,6 @@ def run_case(case: Case, ctx: RunContext) -> CaseResult:
     return result("passed")
 
 
-class _Progress:
-    """tqdm when installed, else a one-line counter on stderr; silent when disabled."""
-
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.total, self.enabled, self.done, self.bar = total, enabled, 0, None
-        if enabled:
-            try:
-                from tqdm import tqdm
-
-                self.bar = tqdm(total=total, unit="case", file=sys.stderr, leave=False)
-            except ImportError:
-                self.bar = None
-
-    def step(self, case: Case, res: CaseResult) -> None:
-        self.done += 1
-        if not self.enabled:
-            return
-        if self.bar is not None:
-            self.bar.set_postfix_str(case.id[-60:], refresh=False)
-            self.bar.update(1)
-        else:
-            sys.stderr.write(f"\r\x1b[K[{self.done}/{self.total}] {res.status:<11} {case.id[-90:]}")
-            sys.stderr.flush()
-
-    def close(self) -> None:
-        if not self.enabled:
-            return
-        if self.bar is not None:
-            self.bar.close()
-        else:
-            sys.stderr.write("\r\x1b[K")
-            sys.stderr.flush()
-
-
 def run_conformance(
     backend: str | Backend,
     *,
@@ -267,7 +234,7 @@ def run_conformance(
         isolated=isolated,
     )
     t0 = time.perf_counter()
-    bar = _Progress(len(cases), show)
+    bar = Progress(len(cases), show)
     worker = None
     if isolated:
         from dsa_runtime.testing.isolate import IsolatedRunner, backend_ref
