@@ -30,10 +30,16 @@ class EngineConfig:
 
     model: str | None = field(
         default=None,
-        metadata=_opt("--model", "checkpoint directory (default: the embedded tiny V3.2 model, created on first use)"),
+        metadata=_opt(
+            "--model", "checkpoint directory (default: the embedded tiny V3.2 model, created on first use)"
+        ),
     )
-    dtype: str = field(default="bfloat16", metadata=_opt("--dtype", "activation and weight dtype", choices=DTYPES))
-    device: str = field(default=AUTO, metadata=_opt("--device", "torch device (auto: the detected platform's)"))
+    dtype: str = field(
+        default="bfloat16", metadata=_opt("--dtype", "activation and weight dtype", choices=DTYPES)
+    )
+    device: str = field(
+        default=AUTO, metadata=_opt("--device", "torch device (auto: the detected platform's)")
+    )
     kv_cache_dtype: str = field(
         default=AUTO,
         metadata=_opt(
@@ -47,37 +53,56 @@ class EngineConfig:
     )
     max_total_tokens: int | None = field(
         default=None,
-        metadata=_opt("--max-total-tokens", "KV cache capacity in tokens (default: from --mem-fraction-static)"),
+        metadata=_opt(
+            "--max-total-tokens", "KV cache capacity in tokens (default: from --mem-fraction-static)"
+        ),
     )
     mem_fraction_static: float = field(
         default=0.85,
-        metadata=_opt("--mem-fraction-static", "fraction of free device memory for weights, KV cache and workspaces"),
+        metadata=_opt(
+            "--mem-fraction-static", "fraction of free device memory for weights, KV cache and workspaces"
+        ),
     )
     chunked_prefill_size: int = field(
-        default=2048, metadata=_opt("--chunked-prefill-size", "most tokens run in one step (prefill chunk budget)")
+        default=2048,
+        metadata=_opt("--chunked-prefill-size", "most tokens run in one step (prefill chunk budget)"),
     )
     max_running_requests: int = field(
         default=64, metadata=_opt("--max-running-requests", "most requests decoding at once")
     )
     max_model_len: int | None = field(
         default=None,
-        metadata=_opt("--max-model-len", "longest prompt + output (default: the model's, capped by the cache)"),
+        metadata=_opt(
+            "--max-model-len", "longest prompt + output (default: the model's, capped by the cache)"
+        ),
     )
-    seed: int = field(default=0, metadata=_opt("--seed", "seed of the random weights/unseeded sampling streams"))
-    platform: str = field(default=AUTO, metadata=_opt("--platform", "platform plugin to run on (auto: detected)"))
+    seed: int = field(
+        default=0, metadata=_opt("--seed", "seed of the random weights/unseeded sampling streams")
+    )
+    platform: str = field(
+        default=AUTO, metadata=_opt("--platform", "platform plugin to run on (auto: detected)")
+    )
     dsa_prefill_backend: str = field(
         default=AUTO,
-        metadata=_opt("--dsa-prefill-backend", "sparse-attention prefill backend", aliases=["--nsa-prefill-backend"]),
+        metadata=_opt(
+            "--dsa-prefill-backend", "sparse-attention prefill backend", aliases=["--nsa-prefill-backend"]
+        ),
     )
     dsa_decode_backend: str = field(
         default=AUTO,
-        metadata=_opt("--dsa-decode-backend", "sparse-attention decode backend", aliases=["--nsa-decode-backend"]),
+        metadata=_opt(
+            "--dsa-decode-backend", "sparse-attention decode backend", aliases=["--nsa-decode-backend"]
+        ),
     )
     dsa_topk_backend: str = field(
         default=AUTO,
-        metadata=_opt("--dsa-topk-backend", "top-k (+ page-table transform) backend", aliases=["--nsa-topk-backend"]),
+        metadata=_opt(
+            "--dsa-topk-backend", "top-k (+ page-table transform) backend", aliases=["--nsa-topk-backend"]
+        ),
     )
-    indexer_backend: str = field(default=AUTO, metadata=_opt("--indexer-backend", "lightning-indexer backend"))
+    indexer_backend: str = field(
+        default=AUTO, metadata=_opt("--indexer-backend", "lightning-indexer backend")
+    )
     kv_quant_backend: str = field(default=AUTO, metadata=_opt("--kv-quant-backend", "KV-cache store backend"))
     moe_backend: str = field(default=AUTO, metadata=_opt("--moe-backend", "MoE routing + experts backend"))
 
@@ -87,8 +112,16 @@ class EngineConfig:
             raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         self.dtype = dtype
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ConfigError(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
-        for name in ("page_size", "max_total_tokens", "max_model_len", "chunked_prefill_size", "max_running_requests"):
+            raise ConfigError(
+                f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}"
+            )
+        for name in (
+            "page_size",
+            "max_total_tokens",
+            "max_model_len",
+            "chunked_prefill_size",
+            "max_running_requests",
+        ):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ConfigError(f"{flag_of(name)} must be an integer >= 1, got {value!r}")

@@ -69,7 +69,10 @@ class Engine:
         if self.config.max_model_len is not None:
             self.max_model_len = min(self.max_model_len, self.config.max_model_len)
         self.scheduler = Scheduler(
-            parts.allocator, parts.page_size, self.config.chunked_prefill_size, self.config.max_running_requests
+            parts.allocator,
+            parts.page_size,
+            self.config.chunked_prefill_size,
+            self.config.max_running_requests,
         )
         self._seeds = random.Random(self.config.seed)
         self._requests: dict[str, Request] = {}
@@ -81,7 +84,9 @@ class Engine:
         return cls(EngineConfig(model=model, **config_fields))
 
     # --- requests -------------------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams | None = None) -> None:
+    def add_request(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams | None = None
+    ) -> None:
         """Queue a request; ``ValueError`` for a duplicate id, an empty/too long prompt or bad token ids."""
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
@@ -146,7 +151,9 @@ class Engine:
             item.request.num_computed += item.num_tokens
             if item.sample:
                 if logits is None:
-                    raise RuntimeError("the model runner returned no logits for a sequence that asked for them")
+                    raise RuntimeError(
+                        "the model runner returned no logits for a sequence that asked for them"
+                    )
                 sampled.append((item.request, logits.reshape(-1)))
         if sampled:
             requests = [r for r, _ in sampled]
@@ -176,7 +183,9 @@ class Engine:
         request.metrics.last_token = now
         is_stop_id = token in params.stop_token_ids
         is_eos = not params.ignore_eos and token in self.parts.eos_token_ids
-        length_hit = request.num_output_tokens >= params.max_tokens or len(request.token_ids) >= self.max_model_len
+        length_hit = (
+            request.num_output_tokens >= params.max_tokens or len(request.token_ids) >= self.max_model_len
+        )
         delta = ""
         if not (is_stop_id or is_eos) or (is_stop_id and params.include_stop_str_in_output):
             delta = request.detokenizer.add(token)

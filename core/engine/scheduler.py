@@ -106,7 +106,9 @@ class Scheduler:
             n = self._fit_chunk(request, budget, planned)
             if n > 0:
                 end = request.num_computed + n
-                planned[id(request)] = ScheduledSeq(request, request.num_computed, n, end == len(request.token_ids))
+                planned[id(request)] = ScheduledSeq(
+                    request, request.num_computed, n, end == len(request.token_ids)
+                )
                 budget -= n
         if self.num_preemptions == preemptions_before:
             self._admit(budget, planned)
@@ -143,7 +145,9 @@ class Scheduler:
             self.running.append(request)
             if not self._grow(request, request.num_computed + n):
                 raise RuntimeError("page allocator refused pages it reported free")
-            planned[id(request)] = ScheduledSeq(request, request.num_computed, n, request.num_computed + n == total)
+            planned[id(request)] = ScheduledSeq(
+                request, request.num_computed, n, request.num_computed + n == total
+            )
             budget -= n
 
     # --- pages ----------------------------------------------------------------------------------
@@ -187,4 +191,3 @@ class Scheduler:
         if request.pages:
             self.allocator.free(request.pages)
             request.pages = []
-

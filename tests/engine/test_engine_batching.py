@@ -78,7 +78,9 @@ def test_preemption_under_page_pressure_keeps_tokens(greedy):
 
 def test_seeded_sampling_same_alone_and_batched():
     params = [
-        SamplingParams(temperature=0.9, top_p=0.9, top_k=20, min_p=0.01, seed=100 + i, max_tokens=10, ignore_eos=True)
+        SamplingParams(
+            temperature=0.9, top_p=0.9, top_k=20, min_p=0.01, seed=100 + i, max_tokens=10, ignore_eos=True
+        )
         for i in range(6)
     ]
     prompts = random_prompts(6, seed=5)
