@@ -29,15 +29,12 @@ def test_layout_matches_expected_tensors(v32):
         assert sd[name].dtype == DTYPES[spec.kind], name
 
 
-def test_same_seed_same_bits_other_seed_differs(v32):
+def test_other_seed_differs(v32):
+    # same seed -> same bytes is checked on the written files (test_make_checkpoint)
     cfg, sd = v32
-    again = random_state_dict(cfg, seed=0)
     other = random_state_dict(cfg, seed=1)
-    name = "model.layers.1.self_attn.kv_b_proj.weight"
-    assert all(torch.equal(sd[n].view(torch.uint8) if sd[n].dtype == torch.float8_e4m3fn else sd[n],
-                           again[n].view(torch.uint8) if again[n].dtype == torch.float8_e4m3fn else again[n])
-               for n in sd)
-    assert not torch.equal(sd[name].float(), other[name].float())
+    for name in ("model.layers.1.self_attn.kv_b_proj.weight", "model.embed_tokens.weight"):
+        assert not torch.equal(sd[name].float(), other[name].float()), name
 
 
 def test_ue8m0_scales_are_powers_of_two(v32):
