@@ -70,21 +70,25 @@ def build_parts_from_weights(
     device = torch.device(kernels.device)
     dtype = getattr(torch, config.dtype)
     page_size = config.page_size or kernels.defaults.page_size
-    max_context = min(config.max_model_len or model_config.max_position_embeddings, model_config.max_position_embeddings)
-    plan_args = dict(
-        config=model_config,
-        page_size=page_size,
-        kv_layout=kernels.kv_layout,
-        chunked_prefill_size=config.chunked_prefill_size,
-        max_running=config.max_running_requests,
-        dtype=dtype,
-        max_context=max_context,
+    max_context = min(
+        config.max_model_len or model_config.max_position_embeddings, model_config.max_position_embeddings
     )
-    runner_args = dict(kernels=kernels, dtype=dtype, device=device)
+    plan_args = {
+        "config": model_config,
+        "page_size": page_size,
+        "kv_layout": kernels.kv_layout,
+        "chunked_prefill_size": config.chunked_prefill_size,
+        "max_running": config.max_running_requests,
+        "dtype": dtype,
+        "max_context": max_context,
+    }
+    runner_args = {"kernels": kernels, "dtype": dtype, "device": device}
     if config.max_total_tokens is None and device.type == "cuda":
         # Weights first, so the budget is what is left; then the cache.
         runner = _runner_without_cache(model_config, tensors, runner_args)
-        plan = plan_capacity(**plan_args, budget_bytes=device_budget_bytes(device, config.mem_fraction_static))
+        plan = plan_capacity(
+            **plan_args, budget_bytes=device_budget_bytes(device, config.mem_fraction_static)
+        )
         runner.cache = KVCache(model_config, plan.num_pages, page_size, kernels.kv_layout, device, dtype)
     else:
         tokens = config.max_total_tokens or CPU_DEFAULT_TOKENS

@@ -6,12 +6,16 @@ space when decoding from a word boundary still gets its context) and only releas
 longer ends in U+FFFD, holding back the bytes of an incomplete character. A character is at most 4 bytes and
 every token carries at least one, so after ``MAX_HOLD`` held tokens the text is released as decoded
 (the model really produced invalid UTF-8, which then shows as U+FFFD).
+
+Tokenizers that expose each token's raw bytes (``token_bytes``, the loader's byte-level BPE wrapper) get
+:class:`ByteDetokenizer` instead: an incremental UTF-8 decoder over the bytes, exact by construction.
 """
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 REPLACEMENT = "\ufffd"
 MAX_HOLD = 4
@@ -72,3 +76,34 @@ class IncrementalDetokenizer:
         # The window's decode changed its already-released prefix (a tokenizer merging across the
         # boundary): never re-emit or retract text; decode the unread tokens on their own.
         return self._decode(self._ids[self._read :])
+
+
+class ByteDetokenizer:
+    """Exact incremental detokenizer for tokenizers that expose each token's bytes (``token_bytes(id)``).
+
+    Bytes go through an incremental UTF-8 decoder: an incomplete character stays buffered until its last
+    byte arrives; bytes that can never form a character become U+FFFD at once. Special tokens (``special_ids``)
+    are dropped when ``skip_special_tokens``.
+    """
+
+    def __init__(self, tokenizer: Any, skip_special_tokens: bool = True) -> None:
+        self._tok = tokenizer
+        self._skip = frozenset(getattr(tokenizer, "special_ids", ())) if skip_special_tokens else frozenset()
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def add(self, token_id: int) -> str:
+        if token_id in self._skip:
+            return ""
+        return self._utf8.decode(self._tok.token_bytes(token_id))
+
+    def flush(self) -> str:
+        return self._utf8.decode(b"", final=True)
+
+
+def make_detokenizer(
+    tokenizer: Any, prompt_token_ids: Sequence[int], skip_special_tokens: bool = True
+) -> IncrementalDetokenizer | ByteDetokenizer:
+    """The byte-exact detokenizer when the tokenizer gives token bytes, else the decode-window one."""
+    if callable(getattr(tokenizer, "token_bytes", None)):
+        return ByteDetokenizer(tokenizer, skip_special_tokens)
+    return IncrementalDetokenizer(tokenizer, prompt_token_ids, skip_special_tokens)

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from dsa_runtime.engine.config import EngineConfig
-from dsa_runtime.engine.detokenizer import IncrementalDetokenizer
+from dsa_runtime.engine.detokenizer import make_detokenizer
 from dsa_runtime.engine.forward import make_batch
 from dsa_runtime.engine.outputs import EngineStats, RequestMetrics, RequestOutput, TokenLogprob
 from dsa_runtime.engine.params import SamplingParams
@@ -114,7 +114,7 @@ class Engine:
             token_ids=prompt,
             params=params,
             generator=generator,
-            detokenizer=IncrementalDetokenizer(self.tokenizer, prompt, params.skip_special_tokens),
+            detokenizer=make_detokenizer(self.tokenizer, prompt, params.skip_special_tokens),
             metrics=RequestMetrics(arrival=time.monotonic()),
         )
         self._requests[request_id] = request

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dsa_runtime.engine.detokenizer import IncrementalDetokenizer
+from dsa_runtime.engine.detokenizer import ByteDetokenizer, IncrementalDetokenizer
 from dsa_runtime.engine.outputs import RequestMetrics, TokenLogprob
 from dsa_runtime.engine.params import SamplingParams
 
@@ -33,7 +33,7 @@ class Request:
     token_ids: list[int]
     params: SamplingParams
     generator: torch.Generator
-    detokenizer: IncrementalDetokenizer
+    detokenizer: IncrementalDetokenizer | ByteDetokenizer
     metrics: RequestMetrics
     status: Status = Status.WAITING
     num_computed: int = 0

@@ -62,6 +62,13 @@ class FakeTokenizer:
         return "".join(out)
 
 
+class FakeByteTokenizer(FakeTokenizer):
+    """The same vocabulary, also exposing ``token_bytes`` (the engine then uses the byte detokenizer)."""
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return SPECIALS[token_id].encode() if token_id in SPECIALS else self.pieces[token_id]
+
+
 def hash_logits(tokens: Sequence[int], vocab: int) -> torch.Tensor:
     """Deterministic float32 ``[vocab]`` logits from the whole prefix (order-sensitive)."""
     h = 1469598103934665603
@@ -155,8 +162,9 @@ def make_parts(
     num_pages: int = 257,
     max_model_len: int = 4096,
     logit_fn: Callable[[list[int]], torch.Tensor] | None = None,
+    byte_tokenizer: bool = False,
 ) -> EngineParts:
-    tok = FakeTokenizer()
+    tok = FakeByteTokenizer() if byte_tokenizer else FakeTokenizer()
     return EngineParts(
         runner=FakeRunner(tok.vocab_size, page_size, num_pages, logit_fn),
         tokenizer=tok,

@@ -24,9 +24,12 @@ def _bytes(text: str) -> list[int]:
     return [BYTE0 + b for b in text.encode()]
 
 
-def test_stop_string_across_token_boundaries_is_not_emitted():
+@pytest.mark.parametrize("byte_tokenizer", [False, True])
+def test_stop_string_across_token_boundaries_is_not_emitted(byte_tokenizer):
     script = _bytes("abc ST") + _bytes("OP tail") + [EOS]
-    outs = _run(script, SamplingParams(temperature=0, stop=["STOP"], max_tokens=50))
+    outs = _run(
+        script, SamplingParams(temperature=0, stop=["STOP"], max_tokens=50), byte_tokenizer=byte_tokenizer
+    )
     last = outs[-1]
     assert last.finished and last.finish_reason == "stop" and last.stop_reason == "STOP"
     assert last.text == "abc " == "".join(o.new_text for o in outs)
@@ -83,9 +86,10 @@ def test_max_tokens_and_max_model_len():
     assert outs[-1].finish_reason == "length" and len(PROMPT) + len(outs[-1].token_ids) == 9
 
 
-def test_multibyte_output_streams_whole_characters():
+@pytest.mark.parametrize("byte_tokenizer", [False, True])
+def test_multibyte_output_streams_whole_characters(byte_tokenizer):
     text = "日本語🙂é"
-    outs = _run(_bytes(text) + [EOS], SamplingParams(temperature=0))
+    outs = _run(_bytes(text) + [EOS], SamplingParams(temperature=0), byte_tokenizer=byte_tokenizer)
     assert outs[-1].text == text
     assert all("\ufffd" not in o.new_text for o in outs)
     assert any(o.new_text == "" and o.new_token_ids for o in outs)  # bytes were held back
