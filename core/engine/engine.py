@@ -20,7 +20,7 @@ import torch
 
 from dsa_runtime.engine.config import EngineConfig
 from dsa_runtime.engine.detokenizer import make_detokenizer
-from dsa_runtime.engine.forward import make_batch
+from dsa_runtime.engine.forward import make_batch, score_batch
 from dsa_runtime.engine.outputs import EngineStats, RequestMetrics, RequestOutput, TokenLogprob
 from dsa_runtime.engine.params import SamplingParams
 from dsa_runtime.engine.request import Request, Status
@@ -95,17 +95,7 @@ class Engine:
             raise ValueError("request_id must be a non-empty string")
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already running")
-        prompt = [int(t) for t in prompt_token_ids]
-        if not prompt:
-            raise ValueError("the prompt is empty (at least one token is needed)")
-        vocab = self.parts.vocab_size
-        bad = next((t for t in prompt if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
-        if len(prompt) >= self.max_model_len:
-            raise ValueError(
-                f"the prompt has {len(prompt)} tokens; max_model_len is {self.max_model_len}, leaving no room to generate"
-            )
+        prompt = self._check_prompt(prompt_token_ids, limit=self.max_model_len)
         generator = torch.Generator()
         generator.manual_seed(params.seed if params.seed is not None else self._seeds.getrandbits(63))
         request = Request(
@@ -236,6 +226,43 @@ class Engine:
             logprobs=new_logprobs,
             metrics=request.metrics,
         )
+
+    # --- scoring ------------------------------------------------------------------------------------
+    def score(self, token_ids: list[int]) -> torch.Tensor:
+        """Logits at every position of one sequence: float32 ``[len, vocab]`` on the CPU (row ``i`` predicts
+        token ``i + 1``), computed in chunks of ``--chunked-prefill-size`` through the paged cache.
+
+        Uses free pages beside any running requests and returns them before it returns.
+        """
+        ids = self._check_prompt(token_ids, limit=self.max_model_len + 1)
+        need = -(-len(ids) // self.parts.page_size)
+        pages = self.allocator.alloc(need) if need <= self.allocator.num_free else None
+        if not pages:
+            raise ValueError(
+                f"scoring {len(ids)} tokens needs {need} free KV pages; {self.allocator.num_free} are free"
+            )
+        try:
+            rows = []
+            budget = self.config.chunked_prefill_size
+            for start in range(0, len(ids), budget):
+                (logits,) = self.runner.forward(score_batch(ids[start : start + budget], start, pages))
+                rows.append(logits.float().cpu())
+            return torch.cat(rows)
+        finally:
+            self.allocator.free(pages)
+
+    def _check_prompt(self, token_ids: list[int], limit: int) -> list[int]:
+        ids = [int(t) for t in token_ids]
+        if not ids:
+            raise ValueError("the prompt is empty (at least one token is needed)")
+        vocab = self.parts.vocab_size
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
+        if len(ids) >= limit:
+            room = ", leaving no room to generate" if limit == self.max_model_len else ""
+            raise ValueError(f"the prompt has {len(ids)} tokens; max_model_len is {self.max_model_len}{room}")
+        return ids
 
     # --- introspection --------------------------------------------------------------------------
     def stats(self) -> EngineStats:

@@ -5,22 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dsa_runtime.engine.scheduler import ScheduledSeq
-
-try:
-    from dsa_runtime.model.batch import ForwardBatch, ForwardSeq
-except ImportError:  # pragma: no cover - until the model package lands; same fields (INTERFACES.md)
-    from dataclasses import dataclass, field
-
-    @dataclass
-    class ForwardSeq:  # type: ignore[no-redef]
-        token_ids: list[int]
-        start_pos: int
-        page_table: list[int]
-        logits: str = "last"
-
-    @dataclass
-    class ForwardBatch:  # type: ignore[no-redef]
-        seqs: list[ForwardSeq] = field(default_factory=list)
+from dsa_runtime.model.batch import ForwardBatch, ForwardSeq
 
 
 def make_batch(plan: Sequence[ScheduledSeq]) -> ForwardBatch:
@@ -41,3 +26,10 @@ def make_batch(plan: Sequence[ScheduledSeq]) -> ForwardBatch:
             )
         )
     return ForwardBatch(seqs=seqs)
+
+
+def score_batch(token_ids: list[int], start: int, pages: list[int]) -> ForwardBatch:
+    """One sequence's chunk asking for logits at every position (``"all"``)."""
+    return ForwardBatch(
+        seqs=[ForwardSeq(token_ids=token_ids, start_pos=start, page_table=pages, logits="all")]
+    )
