@@ -13,7 +13,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-HF_CLASSES = {"DeepseekV32ForCausalLM": "DeepseekV32ForCausalLM", "DeepseekV3ForCausalLM": "DeepseekV3ForCausalLM"}
+HF_CLASSES = {
+    "DeepseekV32ForCausalLM": "DeepseekV32ForCausalLM",
+    "DeepseekV3ForCausalLM": "DeepseekV3ForCausalLM",
+}
 
 
 def write_bf16_copy(checkpoint_dir: Path, out_dir: Path) -> Path:
@@ -58,7 +61,10 @@ def load_hf(checkpoint_dir: Path, work_dir: Path) -> tuple[Any | None, str]:
         copy = write_bf16_copy(checkpoint_dir, work_dir / "hf-bf16")
         model = cls.from_pretrained(copy, dtype=torch.bfloat16)
     except Exception as exc:  # any load failure is reported, not fatal: the column is then skipped
-        return None, f"{arch} cannot load the checkpoint: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+        return (
+            None,
+            f"{arch} cannot load the checkpoint: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}",
+        )
     model.eval()
     return model, ""
 

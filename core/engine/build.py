@@ -68,6 +68,8 @@ def build_parts_from_weights(
 
     kernels = resolve_kernels(config.kernel_config())
     device = torch.device(kernels.device)
+    if device.type == "cpu" and config.cpu_threads:
+        torch.set_num_threads(config.cpu_threads)
     dtype = getattr(torch, config.dtype)
     page_size = config.page_size or kernels.defaults.page_size
     max_context = min(

@@ -76,6 +76,14 @@ class EngineConfig:
             "--max-model-len", "longest prompt + output (default: the model's, capped by the cache)"
         ),
     )
+    cpu_threads: int | None = field(
+        default=None,
+        metadata=_opt(
+            "--cpu-threads",
+            "torch intra-op threads on a CPU device, process-wide (default: torch's choice); 1 is far faster "
+            "for tiny models on a machine whose cores are busy with other work",
+        ),
+    )
     seed: int = field(
         default=0, metadata=_opt("--seed", "seed of the random weights/unseeded sampling streams")
     )

@@ -51,7 +51,12 @@ def test_prompt_streams_text_and_passes_options(monkeypatch, capsys):
     assert code == 0 and out.out == "Hi there\n"
     assert "[9 tokens, finish: stop" in out.err
     cfg = seen["config"]
-    assert (cfg.seed, cfg.max_model_len, cfg.dsa_decode_backend, cfg.kv_cache_dtype) == (5, 500, "reference", "bf16")
+    assert (cfg.seed, cfg.max_model_len, cfg.dsa_decode_backend, cfg.kv_cache_dtype) == (
+        5,
+        500,
+        "reference",
+        "bf16",
+    )
     assert (seen["params"].seed, seen["params"].max_tokens, seen["params"].temperature) == (5, 30, 0.0)
     assert seen["prompt_len"] == 1 + len(TOK.encode("Hello"))  # BOS + text
 
@@ -77,4 +82,3 @@ def test_prompt_or_chat_is_required(capsys):
     with pytest.raises(SystemExit):
         main(["generate", "--prompt", "a", "--chat", "b"])
     assert "not allowed with" in capsys.readouterr().err
-

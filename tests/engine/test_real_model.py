@@ -19,6 +19,18 @@ from dsa_runtime.engine.llm import LLM
 CFG = {"dtype": "float32", "max_total_tokens": 2048, "chunked_prefill_size": 24, "max_running_requests": 8}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One torch thread for this module (restored after): the tiny model's ops are too small to split, and
+    on a machine whose 2 cores are busy two threads run up to ~50x slower here (spin-waits)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     # (the package attribute make_checkpoint is shadowed by its submodule once that is imported)
@@ -39,7 +51,7 @@ def prompts() -> list[list[int]]:
     return [[rng.randrange(3, 1000) for _ in range(n)] for n in (3, 9, 17, 24, 31, 40, 52, 5)]
 
 
-PARAMS = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+PARAMS = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +99,15 @@ def test_abort_mid_decode_leaves_the_others_unchanged(engine, prompts, alone):
     for i in (0, 2, 3, 4, 5, 7):
         assert final[f"b{i}"].token_ids == alone[i]
     assert engine.stats().pages_used == 0
+
+
+def test_preemption_in_a_small_paged_cache_keeps_tokens(checkpoint, prompts, alone):
+    # 8 pages of 16 tokens for 8 requests of up to 60 tokens: some are preempted and recomputed.
+    small = Engine(EngineConfig(model=str(checkpoint), **{**CFG, "max_total_tokens": 128, "page_size": 16}))
+    final = _staggered(small, prompts)
+    assert small.stats().num_preemptions > 0 and small.stats().pages_used == 0
+    for i, want in enumerate(alone):
+        assert final[f"b{i}"].token_ids == want, f"request {i}"
 
 
 def test_score_last_row_gives_the_first_greedy_token(engine, prompts, alone):
