@@ -69,6 +69,7 @@ def bench_preset(preset: str, args: argparse.Namespace, work: Path) -> list[dict
             max_total_tokens=biggest * (args.prompt_len + args.gen_tokens + 1) + 1024,
             chunked_prefill_size=max(2048, biggest * args.prompt_len),
             max_running_requests=biggest,
+            cpu_threads=args.threads,
         )
     )
     hf, hf_reason = (None, "--no-hf") if args.no_hf else load_hf(ckpt, work / f"{preset}-hf")
@@ -139,7 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gen-tokens", type=int, default=16)
     parser.add_argument("--repeat", type=int, default=2, help="runs per measurement; the best is kept")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument(
+        "--threads", type=int, default=None,
+        help="torch threads for both engines (process-wide; default: the engine's --cpu-threads default)",
+    )  # fmt: skip
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
     parser.add_argument("--json", default="bench/results/engine_cpu.json", help="where to write the results")
     args = parser.parse_args(argv)
@@ -147,8 +151,6 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     print(HEADER, flush=True)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="dsa-bench-") as tmp:
