@@ -8,7 +8,11 @@ Conventions used throughout:
 
 * ``e4m3`` is ``torch.float8_e4m3fn`` (max 448). FP8 scales are fp32 multipliers: ``x ~= fp32(x8) * scale``.
 * ``scale_fmt`` is ``"ue8m0"`` (scale rounded *up* to a power of two, as V3.1/V3.2 checkpoints use) or
-  ``"float"`` (plain ``amax / 448``, V3/R1). In both, ``amax`` is floored at ``1e-4`` first.
+  ``"float"`` (plain ``amax / 448``, V3/R1). In both, ``amax`` is floored at ``1e-4`` first. It is a property
+  of the checkpoint's weights and activations only: the ``fp8_656`` KV cache always stores ue8m0 scales
+  (FlashMLA on SM90 rounds the scale to bf16 when dequantizing, exact only for powers of two).
+* Attention indices are ``-1`` (empty) or a valid row / slot; any other value is a caller error (behaviour
+  undefined; the conformance kit never sends one).
 * Index tensors are ``int32``; ``-1`` marks an empty slot and is never dereferenced.
 * A *slot* is a physical KV position: ``page * page_size + offset``.
 * MLA rows have ``d_qk = 576`` (512 latent ``c`` + 64 rotated ``k_pe``) and ``d_v = 512``.
@@ -17,7 +21,8 @@ Cache layouts (see ``shared/specs/dsa-model.md`` sections 3 and 5):
 
 * ``"bf16"`` MLA layout: cache ``[pages, page_size, 576]`` bf16, row = ``[c | k_pe]``.
 * ``"fp8_656"`` MLA layout: cache ``[pages, page_size, 656]`` uint8, row bytes 0-511 = 512 e4m3 of ``c``,
-  512-527 = four fp32 scales (scale j covers ``c[128j:128j+128]``), 528-655 = 64 bf16 of ``k_pe``.
+  512-527 = four fp32 scales (scale j covers ``c[128j:128j+128]``; always a power of two,
+  ``2 ** ceil(log2(max(amax, 1e-4) / 448))``), 528-655 = 64 bf16 of ``k_pe``.
 * ``"index_k_132"`` indexer layout: cache ``[pages, page_size * 132]`` uint8; one page holds
   ``page_size * 128`` e4m3 bytes (token-major) followed by ``page_size`` fp32 scales.
 """
@@ -32,6 +37,16 @@ if TYPE_CHECKING:
 
 Family = Literal["indexer", "topk", "sparse_attn", "kv_quant", "moe"]
 FAMILIES: tuple[Family, ...] = ("indexer", "topk", "sparse_attn", "kv_quant", "moe")
+# The methods of each family's protocol (below): a backend claims, and the engine resolves, single methods,
+# named "family.method" (e.g. "sparse_attn.prefill").
+FAMILY_METHODS: dict[str, tuple[str, ...]] = {
+    "indexer": ("quantize_q", "quantize_k", "logits_ragged", "logits_paged"),
+    "topk": ("topk", "page_table_transform", "topk_transform"),
+    "sparse_attn": ("prefill", "decode"),
+    "kv_quant": ("quantize_mla", "dequantize_mla", "store_mla", "store_index_k", "gather_index_k"),
+    "moe": ("route", "experts"),
+}
+METHODS: tuple[str, ...] = tuple(f"{f}.{m}" for f in FAMILIES for m in FAMILY_METHODS[f])
 
 ScaleFmt = Literal["ue8m0", "float"]
 MLALayout = Literal["bf16", "fp8_656"]
@@ -183,7 +198,8 @@ class SparseAttnKernels(Protocol):
         Args:
             q: ``[T, H, 576]`` bf16, any head count H.
             kv: ``[S, 576]`` bf16 (batches flattened; indices already offset).
-            indices: ``[T, K]`` int32 rows of ``kv``; ``-1`` or ``>= S`` is invalid.
+            indices: ``[T, K]`` int32 rows of ``kv``: each ``-1`` (empty) or ``0 <= i < S``; anything else is a
+                caller error.
         Returns:
             ``out`` ``[T, H, d_v]`` bf16 and ``lse`` ``[T, H]`` fp32.
         """
@@ -205,7 +221,8 @@ class SparseAttnKernels(Protocol):
             q: ``[B, Q, H, 576]`` bf16 (Q queries per request, e.g. 2 with MTP).
             kv_cache: ``[pages, page_size, 576]`` bf16 (``layout="bf16"``) or ``[pages, page_size, 656]`` uint8
                 (``layout="fp8_656"``).
-            indices: ``[B, Q, K]`` int32 physical slots, ``-1`` (or ``>= pages * page_size``) invalid.
+            indices: ``[B, Q, K]`` int32 physical slots: each ``-1`` (empty) or ``0 <= slot < pages *
+                page_size``; anything else is a caller error.
         Returns:
             ``out`` ``[B, Q, H, d_v]`` bf16 and ``lse`` ``[B, Q, H]`` fp32.
         """
@@ -216,13 +233,11 @@ class SparseAttnKernels(Protocol):
 class KVQuantKernels(Protocol):
     """KV cache layouts: quantize, store into pages, dequantize."""
 
-    def quantize_mla(
-        self, c: Tensor, k_pe: Tensor, *, layout: MLALayout, scale_fmt: ScaleFmt = "ue8m0"
-    ) -> Tensor:
+    def quantize_mla(self, c: Tensor, k_pe: Tensor, *, layout: MLALayout) -> Tensor:
         """Pack MLA rows. c: ``[N, 512]``, k_pe: ``[N, 64]`` (bf16, k_pe already rotated).
 
-        Returns ``[N, 656]`` uint8 for ``fp8_656`` (c quantized per 128-tile, k_pe kept bf16) or ``[N, 576]``
-        bf16 for ``bf16``.
+        Returns ``[N, 656]`` uint8 for ``fp8_656`` (c quantized per 128-tile with power-of-two (ue8m0)
+        scales, whatever the checkpoint's ``scale_fmt``; k_pe kept bf16) or ``[N, 576]`` bf16 for ``bf16``.
         """
         ...
 
@@ -238,9 +253,8 @@ class KVQuantKernels(Protocol):
         k_pe: Tensor,
         *,
         layout: MLALayout,
-        scale_fmt: ScaleFmt = "ue8m0",
     ) -> None:
-        """Quantize and write rows into ``kv_cache`` ``[pages, page_size, W]`` in place.
+        """Quantize (as :meth:`quantize_mla`) and write rows into ``kv_cache`` ``[pages, page_size, W]`` in place.
 
         slots: ``[N]`` int32/int64; a slot of ``-1`` is skipped (padding). Other slots are untouched.
         """

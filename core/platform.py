@@ -25,8 +25,11 @@ class PlatformDefaults:
         page_size: KV page size.
         dense_prefill_threshold: prompts with at most this many KV tokens use dense MHA prefill.
         prefill_attn / decode_attn: sparse-attention backend names in SGLang's vocabulary.
-        backends: family -> preferred backend names, best first; the first one registered and available
-            wins, else the ``reference`` backend.
+        backends: family -> preferred backend names, best first; the first one registered, available and
+            claiming the method wins, else the ``reference`` backend.
+        methods: ``"family.method"`` -> preferred backend names for that method alone (e.g. Hopper:
+            ``sparse_attn.prefill`` prefers ``flashmla_sparse``, ``sparse_attn.decode`` ``fa3``); overrides
+            ``backends`` for that method.
         reasons: field or family -> why this default (logged at start-up).
     """
 
@@ -37,6 +40,13 @@ class PlatformDefaults:
     decode_attn: str
     backends: dict[str, tuple[str, ...]] = field(default_factory=dict)
     reasons: dict[str, str] = field(default_factory=dict)
+    methods: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def preference(self, method: str) -> tuple[str, ...]:
+        """Preferred backends for ``"family.method"``: its own list, else its family's."""
+        if method in self.methods:
+            return self.methods[method]
+        return self.backends.get(method.split(".")[0], ())
 
 
 @dataclass

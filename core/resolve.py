@@ -1,37 +1,51 @@
-"""Backend resolution: one concrete kernel object per family, chosen once at start-up.
+"""Backend resolution: one backend per kernel *method*, chosen once at start-up.
 
-``auto`` follows the detected platform's :class:`~dsa_runtime.platform.PlatformDefaults` (its preferred backend
-names, best first), falling back to ``reference``; every choice is logged with its reason. An explicit choice
-that cannot run (unknown name, family not provided, backend unavailable, device or KV layout not claimed) fails
-with the reason and the list of backends that can. The result holds plain kernel objects: the hot path calls
-their methods directly, with no pluggy dispatch.
+Each method (``sparse_attn.prefill``, ``sparse_attn.decode``, ``topk.topk_transform``...) is resolved on its own,
+as SGLang resolves ``--dsa-prefill-backend`` and ``--dsa-decode-backend`` separately:
+
+* an explicit per-method choice (``KernelConfig.methods`` / ``sparse_attn_prefill`` / ``sparse_attn_decode``)
+  must be able to run the method, else :class:`ConfigError` with the reason and the backends that can;
+* an explicit family choice (``KernelConfig.sparse_attn = "x"``) must run every method of the family that
+  ``x`` claims; a method ``x`` does not claim at all falls back along the platform's preference list (logged);
+* ``auto`` follows the platform's :class:`~dsa_runtime.platform.PlatformDefaults` preference list for the
+  method (else for its family), best first, then ``reference``; every choice is logged with its reason.
+
+The result holds plain bound methods: ``resolved.sparse_attn.prefill(...)`` is the chosen backend's own method,
+with no pluggy dispatch on the hot path, even when prefill and decode come from different backends.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 
 from dsa_runtime.backend import Backend
-from dsa_runtime.errors import ConfigError
-from dsa_runtime.families import FAMILIES, MLA_LAYOUTS
+from dsa_runtime.errors import ConfigError, PluginError
+from dsa_runtime.families import FAMILIES, FAMILY_METHODS, METHODS, MLA_LAYOUTS
+from dsa_runtime.kernel_needs import NEED_KEYS, why_not
 from dsa_runtime.platform import Detection, Platform, PlatformDefaults
 from dsa_runtime.plugin_manager import DSAPluginManager, get_manager
 
 logger = logging.getLogger(__name__)
 AUTO = "auto"
-LAYOUT_FAMILIES = ("sparse_attn", "kv_quant")
+# KernelConfig fields naming one method (the serve/generate flags --dsa-prefill-backend / --dsa-decode-backend).
+METHOD_FIELDS = {"sparse_attn_prefill": "sparse_attn.prefill", "sparse_attn_decode": "sparse_attn.decode"}
 
 
 @dataclass
 class KernelConfig:
-    """Which backend runs each family (``"auto"`` = the platform's default) and on what.
+    """Which backend runs each family or method (``"auto"`` = the platform's default) and on what.
 
     Attributes:
         platform: platform name or ``auto`` (highest-priority platform whose hardware is present).
         device: torch device type or ``auto`` (the platform's device).
         kv_layout: ``bf16``, ``fp8_656`` or ``auto`` (the platform's default).
-        indexer, topk, sparse_attn, kv_quant, moe: backend name per family, or ``auto``.
+        indexer, topk, sparse_attn, kv_quant, moe: backend name per family, or ``auto``
+            (``--dsa-topk-backend`` maps onto ``topk``).
+        sparse_attn_prefill, sparse_attn_decode: backend of one method (``--dsa-prefill-backend``,
+            ``--dsa-decode-backend``); ``auto`` follows ``sparse_attn``.
+        methods: ``"family.method" -> backend`` for any method; wins over the fields above.
     """
 
     platform: str = AUTO
@@ -42,49 +56,81 @@ class KernelConfig:
     sparse_attn: str = AUTO
     kv_quant: str = AUTO
     moe: str = AUTO
+    sparse_attn_prefill: str = AUTO
+    sparse_attn_decode: str = AUTO
+    methods: dict[str, str] = field(default_factory=dict)
+
+    def requested(self, method: str) -> tuple[str, str]:
+        """``(backend or "auto", how)`` for ``method``; ``how`` is ``"method"``, ``"family"`` or ``"auto"``."""
+        if method not in METHODS:
+            raise ConfigError(f"unknown kernel method {method!r}; valid: {', '.join(METHODS)}")
+        explicit = [self.methods.get(method, AUTO)]
+        explicit += [getattr(self, f) for f, m in METHOD_FIELDS.items() if m == method]
+        named = {b for b in explicit if b != AUTO}
+        if len(named) > 1:
+            raise ConfigError(f"{method}: two different backends requested ({', '.join(sorted(named))})")
+        if named:
+            return named.pop(), "method"
+        family = getattr(self, method.split(".")[0])
+        return (family, "family") if family != AUTO else (AUTO, "auto")
 
 
 @dataclass(frozen=True)
 class Choice:
+    """The backend chosen for one method, and why (``"chosen explicitly"``, ``"<platform> default"``...)."""
+
     family: str
     backend: str
     reason: str
+    method: str = ""
+
+
+class FamilyKernels:
+    """One family's methods, each the bound method of the backend chosen for it.
+
+    ``view.prefill(...)`` calls the chosen backend's ``prefill`` directly (an instance attribute, no lookup
+    indirection). ``view.backends`` maps each method name to its backend's name.
+    """
+
+    def __init__(self, family: str, methods: dict[str, Callable[..., object]], backends: dict[str, str]) -> None:
+        self.family = family
+        self.backends = dict(backends)
+        for name, fn in methods.items():
+            setattr(self, name, fn)
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{m}={b}" for m, b in self.backends.items())
+        return f"FamilyKernels({self.family}: {parts})"
 
 
 @dataclass
 class ResolvedKernels:
-    """The start-up decision: platform, device, KV layout and one kernel object per family."""
+    """The start-up decision: platform, device, KV layout and one backend per method.
+
+    Attributes:
+        choices: ``"family.method" -> Choice`` for every method, in contract order.
+        kernels: ``family -> FamilyKernels``; also reachable as attributes (``resolved.sparse_attn.decode``).
+        needs: the model/engine values the choices were checked against (``page_size`` always).
+    """
 
     platform: str
     device: str
     kv_layout: str
     defaults: PlatformDefaults
     choices: dict[str, Choice]
-    kernels: dict[str, object] = field(repr=False)
+    kernels: dict[str, FamilyKernels] = field(repr=False)
+    needs: dict[str, object] = field(default_factory=dict)
 
-    def __getattr__(self, family: str) -> object:
+    def __getattr__(self, family: str) -> FamilyKernels:
         # resolved.sparse_attn.decode(...) reads naturally at call sites.
         kernels = self.__dict__.get("kernels", {})
         if family in kernels:
             return kernels[family]
         raise AttributeError(family)
 
-
-def why_not(backend: Backend, family: str, device: str, kv_layout: str) -> str | None:
-    """Why ``backend`` cannot run ``family`` here, or None when it can."""
-    if family not in backend.kernels:
-        return f"backend {backend.name!r} does not provide {family}"
-    caps = backend.capabilities
-    needs: dict[str, object] = {"device": device}
-    if family in LAYOUT_FAMILIES:
-        needs["kv_layout"] = kv_layout
-    reason = caps.unclaimed_reason(family, **needs)
-    if reason is not None:
-        return f"backend {backend.name!r}: {reason}"
-    ok, detail = backend.available()
-    if not ok:
-        return f"backend {backend.name!r} unavailable: {detail}"
-    return None
+    def backend_of(self, method: str) -> str:
+        """Name of the backend running ``"family.method"``."""
+        return self.choices[method].backend
 
 
 def _choose_platform(manager: DSAPluginManager, name: str) -> tuple[Platform, Detection]:
@@ -109,10 +155,57 @@ def _choose_platform(manager: DSAPluginManager, name: str) -> tuple[Platform, De
     return platform, detection
 
 
-def resolve_kernels(config: KernelConfig | None = None, manager: DSAPluginManager | None = None) -> ResolvedKernels:
-    """Resolve ``config`` into kernels; raises :class:`ConfigError` with the reason and valid choices."""
+def _explicit_error(
+    manager: DSAPluginManager, method: str, problem: str, device: str, kv_layout: str, needs: Mapping[str, object]
+) -> ConfigError:
+    valid = [b.name for b in manager.backends.values() if why_not(b, method, device, kv_layout, needs) is None]
+    return ConfigError(
+        f"{method}: {problem}; backends that can run {method} on {device} "
+        f"with {kv_layout} KV: {', '.join(valid) or 'none'}"
+    )
+
+
+def _resolve_method(
+    manager: DSAPluginManager, platform: Platform, defaults: PlatformDefaults, config: KernelConfig,
+    method: str, device: str, kv_layout: str, needs: Mapping[str, object],
+) -> Choice:
+    family = method.split(".")[0]
+    requested, how = config.requested(method)
+    if how == "auto":
+        return _auto_choice(manager, platform, defaults, method, device, kv_layout, needs, [])
+    backend = manager.get_backend(requested)
+    problem = why_not(backend, method, device, kv_layout, needs)
+    if problem is None:
+        return Choice(family, requested, "chosen explicitly" if how == "method" else f"chosen for {family}", method)
+    lacks = family in backend.kernels and backend.capabilities.claim(method) is None
+    if how == "family" and lacks and backend.capabilities.claimed_methods(family):
+        # The family's backend implements other methods of the family: this one falls back, logged.
+        return _auto_choice(manager, platform, defaults, method, device, kv_layout, needs, [problem])
+    raise _explicit_error(manager, method if how == "method" else family, problem, device, kv_layout, needs)
+
+
+def resolve_kernels(
+    config: KernelConfig | None = None,
+    manager: DSAPluginManager | None = None,
+    *,
+    needs: Mapping[str, object] | None = None,
+) -> ResolvedKernels:
+    """Resolve ``config`` into kernels; raises :class:`ConfigError` with the reason and valid choices.
+
+    Args:
+        needs: what the model and engine will ask of the kernels, checked against each backend's claims where
+            a method uses the key: ``heads`` (attention heads), ``index_heads``, ``k`` (index top-k),
+            ``page_size`` (default: the platform's), ``decode_queries`` (1, or 2 with MTP), ``scale_fmt``,
+            ``weight_dtype``. A backend whose claims exclude them is skipped (auto) or refused (explicit).
+    """
     config = config or KernelConfig()
     manager = manager or get_manager()
+    unknown = [m for m in config.methods if m not in METHODS]
+    if unknown:
+        raise ConfigError(f"unknown kernel methods {', '.join(sorted(unknown))}; valid: {', '.join(METHODS)}")
+    bad = [k for k in (needs or {}) if k not in NEED_KEYS]
+    if bad:
+        raise ConfigError(f"unknown kernel needs {', '.join(sorted(bad))}; valid: {', '.join(NEED_KEYS)}")
     platform, detection = _choose_platform(manager, config.platform)
     defaults = platform.defaults(detection)
     device = config.device if config.device != AUTO else (detection.device or "cpu")
@@ -122,50 +215,58 @@ def resolve_kernels(config: KernelConfig | None = None, manager: DSAPluginManage
     if config.kv_layout == AUTO:
         logger.info("kv_layout %s: %s", kv_layout, defaults.reasons.get("kv_layout", f"{platform.name} default"))
 
+    checked: dict[str, object] = {"page_size": defaults.page_size, **(needs or {})}
     choices: dict[str, Choice] = {}
-    for family in FAMILIES:
-        requested = getattr(config, family)
-        if requested != AUTO:
-            backend = manager.get_backend(requested)
-            problem = why_not(backend, family, device, kv_layout)
-            if problem is not None:
-                valid = [b.name for b in manager.backends.values() if why_not(b, family, device, kv_layout) is None]
-                raise ConfigError(
-                    f"{family}: {problem}; backends that can run {family} on {device} "
-                    f"with {kv_layout} KV: {', '.join(valid) or 'none'}"
-                )
-            choices[family] = Choice(family, requested, "chosen explicitly")
-            continue
-        choices[family] = _auto_choice(manager, platform, defaults, family, device, kv_layout)
-        logger.info("%s -> %s (%s)", family, choices[family].backend, choices[family].reason)
+    for method in METHODS:
+        choices[method] = _resolve_method(manager, platform, defaults, config, method, device, kv_layout, checked)
+        logger.info("%s -> %s (%s)", method, choices[method].backend, choices[method].reason)
 
-    kernels = {family: manager.backends[c.backend].kernel(family) for family, c in choices.items()}
-    return ResolvedKernels(platform.name, device, kv_layout, defaults, choices, kernels)
+    kernels: dict[str, FamilyKernels] = {}
+    for family in FAMILIES:
+        names = FAMILY_METHODS[family]
+        bound = {m: _bind(manager.backends[choices[f"{family}.{m}"].backend], family, m) for m in names}
+        kernels[family] = FamilyKernels(family, bound, {m: choices[f"{family}.{m}"].backend for m in names})
+    return ResolvedKernels(platform.name, device, kv_layout, defaults, choices, kernels, checked)
+
+
+def _bind(backend: Backend, family: str, method: str) -> Callable[..., object]:
+    """The backend's bound ``method`` of its ``family`` kernel object (PluginError when it lacks it)."""
+    fn = getattr(backend.kernel(family), method, None)
+    if not callable(fn):
+        raise PluginError(
+            f"backend {backend.name!r} (plugin {backend.plugin or '?'}) claims {family}.{method} but its {family} "
+            f"kernel {type(backend.kernel(family)).__name__} has no method {method!r}"
+        )
+    return fn
 
 
 def _auto_choice(
-    manager: DSAPluginManager, platform: Platform, defaults: PlatformDefaults, family: str, device: str, kv_layout: str
+    manager: DSAPluginManager, platform: Platform, defaults: PlatformDefaults, method: str, device: str,
+    kv_layout: str, needs: Mapping[str, object], skipped: list[str],
 ) -> Choice:
-    skipped = []
-    for name in defaults.backends.get(family, ()):
+    family = method.split(".")[0]
+    fallback = bool(skipped)
+    for name in defaults.preference(method):
         backend = manager.backends.get(name)
         if backend is None:
             skipped.append(f"no {name!r} backend registered")
             continue
-        problem = why_not(backend, family, device, kv_layout)
+        problem = why_not(backend, method, device, kv_layout, needs)
         if problem is None:
-            return Choice(family, name, f"{platform.name} default")
+            reason = f"{platform.name} default"
+            return Choice(family, name, f"fallback: {'; '.join(skipped)}; {reason}" if fallback else reason, method)
         skipped.append(problem)
     reference = manager.backends.get("reference")
-    if reference is not None and why_not(reference, family, device, kv_layout) is None:
+    if reference is not None and why_not(reference, method, device, kv_layout, needs) is None:
         note = platform.family_notes.get(family, "")
         detail = "; ".join(skipped) if skipped else note or "no preferred backend"
-        return Choice(family, "reference", f"fallback: {detail}")
+        return Choice(family, "reference", f"fallback: {detail}", method)
     raise ConfigError(
-        f"{family}: no backend can run on {device} with {kv_layout} KV "
+        f"{method}: no backend can run on {device} with {kv_layout} KV "
         f"({'; '.join(skipped) or 'nothing preferred'}; reference unavailable)"
     )
 
 
 def config_fields() -> list[str]:
-    return [f.name for f in fields(KernelConfig)]
+    """KernelConfig fields settable by name (``--set KEY=VALUE``); ``methods`` is set per method name."""
+    return [f.name for f in fields(KernelConfig) if f.name != "methods"]

@@ -1,6 +1,7 @@
 """``dsa-runtime conformance NAME``: run the conformance kit against a backend and print the results.
 
-Exit status: 0 when no case failed or raised, 1 otherwise; an unknown or unavailable backend is a
+Exit status: 0 when at least one case ran and no case failed or raised, 1 otherwise (a backend that claims no
+case of the selection fails, saying why); an unknown or unavailable backend is a
 ``ConfigError`` (one line, exit 2, printed by the CLI's main). torch is imported only inside :func:`run`.
 """
 
@@ -59,6 +60,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         path = report.write_json(args.json)
         print(f"JSON report written to {path}", file=sys.stderr)
-    if not report.cases:
-        print("dsa-runtime: warning: no case matched the selection", file=sys.stderr)
+    if reason := report.nothing_claimed:
+        print(f"dsa-runtime: {reason}", file=sys.stderr)
     return 0 if report.ok else 1

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from dsa_runtime.families import FAMILIES
+from dsa_runtime.families import FAMILIES, METHODS
 
 HELP = "list plugins, platforms, backends and parsers, with availability and reasons"
 
@@ -22,26 +22,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="with --resolve: a KernelConfig field (platform, device, kv_layout, indexer, topk, sparse_attn, "
-        "kv_quant, moe) instead of auto, e.g. --set sparse_attn=reference (repeatable)",
+        "kv_quant, moe, sparse_attn_prefill, sparse_attn_decode) or a method (sparse_attn.prefill, "
+        "topk.topk_transform...) instead of auto, e.g. --set sparse_attn.decode=reference, or a model need "
+        "checked against the claims (heads, index_heads, k, page_size, decode_queries, scale_fmt, weight_dtype), "
+        "e.g. --set heads=128 (repeatable)",
     )
 
 
-def parse_settings(items: list[str]) -> dict[str, str]:
-    """``["topk=reference", ...]`` -> KernelConfig keyword arguments; unknown keys are a ConfigError."""
+def parse_settings(items: list[str]) -> dict[str, object]:
+    """``["topk=reference", "sparse_attn.prefill=x", "heads=128", ...]`` -> KernelConfig keyword arguments
+    (methods go into ``methods``, model needs into ``needs``: not a KernelConfig field, see :func:`collect`);
+    unknown keys are a ConfigError."""
     from dsa_runtime.errors import ConfigError
+    from dsa_runtime.families import METHODS
+    from dsa_runtime.kernel_needs import NEED_KEYS
     from dsa_runtime.resolve import config_fields
 
     valid = config_fields()
-    settings: dict[str, str] = {}
+    settings: dict[str, object] = {}
+    methods: dict[str, str] = {}
+    needs: dict[str, object] = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or not value or key not in valid:
-            raise ConfigError(f"--set {item!r}: expected KEY=VALUE with KEY one of {', '.join(valid)}")
-        settings[key] = value
+        if not sep or not value or (key not in valid and key not in METHODS and key not in NEED_KEYS):
+            raise ConfigError(
+                f"--set {item!r}: expected KEY=VALUE with KEY one of {', '.join(valid)}, a method "
+                f"({', '.join(METHODS)}) or a model need ({', '.join(NEED_KEYS)})"
+            )
+        if key in METHODS:
+            methods[key] = value
+        elif key in NEED_KEYS:
+            needs[key] = int(value) if value.isdigit() else value
+        else:
+            settings[key] = value
+    if methods:
+        settings["methods"] = methods
+    if needs:
+        settings["needs"] = needs
     return settings
 
 
-def collect(resolve: bool = False, settings: dict[str, str] | None = None) -> dict:
+def collect(resolve: bool = False, settings: dict[str, object] | None = None) -> dict:
     """Everything ``plugins`` shows, as plain data."""
     from dsa_runtime.plugin_manager import BUILTIN_PLUGINS, GROUPS, get_manager
 
@@ -98,8 +119,14 @@ def collect(resolve: bool = False, settings: dict[str, str] | None = None) -> di
                     "reason": why,
                     "families": sorted(backend.kernels),
                     "devices": sorted(caps.devices),
+                    "methods": caps.describe(),
                     "not_provided": {
                         f: caps.not_claimed.get(f, "not provided") for f in FAMILIES if f not in backend.kernels
+                    }
+                    | {
+                        m: caps.unclaimed_reason(m) or ""
+                        for m in METHODS
+                        if m.split(".")[0] in backend.kernels and caps.claim(m) is None
                     },
                 }
             )
@@ -111,12 +138,15 @@ def collect(resolve: bool = False, settings: dict[str, str] | None = None) -> di
     if resolve:
         from dsa_runtime.resolve import KernelConfig, resolve_kernels
 
-        resolved = resolve_kernels(KernelConfig(**(settings or {})), manager=manager)
+        fields = dict(settings or {})
+        needs = fields.pop("needs", None)
+        resolved = resolve_kernels(KernelConfig(**fields), manager=manager, needs=needs)  # type: ignore[arg-type]
         result["resolved"] = {
             "platform": resolved.platform,
             "device": resolved.device,
             "kv_layout": resolved.kv_layout,
-            "choices": {f: {"backend": c.backend, "reason": c.reason} for f, c in resolved.choices.items()},
+            "needs": dict(resolved.needs),
+            "choices": {m: {"backend": c.backend, "reason": c.reason} for m, c in resolved.choices.items()},
         }
     return result
 
@@ -143,6 +173,10 @@ def _print_text(data: dict, out=None) -> None:
                 f"    backend {b['name']}: {mark}; families {', '.join(b['families'])}; devices {', '.join(b['devices'])}",
                 file=out,
             )
+            partial = {f for f in b["families"] if any(m.split(".")[0] == f for m in b["not_provided"])}
+            for method, claim in b["methods"].items():
+                if method.split(".")[0] in partial:  # a family claimed in part: say what is claimed
+                    print(f"      {method}: claimed ({claim})", file=out)
             for family, why in b["not_provided"].items():
                 print(f"      {family}: {why}", file=out)
         if plugin["parsers"]:
@@ -151,8 +185,9 @@ def _print_text(data: dict, out=None) -> None:
     if "resolved" in data:
         r = data["resolved"]
         print(f"\nresolved on this machine: platform {r['platform']}, device {r['device']}, KV {r['kv_layout']}", file=out)
-        for family, choice in r["choices"].items():
-            print(f"    {family:<12} -> {choice['backend']} ({choice['reason']})", file=out)
+        print(f"    checked against: {', '.join(f'{k} {v}' for k, v in r['needs'].items())}", file=out)
+        for method, choice in r["choices"].items():
+            print(f"    {method:<28} -> {choice['backend']} ({choice['reason']})", file=out)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -24,6 +24,7 @@ from torch import Tensor
 from dsa_runtime.model.batch import SeqMeta, StepMeta
 
 MHA_ROW_CHUNK = 128
+DENSE_WIDTH_MULTIPLE = 64  # dense (V3) index sets are padded to this, the granularity GPU kernels claim
 
 
 @dataclass
@@ -46,6 +47,13 @@ class AttnContext:
 
     def needs_index_queries(self) -> bool:
         return any(not self.is_dense(s) for s in self.step.seqs)
+
+    def index_width(self, longest: int) -> int:
+        """Width K of the index tensors: ``index_topk`` for DSA (what the kernels were resolved for, dense
+        rows padded with -1); for the V3 family the longest visible context rounded up to 64."""
+        if self.index_topk is not None:
+            return self.index_topk
+        return -(-longest // DENSE_WIDTH_MULTIPLE) * DENSE_WIDTH_MULTIPLE
 
 
 def _pad_rows(rows: list[Tensor], width: int, device) -> Tensor:
@@ -81,7 +89,7 @@ def decode_attention(ctx: AttnContext, seqs: list[SeqMeta], q: Tensor, kv_cache:
         )
         for j, i in enumerate(sparse):
             rows[i] = picked[j]
-    width = max(r.numel() for r in rows)  # type: ignore[union-attr]
+    width = ctx.index_width(max(r.numel() for r in rows))  # type: ignore[union-attr]
     indices = _pad_rows(rows, width, device)  # type: ignore[arg-type]
     out, _lse = kernels.sparse_attn.decode(
         q.unsqueeze(1), kv_cache, indices.unsqueeze(1), ctx.sm_scale, layout=ctx.kv_layout
@@ -103,7 +111,7 @@ def prefill_absorbed(ctx: AttnContext, seq: SeqMeta, q: Tensor, kv_cache: Tensor
     pos = ctx.step.positions[seq.t0:seq.t1]
     ends = (pos + 1).to(torch.int32)
     if ctx.is_dense(seq):
-        cols = torch.arange(seq.end_pos, device=device)
+        cols = torch.arange(ctx.index_width(seq.end_pos), device=device)
         indices = torch.where(cols[None, :] < ends[:, None], cols[None, :], -1).to(torch.int32)
     else:
         k8, k_scale = kernels.kv_quant.gather_index_k(index_cache, ctx.step.slots_of(seq))
@@ -122,20 +130,22 @@ def prefill_mha(ctx: AttnContext, seq: SeqMeta, q_nope: Tensor, q_pe: Tensor, kv
 
     w_uk ``[H, nope, 512]``, w_uv ``[H, v, 512]``; keys/values rebuilt per head from the cached latents.
     """
-    kv = gathered_rows(ctx, seq, kv_cache).to(q_nope.dtype)
+    # fp32 throughout: bf16 scores (|s| ~ 10, ulp 0.06) would add far more noise than the absorbed path has.
+    kv = gathered_rows(ctx, seq, kv_cache).float()
     d_lat = w_uk.shape[-1]
     c, k_pe = kv[:, :d_lat], kv[:, d_lat:]
-    k_nope = torch.einsum("sc,hnc->hsn", c, w_uk)
-    v = torch.einsum("sc,hvc->hsv", c, w_uv)
+    k_nope = torch.einsum("sc,hnc->hsn", c, w_uk.float())
+    v = torch.einsum("sc,hvc->hsv", c, w_uv.float())
+    q_nope, q_pe = q_nope.float(), q_pe.float()
     pos = ctx.step.positions[seq.t0:seq.t1]
     keys = torch.arange(seq.end_pos, device=q_nope.device)
-    out = torch.empty(q_nope.shape[0], w_uv.shape[0], w_uv.shape[1], dtype=q_nope.dtype, device=q_nope.device)
+    out = torch.empty(q_nope.shape[0], w_uv.shape[0], w_uv.shape[1], dtype=w_uv.dtype, device=q_nope.device)
     for r0 in range(0, q_nope.shape[0], MHA_ROW_CHUNK):
         r1 = min(r0 + MHA_ROW_CHUNK, q_nope.shape[0])
-        scores = torch.einsum("thn,hsn->hts", q_nope[r0:r1], k_nope).float()
-        scores += torch.einsum("thr,sr->hts", q_pe[r0:r1], k_pe).float()
+        scores = torch.einsum("thn,hsn->hts", q_nope[r0:r1], k_nope)
+        scores += torch.einsum("thr,sr->hts", q_pe[r0:r1], k_pe)
         scores *= ctx.sm_scale
         scores.masked_fill_(keys[None, None, :] > pos[None, r0:r1, None], float("-inf"))
         probs = torch.softmax(scores, dim=-1)
-        out[r0:r1] = torch.einsum("hts,hsv->thv", probs, v.float()).to(out.dtype)
+        out[r0:r1] = torch.einsum("hts,hsv->thv", probs, v).to(out.dtype)
     return out

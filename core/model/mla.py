@@ -18,19 +18,24 @@ from dsa_runtime.model.ops import rms_norm
 from dsa_runtime.model.rope import apply_interleaved
 from dsa_runtime.model.weights import WeightSource
 
+_TAKES_SCALE_FMT: dict[object, bool] = {}
+
 
 def store_mla(kernels, kv_cache: Tensor, slots: Tensor, c: Tensor, k_pe: Tensor, layout: str) -> None:
-    """``kernels.kv_quant.store_mla``; the fp8_656 cache always uses ue8m0 scales (exact bf16 dequant).
+    """``kernels.kv_quant.store_mla``; the fp8_656 cache always uses ue8m0 scales, which make the bf16
+    dequantisation exact (prefill reads bf16 rows, decode reads FP8 rows: both see the same values).
 
-    Contracts that no longer take ``scale_fmt`` (the rule is fixed there) are called without it.
+    Contracts that no longer take ``scale_fmt`` (the rule fixed to ue8m0 there) are called without it.
     """
     fn = kernels.kv_quant.store_mla
-    takes = getattr(fn, "_dsa_takes_scale_fmt", None)
+    key = getattr(fn, "__func__", fn)  # the backend's function, whatever view object holds it
+    takes = _TAKES_SCALE_FMT.get(key)
     if takes is None:
         try:
             takes = "scale_fmt" in inspect.signature(fn).parameters
         except (TypeError, ValueError):
-            takes = True
+            takes = False
+        _TAKES_SCALE_FMT[key] = takes
     if takes:
         fn(kv_cache, slots, c, k_pe, layout=layout, scale_fmt="ue8m0")
     else:

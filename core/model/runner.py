@@ -24,7 +24,7 @@ from dsa_runtime.model.deepseek import DeepseekModel
 if TYPE_CHECKING:
     from dsa_runtime.cache.kv_cache import KVCache
 
-__all__ = ["ForwardBatch", "ForwardSeq", "ModelRunner"]
+__all__ = ["ForwardBatch", "ForwardSeq", "ModelRunner", "kernel_needs"]
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}
 
@@ -37,6 +37,26 @@ def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
     if dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"model dtype must be bfloat16 or float32, got {dtype}")
     return dtype
+
+
+def kernel_needs(config: ModelConfig, page_size: int, *, fp8_experts: bool | None = None) -> dict[str, object]:
+    """What this model asks of the kernels, for ``resolve_kernels(..., needs=...)``.
+
+    heads (MLA query heads), page_size, decode_queries (1: no MTP drafting), weight_dtype of the routed
+    experts (``fp8_e4m3`` when the checkpoint is FP8), and for DSA index_heads, k (``index_topk``: every
+    index tensor the runner passes is exactly this wide) and the indexer's scale_fmt.
+    """
+    fp8 = config.quantization is not None if fp8_experts is None else fp8_experts
+    needs: dict[str, object] = {
+        "heads": config.num_attention_heads,
+        "page_size": page_size,
+        "decode_queries": 1,
+        "weight_dtype": "fp8_e4m3" if fp8 else "bf16",
+    }
+    if config.is_dsa:
+        needs.update(index_heads=config.index_n_heads, k=config.index_topk,
+                     scale_fmt="ue8m0" if config.scale_fmt == "ue8m0" else "float")
+    return needs
 
 
 class ModelRunner:

@@ -3,7 +3,7 @@
 Byte layouts (``dsa_runtime.families`` module docstring, spec sections 3 and 5), little-endian as on every
 supported device:
 
-* ``fp8_656`` row: ``[0, 512)`` e4m3 of ``c``; ``[512, 528)`` four fp32 scales (scale j covers
+* ``fp8_656`` row: ``[0, 512)`` e4m3 of ``c``; ``[512, 528)`` four fp32 power-of-two scales (scale j covers
   ``c[128j:128j+128]``); ``[528, 656)`` 64 bf16 of ``k_pe``.
 * ``bf16`` row: 576 bf16 ``[c | k_pe]``.
 * ``index_k_132`` page (``page_size`` tokens): ``page_size * 128`` e4m3 bytes, token-major, then
@@ -25,7 +25,6 @@ from dsa_runtime.families import (
     INDEX_K_ROW_BYTES,
     QUANT_BLOCK,
     MLALayout,
-    ScaleFmt,
 )
 from dsa_runtime.reference.fp8 import E4M3, quantize_blocks
 
@@ -71,10 +70,11 @@ def _slot_coords(slots: Tensor, page_size: int) -> tuple[Tensor, Tensor, Tensor]
 class ReferenceKVQuant:
     """Plain-PyTorch implementation of :class:`dsa_runtime.families.KVQuantKernels`."""
 
-    def quantize_mla(
-        self, c: Tensor, k_pe: Tensor, *, layout: MLALayout, scale_fmt: ScaleFmt = "ue8m0"
-    ) -> Tensor:
-        """Pack ``c`` ``[N, 512]`` and ``k_pe`` ``[N, 64]`` into ``[N, 656]`` uint8 or ``[N, 576]`` bf16 rows."""
+    def quantize_mla(self, c: Tensor, k_pe: Tensor, *, layout: MLALayout) -> Tensor:
+        """Pack ``c`` ``[N, 512]`` and ``k_pe`` ``[N, 64]`` into ``[N, 656]`` uint8 or ``[N, 576]`` bf16 rows.
+
+        FP8 rows always get power-of-two (ue8m0) scales: the cache's scale rule is not the checkpoint's.
+        """
         if c.shape[-1] != D_LATENT or k_pe.shape[-1] != D_ROPE or c.shape[0] != k_pe.shape[0]:
             raise ValueError(
                 f"expected c [N, 512] and k_pe [N, 64], got {tuple(c.shape)}, {tuple(k_pe.shape)}"
@@ -83,7 +83,7 @@ class ReferenceKVQuant:
             return torch.cat([c.to(torch.bfloat16), k_pe.to(torch.bfloat16)], dim=-1)
         _row_width(layout)  # rejects unknown layouts
         n = c.shape[0]
-        c8, scales = quantize_blocks(c, scale_fmt)  # [N, 512] e4m3, [N, 4] fp32
+        c8, scales = quantize_blocks(c, "ue8m0")  # [N, 512] e4m3, [N, 4] fp32
         rows = torch.empty(n, FP8_MLA_ROW_BYTES, dtype=torch.uint8, device=c.device)
         rows[:, :_SCALES_AT] = c8.view(torch.uint8)
         rows[:, _SCALES_AT:_ROPE_AT] = scales.contiguous().view(torch.uint8)  # 4 x fp32 = 16 bytes
@@ -102,7 +102,6 @@ class ReferenceKVQuant:
         k_pe: Tensor,
         *,
         layout: MLALayout,
-        scale_fmt: ScaleFmt = "ue8m0",
     ) -> None:
         """Write rows of ``c``/``k_pe`` at ``slots`` of ``kv_cache`` ``[pages, page_size, W]`` in place.
 
@@ -112,7 +111,7 @@ class ReferenceKVQuant:
         width, dtype = _row_width(layout)
         if kv_cache.dim() != 3 or kv_cache.shape[-1] != width or kv_cache.dtype != dtype:
             raise ValueError(f"{layout} cache must be [pages, page_size, {width}] {dtype}")
-        rows = self.quantize_mla(c, k_pe, layout=layout, scale_fmt=scale_fmt)
+        rows = self.quantize_mla(c, k_pe, layout=layout)
         valid, page, offset = _slot_coords(slots.to(kv_cache.device), kv_cache.shape[1])
         kv_cache[page, offset] = rows[valid]
 

@@ -3,8 +3,8 @@
 ``score[h, i] = (q[h] . kv[idx_i, :576]) * sm_scale`` over the valid selected rows; ``out[h] = softmax(score[h])
 @ kv[idx, :d_v]``; ``lse[h] = ln(sum_i exp(score[h, i]))``. Everything after the gather is fp32 (FP8 cache
 rows are dequantized exactly in fp32); ``out`` is rounded once to bf16 at the end. A query with no valid
-index outputs zeros and ``lse = +inf``. Invalid indices: negative, or ``>=`` the number of rows (prefill:
-``S``; decode: ``pages * page_size``).
+index outputs zeros and ``lse = +inf``. Indices are ``-1`` or a valid row (prefill: ``< S``; decode:
+``< pages * page_size``); anything else is a caller error, which the reference reports (``ValueError``).
 """
 
 from __future__ import annotations
@@ -50,11 +50,16 @@ def _chunked(
     if top_k == 0 or n_rows == 0:  # nothing can be valid
         return out, lse
     idx_all = indices.long().to(q.device)
+    if idx_all.numel() and (int(idx_all.min()) < -1 or int(idx_all.max()) >= n_rows):
+        raise ValueError(
+            f"sparse attention indices must be -1 or in [0, {n_rows}), got values in "
+            f"[{int(idx_all.min())}, {int(idx_all.max())}]"
+        )
     chunk = max(1, CHUNK_ELEMENTS // (top_k * max(D_QK, heads)))
     for m0 in range(0, m_total, chunk):
         m1 = min(m0 + chunk, m_total)
         idx = idx_all[m0:m1]
-        valid = (idx >= 0) & (idx < n_rows)
+        valid = idx >= 0
         # Row 0 stands in for invalid indices; zero it out so that a poisoned (NaN) row 0 cannot leak
         # through 0 * NaN in the weighted sum.
         kv = torch.where(valid[..., None], fetch(torch.where(valid, idx, 0)), 0.0)

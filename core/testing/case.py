@@ -71,8 +71,8 @@ class Case:
         id: stable, unique, ``/``-separated (``sparse_attn/decode/fp8_656/h20/k64/q2/p64/partial_pages``).
         family: kernel family (``indexer``, ``topk``, ``sparse_attn``, ``kv_quant``, ``moe``).
         tier: ``quick`` (small shapes, CPU friendly) or ``full`` (V3.2's real shapes, meant for a GPU).
-        needs: capability needs passed to :meth:`Capabilities.unclaimed_reason` (the device is added by the
-            runner).
+        needs: capability needs passed to :meth:`Capabilities.unclaimed_reason` with :attr:`method` (the
+            device is added by the runner).
         build, run, check: see the module docstring.
         description: one line on what the case covers.
     """
@@ -90,6 +90,11 @@ class Case:
     def seed(self) -> int:
         """Seed of the input builder: a stable hash of the id (same inputs on every run and machine)."""
         return zlib.crc32(self.id.encode())
+
+    @property
+    def method(self) -> str:
+        """The kernel method the case calls, ``family.method`` (the id's second part), e.g. ``sparse_attn.prefill``."""
+        return f"{self.family}.{self.id.split('/')[1]}"
 
 
 def move(x: Any, device: Any) -> Any:

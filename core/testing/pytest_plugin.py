@@ -2,8 +2,9 @@
 
 ``pytest --dsa-backend NAME [--dsa-full] [--dsa-device cpu|cuda] [--dsa-family F]`` run in any directory adds
 one test item per conformance case, named by the case id (so ``-k sparse_attn/decode`` works). Cases the
-backend does not claim are reported as skipped with the capability reason. A vendor's own tests collected in
-the same run are left alone.
+backend does not claim are reported as skipped with the capability reason; when every selected case is
+unclaimed the session fails (exit status 1), saying why: a pass with nothing run is not a pass. A vendor's
+own tests collected in the same run are left alone.
 
 pytest autoloads this module in every session of every environment where dsa-runtime is installed, so it
 imports nothing heavy: without ``--dsa-backend`` its hooks return at once, and torch, the case tables and the
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from dsa_runtime.testing.runner import RunContext
 
 _CTX_KEY: pytest.StashKey[RunContext] = pytest.StashKey()
+_NOTHING_KEY: pytest.StashKey[str] = pytest.StashKey()  # why the selected kit items certify nothing
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -119,10 +121,35 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         reason = ctx.unclaimed_reason(case)
         if reason is not None:
             item.add_marker(pytest.mark.skip(reason=f"not claimed: {reason}"))
+            item.unclaimed = reason  # type: ignore[attr-defined]
         made.append(item)
     # Report the collection like any collector does, so "collected N items", junitxml etc. count the kit.
     config.hook.pytest_collectreport(report=pytest.CollectReport(parent.nodeid, "passed", None, made))
     items.extend(made)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """After ``-k``/``-m`` deselection: note when kit items were selected but the backend claims none of them."""
+    if _CTX_KEY not in session.config.stash:
+        return
+    from dsa_runtime.testing.report import CaseResult, nothing_claimed
+
+    kit = [i for i in session.items if isinstance(i, DSACaseItem)]
+    results = [CaseResult(i.case.id, i.case.family, "not_claimed" if hasattr(i, "unclaimed") else "passed",
+                          getattr(i, "unclaimed", "")) for i in kit]
+    reason = nothing_claimed(session.config.stash[_CTX_KEY].backend.name, results) if kit else None
+    if reason is not None:
+        session.config.stash[_NOTHING_KEY] = reason
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _NOTHING_KEY in session.config.stash and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    if _NOTHING_KEY in config.stash:
+        terminalreporter.write_line(f"dsa-runtime conformance FAILED: {config.stash[_NOTHING_KEY]}", red=True)
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:

@@ -40,3 +40,14 @@ def all_cases(
             raise RuntimeError(f"duplicate conformance case id {c.id!r}")
         seen.add(c.id)
     return out
+
+
+def method_keys(*, full: bool = True) -> dict[str, list[str]]:
+    """``"family.method" -> capability keys its cases check`` (``device`` always, then the keys of the cases'
+    ``needs``, sorted), over both tiers by default. ``docs/conformance.md``'s key table is tested against it."""
+    from dsa_runtime.families import METHODS
+
+    keys: dict[str, set[str]] = {m: set() for m in METHODS}
+    for case in all_cases(full=full):
+        keys[case.method].update(case.needs)
+    return {m: ["device", *sorted(k)] for m, k in keys.items()}

@@ -49,6 +49,22 @@ def _counts(results: Iterable[CaseResult]) -> dict[str, int]:
     return counts
 
 
+def nothing_claimed(backend: str, cases: list[CaseResult]) -> str | None:
+    """``"backend X claims no case of this selection: ..."`` when every case is ``not_claimed`` (or none was
+    selected), else None. The reasons shown are the distinct ones, most frequent first."""
+    if any(r.status != "not_claimed" for r in cases):
+        return None
+    head = f"backend {backend} claims no case of this selection"
+    if not cases:
+        return f"{head}: no case matched the selection (check --family / -k)"
+    counts: dict[str, int] = {}
+    for r in cases:
+        counts[r.message] = counts.get(r.message, 0) + 1
+    top = sorted(counts.items(), key=lambda kv: -kv[1])
+    shown = "; ".join(f"{msg} ({n})" for msg, n in top[:3]) + ("; ..." if len(top) > 3 else "")
+    return f"{head}: all {len(cases)} cases are not claimed: {shown}"
+
+
 @dataclass
 class Report:
     """A conformance run: what ran where, and every case's result."""
@@ -71,9 +87,14 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        """True when nothing failed and nothing raised (not-claimed cases do not count against)."""
+        """True when nothing failed or raised and at least one case ran (a pass with nothing run is no pass)."""
         s = self.summary
-        return s["failed"] == 0 and s["errors"] == 0
+        return s["failed"] == 0 and s["errors"] == 0 and self.nothing_claimed is None
+
+    @property
+    def nothing_claimed(self) -> str | None:
+        """Why the run certifies nothing (no selected case is claimed by the backend), or None when some ran."""
+        return nothing_claimed(self.backend, self.cases)
 
     def by_family(self) -> dict[str, dict[str, int]]:
         """Per-family ``{passed, failed, errors, not_claimed}``, in the order families first appear."""
@@ -142,5 +163,7 @@ class Report:
         for fam, c in [*self.by_family().items(), ("total", self.summary)]:
             lines.append(f"{fam:<12} {c['passed']:>7} {c['failed']:>7} {c['errors']:>7} {c['not_claimed']:>12}")
         verdict = "PASSED" if self.ok else "FAILED"
+        if reason := self.nothing_claimed:
+            lines += ["", reason]
         lines += ["", f"{verdict} in {self.duration_s:.1f}s"]
         return "\n".join(lines)

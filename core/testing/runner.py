@@ -47,7 +47,7 @@ class RunContext:
 
     def unclaimed_reason(self, case: Case) -> str | None:
         """Why the backend does not claim ``case`` on this device, or None."""
-        return self.backend.capabilities.unclaimed_reason(case.family, device=self.device.type, **case.needs)
+        return self.backend.capabilities.unclaimed_reason(case.method, device=self.device.type, **case.needs)
 
 
 def _pick_device(backend: Backend, device: str | torch.device | None) -> torch.device:

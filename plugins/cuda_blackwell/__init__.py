@@ -39,6 +39,10 @@ def defaults(_: Detection) -> PlatformDefaults:
             "kv_quant": ("triton",),
             "moe": ("deepgemm", "triton"),
         },
+        methods={
+            "sparse_attn.prefill": ("flashmla_sparse", "flashmla_kv", "triton"),
+            "sparse_attn.decode": ("flashmla_kv", "trtllm", "triton"),
+        },
         reasons={
             "kv_layout": "SGLang's default on SM>=100: FP8 e4m3 KV in the 656-byte layout",
             "prefill_attn": "SGLang's Blackwell default with FP8 KV: flashmla_auto",

@@ -42,6 +42,10 @@ def defaults(_: Detection) -> PlatformDefaults:
             "kv_quant": ("triton",),
             "moe": ("deepgemm", "triton"),
         },
+        methods={
+            "sparse_attn.prefill": ("flashmla_sparse", "triton"),
+            "sparse_attn.decode": ("fa3", "flashmla_sparse", "triton"),
+        },
         reasons={
             "kv_layout": "SGLang's Hopper default: bf16 KV (FP8 KV is the default only on SM>=100)",
             "prefill_attn": "SGLang's Hopper default: flashmla_sparse prefill",

@@ -41,6 +41,7 @@ def defaults(_: Detection) -> PlatformDefaults:
             "kv_quant": ("tilelang",),
             "moe": ("aiter",),
         },
+        methods={"sparse_attn.prefill": ("tilelang",), "sparse_attn.decode": ("tilelang", "aiter")},
         reasons={
             "kv_layout": "bf16 KV: SGLang enables FP8 KV by default only on NVIDIA SM>=100",
             "prefill_attn": "SGLang uses TileLang for DSA prefill on MI300/MI350",

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from dsa_runtime.backend import Backend
 from dsa_runtime.capabilities import Capabilities
+from dsa_runtime.families import METHODS
 from dsa_runtime.hookspecs import hookimpl
 
 
-class TopKOnly:
-    def topk(self, logits, row_starts, row_ends, k):  # pragma: no cover - never called on the hot path here
-        raise AssertionError("not called")
+def _never(self, *args, **kwargs):  # pragma: no cover - resolution tests never call kernels
+    raise AssertionError("not called")
+
+
+# A kernel object with every method of every family (resolution binds each claimed method).
+TopKOnly = type("TopKOnly", (), {m.split(".")[1]: _never for m in METHODS})
 
 
 def backend(name, families=("topk",), devices=("cpu",), available=(True, "ok"), platform="any", layouts=("bf16",)):

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from dsa_runtime.errors import ConfigError
-from dsa_runtime.families import FAMILIES
+from dsa_runtime.families import METHODS
 from dsa_runtime.plugin_manager import DSAPluginManager
 from dsa_runtime.resolve import KernelConfig, resolve_kernels
 
@@ -32,10 +32,13 @@ def test_auto_on_cpu_is_reference_everywhere(caplog):
     resolved = resolve_kernels(manager=manager_with())
     assert (resolved.platform, resolved.device, resolved.kv_layout) == ("cpu", "cpu", "bf16")
     assert {c.backend for c in resolved.choices.values()} == {"reference"}
-    # Each choice is logged with its reason; hot-path objects are the kernels themselves.
-    for family in FAMILIES:
-        assert any(rec.getMessage().startswith(f"{family} -> reference") for rec in caplog.records)
-        assert type(getattr(resolved, family)).__name__.startswith("Reference")
+    assert list(resolved.choices) == list(METHODS)
+    # Each method's choice is logged with its reason; hot-path attributes are the kernels' own bound methods.
+    for method in METHODS:
+        assert any(rec.getMessage().startswith(f"{method} -> reference") for rec in caplog.records)
+        family, name = method.split(".")
+        bound = getattr(getattr(resolved, family), name)
+        assert type(bound.__self__).__name__.startswith("Reference") and bound.__name__ == name
 
 
 @pytest.mark.parametrize(
@@ -46,26 +49,27 @@ def test_auto_follows_platform_defaults(monkeypatch, gpu, platform, layout):
     monkeypatch.setenv("DSA_FAKE_GPU", gpu)
     resolved = resolve_kernels(manager=manager_with())
     assert (resolved.platform, resolved.device, resolved.kv_layout) == (platform, "cuda", layout)
-    choice = resolved.choices["sparse_attn"]
-    assert choice.backend == "reference"
-    assert "no 'flashmla_sparse' backend registered" in choice.reason or "no 'flashmla_kv' backend registered" in choice.reason
+    prefill, decode = resolved.choices["sparse_attn.prefill"], resolved.choices["sparse_attn.decode"]
+    assert prefill.backend == decode.backend == "reference"
+    assert "no 'flashmla_sparse' backend registered" in prefill.reason
+    assert ("no 'fa3' backend registered" if layout == "bf16" else "no 'flashmla_kv' backend registered") in decode.reason
 
 
 def test_auto_prefers_the_platform_backend_when_registered(monkeypatch):
     monkeypatch.setenv("DSA_FAKE_GPU", "NVIDIA H200:9.0")
     triton = backend("triton", families=("topk",), devices=("cuda",), platform="cuda_hopper")
     resolved = resolve_kernels(manager=manager_with(triton))
-    assert resolved.choices["topk"].backend == "triton"
-    assert resolved.choices["topk"].reason == "cuda_hopper default"
-    assert resolved.choices["indexer"].backend == "reference"
+    assert {resolved.backend_of(f"topk.{m}") for m in ("topk", "page_table_transform", "topk_transform")} == {"triton"}
+    assert resolved.choices["topk.topk"].reason == "cuda_hopper default"
+    assert resolved.choices["indexer.logits_ragged"].backend == "reference"
 
 
 def test_unavailable_preferred_backend_falls_back_with_reason(monkeypatch):
     monkeypatch.setenv("DSA_FAKE_GPU", "NVIDIA H200:9.0")
     triton = backend("triton", devices=("cuda",), available=(False, "triton not installed"))
     resolved = resolve_kernels(manager=manager_with(triton))
-    assert resolved.choices["topk"].backend == "reference"
-    assert "triton not installed" in resolved.choices["topk"].reason
+    assert resolved.choices["topk.topk"].backend == "reference"
+    assert "triton not installed" in resolved.choices["topk.topk"].reason
 
 
 def test_explicit_unknown_backend_lists_valid_names():
@@ -98,7 +102,7 @@ def test_explicit_layout_must_be_claimed():
     with pytest.raises(ConfigError, match="KV layout 'fp8_656' not claimed"):
         resolve_kernels(KernelConfig(sparse_attn="bf16_attn", kv_layout="fp8_656"), manager=manager_with(bf16_only))
     resolved = resolve_kernels(KernelConfig(sparse_attn="bf16_attn"), manager=manager_with(bf16_only))
-    assert resolved.choices["sparse_attn"].reason == "chosen explicitly"
+    assert resolved.choices["sparse_attn.decode"].reason == "chosen for sparse_attn"
 
 
 def test_explicit_platform_without_hardware_fails():

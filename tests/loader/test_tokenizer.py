@@ -140,3 +140,22 @@ def test_load_errors(tmp_path, tiny_v32_dir):
     # plain-string token entries work, and the ids follow the strings, not fixed numbers
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": USER}), encoding="utf-8")
     assert load_tokenizer(tmp_path / "tokenizer.json").eos_id == load_tokenizer(tmp_path).token_to_id(USER)
+
+
+def test_v32_chat_prompt_with_tool_calls_round_trips(tokenizer):
+    from dsa_runtime.parsers.encoding_v32 import encode_messages
+
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+                                               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+    messages = [
+        {"role": "system", "content": "You are helpful.", "tools": tools},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "reasoning_content": "Call the tool.",
+         "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "content": "12 °C, rain"},
+    ]
+    prompt = encode_messages(messages, thinking_mode="thinking")
+    ids = tokenizer.encode(prompt)
+    assert ids[0] == tokenizer.bos_id and tokenizer.decode(ids) == prompt
+    for marker in (USER, ASSISTANT, DSML, THINK_START):
+        assert tokenizer.token_to_id(marker) in ids, marker

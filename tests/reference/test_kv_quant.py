@@ -30,10 +30,10 @@ def _mla_inputs(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return c, k_pe
 
 
-@pytest.mark.parametrize("fmt", ["ue8m0", "float"])
-def test_656_rows_are_byte_exact(fmt):
+def test_656_rows_are_byte_exact():
+    fmt = "ue8m0"  # the fp8_656 cache always holds power-of-two scales
     c, k_pe = _mla_inputs(7, 0)
-    rows = KV.quantize_mla(c, k_pe, layout="fp8_656", scale_fmt=fmt)
+    rows = KV.quantize_mla(c, k_pe, layout="fp8_656")
     assert rows.shape == (7, 656) and rows.dtype == torch.uint8
     for i in range(7):
         got = rows[i].numpy().tobytes()
@@ -42,8 +42,7 @@ def test_656_rows_are_byte_exact(fmt):
         scales = struct.unpack("<4f", got[512:528])
         for j in range(4):
             assert scales[j] == o.scale_of(c[i, 128 * j : 128 * j + 128].abs().max().item(), fmt)
-        if fmt == "ue8m0":
-            assert all(s > 0 and s == 2.0 ** round(np.log2(s)) for s in scales)
+        assert all(s > 0 and s == 2.0 ** round(np.log2(s)) for s in scales)
         # k_pe is kept verbatim as bf16 at bytes 528..655.
         assert (
             np.frombuffer(got[528:], dtype="<u2").tolist()
@@ -53,10 +52,9 @@ def test_656_rows_are_byte_exact(fmt):
     assert struct.unpack("<f", rows[2].numpy().tobytes()[512:516])[0] == 1.0
 
 
-@pytest.mark.parametrize("fmt", ["ue8m0", "float"])
-def test_656_dequantize_matches_decoder(fmt):
+def test_656_dequantize_matches_decoder():
     c, k_pe = _mla_inputs(5, 1)
-    rows = KV.quantize_mla(c, k_pe, layout="fp8_656", scale_fmt=fmt)
+    rows = KV.quantize_mla(c, k_pe, layout="fp8_656")
     back = KV.dequantize_mla(rows, layout="fp8_656")
     assert back.shape == (5, 576) and back.dtype == torch.bfloat16
     want = torch.stack([o.decode_656(rows[i].numpy().tobytes()) for i in range(5)])
@@ -142,3 +140,10 @@ def test_index_k_store_and_gather_bytes(page_size):
 def test_gather_index_k_rejects_padding():
     with pytest.raises(ValueError):
         KV.gather_index_k(torch.zeros(1, 64 * 132, dtype=torch.uint8), torch.tensor([-1]))
+
+
+def test_656_scale_rule_is_not_a_parameter():
+    """The checkpoint's scale_fmt no longer selects the cache's scale rule: the kwarg is gone."""
+    c, k_pe = _mla_inputs(2, 3)
+    with pytest.raises(TypeError):
+        KV.quantize_mla(c, k_pe, layout="fp8_656", scale_fmt="float")

@@ -30,12 +30,11 @@ def assert_attn_close(out, lse, want_out, want_lse) -> None:
 
 
 def _indices(rows: int, k: int, n_valid: int, seed: int) -> torch.Tensor:
-    """Random valid rows plus -1 padding, out-of-range entries, duplicates and one all-invalid row."""
+    """Random valid rows plus -1 padding, the last valid row, duplicates and one all-invalid row."""
     g = _gen(seed)
     idx = torch.randint(0, n_valid, (rows, k), generator=g)
     idx[0, k // 2 :] = -1  # -1 padded tail
-    idx[1, 0] = n_valid  # >= S is invalid
-    idx[1, 1] = n_valid + 1000
+    idx[1, 0] = n_valid - 1  # the last valid row (indices are -1 or valid; >= S is a caller error)
     idx[2, 1] = idx[2, 0]  # a duplicate contributes twice
     idx[3] = -1  # nothing valid: zeros and lse = +inf
     return idx.int()
@@ -113,3 +112,14 @@ def test_decode_matches_oracle(layout, n_q, page_size, heads):
     assert out.shape == (batch, n_q, heads, 512) and lse.shape == (batch, n_q, heads)
     want_out, want_lse = o.sparse_attention(q.view(-1, heads, 576), rows, idx.view(batch * n_q, k), SM_SCALE)
     assert_attn_close(out.view(-1, heads, 512), lse.view(-1, heads), want_out, want_lse)
+
+
+@pytest.mark.parametrize("bad", [-2, 50])
+def test_out_of_range_indices_are_a_caller_error(bad):
+    g = _gen(11)
+    q = torch.randn(3, 4, 576, generator=g).bfloat16()
+    kv = torch.randn(50, 576, generator=g).bfloat16()
+    idx = torch.randint(0, 50, (3, 8), generator=g).int()
+    idx[1, 2] = bad
+    with pytest.raises(ValueError, match=r"indices must be -1 or in \[0, 50\)"):
+        ATTN.prefill(q, kv, idx, SM_SCALE)

@@ -68,7 +68,7 @@ def test_failures_and_unclaimed_cases(pytester):
     outcomes = result.parseoutcomes()
     assert result.ret == 0 and outcomes["skipped"] > 0 and outcomes["passed"] > 0
     result.stdout.fnmatch_lines(["*not claimed: family 'indexer' not provided*",
-                                 "*not claimed: page size 16 not claimed (claims [[]64[]])*"])
+                                 "*not claimed: page size 16 not claimed: claims one of [[]64[]]*"])
 
 
 def test_kernel_error_is_reported_with_traceback(pytester):
@@ -93,3 +93,12 @@ def test_any_directory_subprocess(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "3 passed" in proc.stdout
+
+
+def test_a_backend_claiming_no_selected_case_fails_the_session(pytester):
+    _register(W.make_backend("pytest_page3_only", {}, families=("topk",), page_sizes=frozenset({3})))
+    result = pytester.runpytest("--dsa-backend", "pytest_page3_only", "-k", "page_table_transform", "-p", "no:cacheprovider")
+    result.assert_outcomes(skipped=3)
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["*dsa-runtime conformance FAILED: backend pytest_page3_only claims no case of this "
+                                 "selection: all 3 cases are not claimed: page size * not claimed: claims one of [[]3[]]*"])

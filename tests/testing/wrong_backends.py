@@ -84,8 +84,8 @@ class SparseAttnLse2(ReferenceSparseAttn):
 class KVQuantScalesAtEnd(ReferenceKVQuant):
     """656-byte rows with the four scales at bytes 640-655 and k_pe at 512-639 (self-consistent, wrong)."""
 
-    def quantize_mla(self, c, k_pe, *, layout, scale_fmt="ue8m0"):
-        rows = super().quantize_mla(c, k_pe, layout=layout, scale_fmt=scale_fmt)
+    def quantize_mla(self, c, k_pe, *, layout):
+        rows = super().quantize_mla(c, k_pe, layout=layout)
         if layout != "fp8_656":
             return rows
         return torch.cat([rows[:, :D_LATENT], rows[:, D_LATENT + 16 :], rows[:, D_LATENT : D_LATENT + 16]], dim=1)
@@ -99,8 +99,8 @@ class KVQuantScalesAtEnd(ReferenceKVQuant):
 class KVQuantWritesMinusOne(ReferenceKVQuant):
     """store_mla writes slot -1 too (lands on the last slot of the cache through negative indexing)."""
 
-    def store_mla(self, kv_cache, slots, c, k_pe, *, layout, scale_fmt="ue8m0"):
-        rows = self.quantize_mla(c, k_pe, layout=layout, scale_fmt=scale_fmt)
+    def store_mla(self, kv_cache, slots, c, k_pe, *, layout):
+        rows = self.quantize_mla(c, k_pe, layout=layout)
         kv_cache.view(-1, kv_cache.shape[-1])[slots.long()] = rows
 
 

@@ -1,0 +1,198 @@
+"""Per-method resolution: prefill and decode from different backends, fallbacks logged, explicit errors."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from dsa_runtime.backend import Backend
+from dsa_runtime.capabilities import Capabilities, MethodClaim, ValueSet
+from dsa_runtime.errors import ConfigError
+from dsa_runtime.resolve import KernelConfig, resolve_kernels
+
+from .fake_plugins import TopKOnly
+from .test_resolve import manager_with
+
+
+@pytest.fixture(autouse=True)
+def _cpu_only(no_gpu):
+    """A CPU-only host unless a test sets DSA_FAKE_GPU."""
+
+
+def method_backend(name, claims, devices=("cpu",), not_claimed=None):
+    families = {m.split(".")[0] for m in claims}
+    return Backend(
+        name=name,
+        capabilities=Capabilities(devices=frozenset(devices), methods=claims, not_claimed=not_claimed or {}),
+        kernels=dict.fromkeys(families, type(f"{name}_kernels", (TopKOnly,), {})),
+    )
+
+
+def prefill_only(name="prefill_only", devices=("cpu",)):
+    return method_backend(name, {"sparse_attn.prefill": MethodClaim(kv_layouts=ValueSet.one_of("bf16"))}, devices,
+                          {"sparse_attn.decode": "prefill-only library"})
+
+
+def decode_only(name="decode_only", layouts=("bf16", "fp8_656"), devices=("cpu",)):
+    return method_backend(name, {"sparse_attn.decode": MethodClaim(kv_layouts=ValueSet.one_of(*layouts))}, devices)
+
+
+def test_prefill_and_decode_from_different_backends_keep_call_sites():
+    config = KernelConfig(sparse_attn_prefill="prefill_only", sparse_attn_decode="decode_only")
+    resolved = resolve_kernels(config, manager=manager_with(prefill_only(), decode_only()))
+    assert resolved.backend_of("sparse_attn.prefill") == "prefill_only"
+    assert resolved.backend_of("sparse_attn.decode") == "decode_only"
+    assert resolved.choices["sparse_attn.decode"].reason == "chosen explicitly"
+    view = resolved.sparse_attn
+    assert type(view.prefill.__self__).__name__ == "prefill_only_kernels"
+    assert type(view.decode.__self__).__name__ == "decode_only_kernels"
+    assert view.backends == {"prefill": "prefill_only", "decode": "decode_only"}
+    assert "prefill=prefill_only" in repr(view)
+    # the generic per-method mapping does the same, and other families stay on the reference
+    same = resolve_kernels(KernelConfig(methods={"sparse_attn.prefill": "prefill_only", "sparse_attn.decode": "decode_only"}),
+                           manager=manager_with(prefill_only(), decode_only()))
+    assert same.sparse_attn.backends == view.backends and same.backend_of("topk.topk_transform") == "reference"
+
+
+def test_family_choice_falls_back_for_a_method_the_backend_lacks(caplog):
+    caplog.set_level(logging.INFO, logger="dsa_runtime.resolve")
+    resolved = resolve_kernels(KernelConfig(sparse_attn="prefill_only"), manager=manager_with(prefill_only()))
+    assert resolved.choices["sparse_attn.prefill"].reason == "chosen for sparse_attn"
+    decode = resolved.choices["sparse_attn.decode"]
+    assert decode.backend == "reference" and "prefill-only library" in decode.reason and "fallback" in decode.reason
+    assert any(r.getMessage().startswith("sparse_attn.decode -> reference (fallback: ") for r in caplog.records)
+
+
+def test_explicit_method_the_backend_lacks_fails_with_reason_and_valid_names():
+    manager = manager_with(prefill_only(), decode_only())
+    with pytest.raises(ConfigError) as info:
+        resolve_kernels(KernelConfig(sparse_attn_decode="prefill_only"), manager=manager)
+    msg = str(info.value)
+    assert msg.startswith("sparse_attn.decode: backend 'prefill_only': sparse_attn.decode: prefill-only library")
+    assert msg.endswith("backends that can run sparse_attn.decode on cpu with bf16 KV: reference, decode_only")
+    with pytest.raises(ConfigError, match="KV layout 'fp8_656' not claimed: claims one of \\['bf16'\\]"):
+        resolve_kernels(KernelConfig(sparse_attn_decode="decode_only", kv_layout="fp8_656"),
+                        manager=manager_with(decode_only(layouts=("bf16",))))
+    with pytest.raises(ConfigError, match="two different backends requested"):
+        resolve_kernels(KernelConfig(sparse_attn_decode="decode_only", methods={"sparse_attn.decode": "reference"}),
+                        manager=manager)
+    with pytest.raises(ConfigError, match="unknown kernel methods sparse_attn.forward"):
+        resolve_kernels(KernelConfig(methods={"sparse_attn.forward": "reference"}), manager=manager)
+
+
+def test_prefill_always_reads_bf16_so_an_fp8_cache_does_not_block_it():
+    resolved = resolve_kernels(KernelConfig(sparse_attn_prefill="prefill_only", kv_layout="fp8_656"),
+                               manager=manager_with(prefill_only()))
+    assert resolved.backend_of("sparse_attn.prefill") == "prefill_only" and resolved.kv_layout == "fp8_656"
+
+
+def test_auto_uses_the_platform_preference_per_method(monkeypatch):
+    monkeypatch.setenv("DSA_FAKE_GPU", "NVIDIA H200:9.0")
+    flashmla = prefill_only("flashmla_sparse", devices=("cuda",))
+    fa3 = decode_only("fa3", layouts=("bf16",), devices=("cuda",))
+    resolved = resolve_kernels(manager=manager_with(flashmla, fa3))
+    assert (resolved.platform, resolved.kv_layout) == ("cuda_hopper", "bf16")
+    assert resolved.choices["sparse_attn.prefill"].backend == "flashmla_sparse"
+    assert resolved.choices["sparse_attn.prefill"].reason == "cuda_hopper default"
+    assert resolved.choices["sparse_attn.decode"].backend == "fa3"
+    # without fa3, decode skips flashmla_sparse (prefill only) with its reason and lands on the reference
+    resolved = resolve_kernels(manager=manager_with(flashmla))
+    decode = resolved.choices["sparse_attn.decode"]
+    assert decode.backend == "reference"
+    assert "no 'fa3' backend registered" in decode.reason and "prefill-only library" in decode.reason
+
+
+def test_bound_method_missing_from_the_kernel_object_is_a_plugin_error():
+    from dsa_runtime.errors import PluginError
+
+    class Half:
+        def prefill(self, *a):  # pragma: no cover - never called
+            raise AssertionError
+
+    liar = Backend(name="liar", capabilities=Capabilities(methods={"sparse_attn.decode": MethodClaim()}),
+                   kernels={"sparse_attn": Half})
+    with pytest.raises(PluginError, match="claims sparse_attn.decode but its sparse_attn kernel Half has no method 'decode'"):
+        resolve_kernels(KernelConfig(sparse_attn_decode="liar"), manager=manager_with(liar))
+
+
+def test_cli_sets_prefill_and_decode_separately(capsys, monkeypatch):
+    from dsa_runtime.cli import plugins_cmd
+    from dsa_runtime.cli.main import main
+
+    manager = manager_with(prefill_only(), decode_only())
+    monkeypatch.setattr("dsa_runtime.plugin_manager.get_manager", lambda: manager)
+    assert plugins_cmd.parse_settings(["sparse_attn.prefill=a", "topk=b", "sparse_attn_decode=c"]) == {
+        "topk": "b", "sparse_attn_decode": "c", "methods": {"sparse_attn.prefill": "a"}}
+    code = main(["plugins", "--resolve", "--set", "sparse_attn.prefill=prefill_only",
+                 "--set", "sparse_attn.decode=decode_only", "--set", "topk=reference"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "    sparse_attn.prefill          -> prefill_only (chosen explicitly)\n" in out
+    assert "    sparse_attn.decode           -> decode_only (chosen explicitly)\n" in out
+    assert "    topk.topk_transform          -> reference (chosen for topk)\n" in out
+    assert main(["plugins", "--resolve", "--set", "sparse_attn.decode=prefill_only"]) == 2
+    err = capsys.readouterr().err
+    assert "sparse_attn.decode: backend 'prefill_only'" in err and "decode_only" in err
+    assert main(["plugins", "--resolve", "--set", "sparse_attn.forward=x"]) == 2
+    assert "a method (indexer.quantize_q" in capsys.readouterr().err
+    assert plugins_cmd.parse_settings(["heads=128", "scale_fmt=ue8m0"]) == {"needs": {"heads": 128, "scale_fmt": "ue8m0"}}
+    assert main(["plugins", "--resolve", "--set", "page_size=16", "--set", "decode_queries=2"]) == 0
+    assert "    checked against: page_size 16, decode_queries 2\n" in capsys.readouterr().out
+
+
+def flashmla_shaped(name="flashmla_sparse"):
+    heads = ValueSet.one_of(64, 128)
+    return method_backend(name, {
+        "sparse_attn.prefill": MethodClaim(heads=heads, k=ValueSet.multiples(128, 128, 16384)),
+        "sparse_attn.decode": MethodClaim(heads=heads, k=ValueSet.multiples(64, 64, 16384), page_sizes={64}),
+    })
+
+
+def test_model_needs_decide_whether_a_backend_fits():
+    manager = manager_with(flashmla_shaped())
+    fits = resolve_kernels(KernelConfig(sparse_attn="flashmla_sparse"), manager=manager,
+                           needs={"heads": 128, "k": 2048, "decode_queries": 2})
+    assert fits.backend_of("sparse_attn.decode") == "flashmla_sparse"
+    assert fits.needs == {"page_size": 64, "heads": 128, "k": 2048, "decode_queries": 2}
+    with pytest.raises(ConfigError, match="head count 4 not claimed: claims one of \\[64, 128\\]"):
+        resolve_kernels(KernelConfig(sparse_attn="flashmla_sparse"), manager=manager, needs={"heads": 4})
+    with pytest.raises(ConfigError, match="page size 16 not claimed: claims one of \\[64\\]"):
+        resolve_kernels(KernelConfig(sparse_attn_decode="flashmla_sparse"), manager=manager, needs={"page_size": 16})
+    # prefill does not use the page size, so only decode is refused
+    ok = resolve_kernels(KernelConfig(sparse_attn_prefill="flashmla_sparse"), manager=manager, needs={"page_size": 16})
+    assert ok.backend_of("sparse_attn.prefill") == "flashmla_sparse"
+    with pytest.raises(ConfigError, match="unknown kernel needs head_count"):
+        resolve_kernels(manager=manager, needs={"head_count": 4})
+
+
+def test_auto_skips_a_preferred_backend_the_model_does_not_fit(monkeypatch):
+    monkeypatch.setenv("DSA_FAKE_GPU", "NVIDIA H100 80GB HBM3:9.0")
+    manager = manager_with(method_backend("flashmla_sparse", {
+        "sparse_attn.prefill": MethodClaim(heads={64, 128}, k=ValueSet.multiples(128, 128, 16384))}, ("cuda",)))
+    tiny = resolve_kernels(manager=manager, needs={"heads": 4, "k": 32})
+    prefill = tiny.choices["sparse_attn.prefill"]
+    assert prefill.backend == "reference" and "head count 4 not claimed" in prefill.reason
+    real = resolve_kernels(manager=manager, needs={"heads": 128, "k": 2048})
+    assert real.backend_of("sparse_attn.prefill") == "flashmla_sparse"
+
+
+def test_resolution_keys_mirror_the_kit_keys():
+    from dsa_runtime.kernel_needs import BF16_METHODS, LAYOUT_METHODS, SHAPE_KEYS
+    from dsa_runtime.testing.registry import method_keys
+
+    for method, keys in method_keys().items():
+        assert set(SHAPE_KEYS[method]) == set(keys) - {"device", "kv_layout"}, method
+        assert ("kv_layout" in keys) == (method in LAYOUT_METHODS | BF16_METHODS), method
+
+
+def test_plugins_lists_partly_claimed_families_per_method(capsys, monkeypatch):
+    from dsa_runtime.cli.main import main
+
+    manager = manager_with(prefill_only())
+    monkeypatch.setattr("dsa_runtime.plugin_manager.get_manager", lambda: manager)
+    assert main(["plugins"]) == 0
+    out = capsys.readouterr().out
+    assert "      sparse_attn.prefill: claimed (kv_layouts one of ['bf16'])\n" in out
+    assert "      sparse_attn.decode: prefill-only library\n" in out
+    assert "      topk.topk: claimed" not in out  # whole families claimed alike are not spelled out
