@@ -26,4 +26,3 @@ def make_engine(config: EngineConfig | None = None, **parts_kwargs) -> Engine:
 def random_prompts(n: int, seed: int, lo: int = 1, hi: int = 40, vocab: int = 260) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(3, vocab) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
-
