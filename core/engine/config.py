@@ -38,7 +38,7 @@ class EngineConfig:
         default="bfloat16", metadata=_opt("--dtype", "activation and weight dtype", choices=DTYPES)
     )
     device: str = field(
-        default=AUTO, metadata=_opt("--device", "torch device (auto: the detected platform's)")
+        default=AUTO, metadata=_opt("--device", "torch device (default auto: the detected platform's)")
     )
     kv_cache_dtype: str = field(
         default=AUTO,
@@ -89,7 +89,8 @@ class EngineConfig:
         default=0, metadata=_opt("--seed", "seed of the random weights/unseeded sampling streams")
     )
     platform: str = field(
-        default=AUTO, metadata=_opt("--platform", "platform plugin to run on (auto: detected)")
+        default=AUTO,
+        metadata=_opt("--platform", "platform plugin to run on (default auto: the detected one)"),
     )
     dsa_prefill_backend: str = field(
         default=AUTO,
