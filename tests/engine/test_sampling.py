@@ -41,6 +41,22 @@ def test_top_p_keeps_the_smallest_prefix_reaching_p():
         assert kept == want, p
 
 
+@pytest.mark.parametrize("scale", [0.05, 1.0, 4.0, 12.0])  # flat (nucleus > candidates) to peaked
+@pytest.mark.parametrize("top_p", [0.1, 0.6, 0.95, 0.9999])
+def test_nucleus_mask_matches_a_full_sort_on_large_vocabularies(scale, top_p):
+    from dsa_runtime.engine.sampler import NUCLEUS_CANDIDATES, nucleus_mask
+
+    vocab = 20 * NUCLEUS_CANDIDATES
+    probs = torch.softmax(torch.randn(vocab, generator=torch.Generator().manual_seed(7)) * scale, -1)
+    sorted_probs, order = torch.sort(probs, descending=True)
+    before = torch.cumsum(sorted_probs.double(), -1) - sorted_probs.double()
+    want = set(order[before < top_p].tolist())
+    got = set(torch.nonzero(nucleus_mask(probs, top_p)).flatten().tolist())
+    # float32 vs float64 prefix sums may disagree on a token whose preceding mass is within rounding of top_p
+    assert got ^ want <= {int(order[len(want) - 1]), int(order[min(len(want), vocab - 1)])}
+    assert len(got ^ want) <= 1 and int(order[0]) in got
+
+
 def test_min_p_drops_tokens_below_fraction_of_best():
     logits = _logits(2)
     probs = torch.softmax(logits, -1)
