@@ -88,23 +88,29 @@ def sample_rows(
     """Sample one token per row.
 
     Args:
-        logits: float32 ``[batch, vocab]`` (CPU or device; moved to CPU once).
+        logits: float32 ``[batch, vocab]`` on any device. Greedy rows are reduced there (only their argmax
+            crosses to the host); rows that sample or report logprobs are copied to the CPU, where the
+            per-request generators live.
         params / generators: one per row (CPU generators).
     Returns:
         token ids and, per row, a :class:`TokenLogprob` when that request asked for logprobs.
     """
-    logits = logits.detach().float().cpu()
+    logits = logits.detach()
     tokens: list[int] = [0] * len(params)
     greedy = [i for i, p in enumerate(params) if p.greedy]
     if greedy:
-        chosen = torch.argmax(logits[greedy], dim=-1).tolist()
-        for i, token in zip(greedy, chosen, strict=True):
+        rows = logits if len(greedy) == len(params) else logits[greedy]
+        for i, token in zip(greedy, torch.argmax(rows, dim=-1).tolist(), strict=True):
             tokens[i] = int(token)
-    for i, p in enumerate(params):
-        if not p.greedy:
-            tokens[i] = draw(filter_logits(logits[i], p), generators[i])
+    host = [i for i, p in enumerate(params) if not p.greedy or p.logprobs is not None]
+    if not host:
+        return tokens, [None] * len(params)
+    cpu = dict(zip(host, logits[host].float().cpu(), strict=True))
+    for i in host:
+        if not params[i].greedy:
+            tokens[i] = draw(filter_logits(cpu[i], params[i]), generators[i])
     logprobs: list[TokenLogprob | None] = [
-        token_logprob(logits[i], tokens[i], p.logprobs) if p.logprobs is not None else None
+        token_logprob(cpu[i], tokens[i], p.logprobs) if p.logprobs is not None else None
         for i, p in enumerate(params)
     ]
     return tokens, logprobs

@@ -140,3 +140,24 @@ def test_bad_sampling_params_fail_with_one_message(kwargs):
 
 def test_stop_accepts_a_single_string():
     assert SamplingParams(stop="END").stop == ["END"]
+
+
+def test_mixed_rows_equal_each_row_alone():
+    logits = torch.stack([_logits(s, 80) for s in range(4)])
+    params = [
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=0.8, top_k=10, seed=1),
+        SamplingParams(temperature=0, logprobs=3),
+        SamplingParams(temperature=1.2, top_p=0.8, seed=2, logprobs=0),
+    ]
+
+    def gens():
+        return [torch.Generator().manual_seed(100 + i) for i in range(4)]
+
+    tokens, lps = sample_rows(logits, params, gens())
+    for i in range(4):
+        solo_tokens, solo_lps = sample_rows(logits[i : i + 1], params[i : i + 1], gens()[i : i + 1])
+        assert solo_tokens[0] == tokens[i]
+        assert (lps[i] is None) == (params[i].logprobs is None) and lps[i] == solo_lps[0]
+    assert tokens[0] == int(logits[0].argmax()) and tokens[2] == int(logits[2].argmax())
+    assert lps[2].token_id == tokens[2] and len(lps[2].top) == 3 and lps[3].top == []
