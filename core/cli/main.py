@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, str] = {
     "conformance": "dsa_runtime.cli.conformance_cmd",
     "encode": "dsa_runtime.parsers.cli_encode",
     "parse": "dsa_runtime.parsers.cli_parse",
+    "make-checkpoint": "dsa_runtime.cli.make_checkpoint_cmd",
     "serve": "dsa_runtime.cli.serve_cmd",
 }
 

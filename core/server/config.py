@@ -3,8 +3,8 @@
 Flag names follow SGLang where it has them (``--host``, ``--port``, ``--api-key``, ``--served-model-name``,
 ``--tool-call-parser``, ``--reasoning-parser``, ``--tp``); the engine's (``--kv-cache-dtype``,
 ``--page-size``, ``--mem-fraction-static``, ``--chunked-prefill-size``, ``--max-running-requests``,
-``--dsa-*-backend``) are generated from ``EngineConfig``, with the ``--nsa-*`` spellings of SGLang's V3.2
-documentation accepted as aliases.
+``--dsa-*-backend``, with the ``--nsa-*`` spellings of SGLang's V3.2 documentation as aliases) are
+generated from ``EngineConfig``, by the engine's one dataclass-to-flags helper.
 """
 
 from __future__ import annotations
@@ -15,18 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dsa_runtime.errors import ConfigError
-from dsa_runtime.server.flags import add_dataclass_arguments, config_from_args
-
-# SGLang's older V3.2 docs spell the DSA backend flags --nsa-*; both set the same EngineConfig field.
-ENGINE_FLAG_ALIASES: dict[str, tuple[str, ...]] = {
-    "dsa_prefill_backend": ("--nsa-prefill-backend",),
-    "dsa_decode_backend": ("--nsa-decode-backend",),
-    "dsa_topk_backend": ("--nsa-topk-backend",),
-}
 
 
 def _meta(help_text: str, **extra: Any) -> dict[str, Any]:
     return {"help": help_text, **extra}
+
+
+_NOT_A_FLAG = ("engine",)
 
 
 @dataclass
@@ -53,7 +48,7 @@ class ServerConfig:
     drain_timeout: float = field(
         default=10.0, metadata=_meta("seconds SIGINT/SIGTERM lets running requests finish before aborting")
     )
-    engine: Any = field(default=None, metadata={"flag": False})
+    engine: Any = field(default=None)  # the EngineConfig (not a flag: its fields are the engine flags)
 
     def __post_init__(self) -> None:
         if self.tp != 1:
@@ -67,18 +62,22 @@ class ServerConfig:
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
-    """Every server flag and every engine flag, from the two config dataclasses."""
-    from dsa_runtime.engine import EngineConfig
+    """Every server flag and every engine flag, from the two config dataclasses (the engine's flag helper)."""
+    from dsa_runtime.engine.cli_args import add_dataclass_arguments
+    from dsa_runtime.engine.config import EngineConfig
 
-    add_dataclass_arguments(parser, ServerConfig)
-    add_dataclass_arguments(parser.add_argument_group("engine"), EngineConfig, extra_aliases=ENGINE_FLAG_ALIASES)
+    add_dataclass_arguments(parser.add_argument_group("server"), ServerConfig, exclude=_NOT_A_FLAG)
+    add_dataclass_arguments(parser.add_argument_group("engine"), EngineConfig)
 
 
 def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
-    from dsa_runtime.engine import EngineConfig
+    """ServerConfig (with its EngineConfig) from parsed flags; ConfigError for a bad value."""
+    from dsa_runtime.engine.cli_args import config_from_args
+    from dsa_runtime.engine.config import EngineConfig
 
     engine = config_from_args(args, EngineConfig)
-    return config_from_args(args, ServerConfig, engine=engine)
+    values = {f: getattr(args, f) for f in ServerConfig.__dataclass_fields__ if f != "engine" and hasattr(args, f)}
+    return ServerConfig(engine=engine, **values)
 
 
 @dataclass(frozen=True)

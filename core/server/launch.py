@@ -29,6 +29,8 @@ def build_state(config: ServerConfig, engine: Any, *, model_dir: str | None = No
     """Server state around an engine with the INTERFACES.md Engine interface (started here)."""
     async_engine = engine if isinstance(engine, AsyncEngine) else AsyncEngine(engine)
     core = async_engine.engine
+    extras = getattr(getattr(core, "parts", None), "extras", None) or {}
+    model_dir = model_dir or (str(extras["path"]) if extras.get("path") else None)
     model_dir = model_dir or (config.engine.model if config.engine is not None else None)
     name = config.served_model_name or (Path(model_dir).name if model_dir else "dsa-runtime-default")
     flavor = detect_flavor(getattr(core, "model_config", None), f"{model_dir or ''} {name}")
@@ -118,11 +120,12 @@ def serve(config: ServerConfig, engine: Any = None) -> int:
 
 
 def _log_kernels(engine: Any) -> None:
-    """Start-up log of the kernel each family resolved to, with the reason (when the engine exposes them)."""
-    kernels = getattr(engine, "kernels", None)
-    choices = getattr(kernels, "choices", None) or getattr(kernels, "resolutions", None)
-    if not choices:
+    """Start-up log of the backend each kernel family resolved to, with the reason."""
+    extras = getattr(getattr(engine, "parts", None), "extras", None) or {}
+    kernels = extras.get("kernels")
+    if kernels is None:
         return
-    items = choices.items() if isinstance(choices, dict) else enumerate(choices)
-    for family, choice in items:
-        print(f"dsa-runtime: kernel {family}: {choice}", flush=True)
+    print(f"dsa-runtime: platform {kernels.platform}, device {kernels.device}, KV layout {kernels.kv_layout}",
+          flush=True)
+    for family, choice in kernels.choices.items():
+        print(f"dsa-runtime: kernel {family}: {choice.backend} ({choice.reason})", flush=True)

@@ -131,7 +131,8 @@ class ScriptedEngine:
     def stats(self) -> EngineStats:
         return EngineStats(
             num_running=len(self.running), num_waiting=len(self.waiting), pages_used=self.pages_used,
-            pages_total=self.num_pages, kv_usage=self.pages_used / self.num_pages,
+            pages_total=self.num_pages, kv_usage=self.pages_used / self.num_pages, page_size=self.page_size,
+            max_model_len=self.max_model_len,
         )
 
     def step(self) -> list[RequestOutput]:

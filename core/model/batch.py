@@ -1,0 +1,119 @@
+"""What the engine hands the model each step, and the flat per-token metadata derived from it once.
+
+A batch mixes prefill chunks (``len(token_ids) > 1``; ``start_pos > 0`` continues a chunked prefill) and
+decodes (one new token). Tokens of all sequences are concatenated in batch order for the dense matmuls;
+attention is ragged and runs per sequence (prefill) or batched (decode).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+LogitsMode = Literal["last", "all", "none"]
+
+
+@dataclass
+class ForwardSeq:
+    """One sequence's work this step.
+
+    Attributes:
+        token_ids: the new tokens (>= 1), at positions ``start_pos .. start_pos + len - 1``.
+        start_pos: tokens of this sequence already in the cache.
+        page_table: physical pages covering at least ``start_pos + len`` tokens (page 0 is never valid).
+        logits: ``"last"`` -> float32 ``[vocab]``, ``"all"`` -> ``[len, vocab]``, ``"none"`` -> None.
+    """
+
+    token_ids: list[int]
+    start_pos: int
+    page_table: list[int]
+    logits: LogitsMode = "last"
+
+
+@dataclass
+class ForwardBatch:
+    seqs: list[ForwardSeq] = field(default_factory=list)
+
+
+@dataclass
+class SeqMeta:
+    """Per-sequence view: its token rows ``[t0, t1)`` in the flat batch and its positions."""
+
+    index: int
+    t0: int
+    t1: int
+    start_pos: int
+    end_pos: int
+    page_table: Tensor  # [n_pages] int64 on the model device
+
+    @property
+    def length(self) -> int:
+        return self.t1 - self.t0
+
+    @property
+    def is_decode(self) -> bool:
+        return self.length == 1
+
+
+@dataclass
+class StepMeta:
+    """Flat metadata of a step. token_ids, positions, slots: ``[T]`` int64 on the model device."""
+
+    seqs: list[SeqMeta]
+    token_ids: Tensor
+    positions: Tensor
+    slots: Tensor
+    page_size: int
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.token_ids.shape[0])
+
+    def slots_of(self, seq: SeqMeta, end: int | None = None) -> Tensor:
+        """Slots of positions ``0 .. end - 1`` (default: all the sequence's tokens so far) ``[end]`` int64."""
+        end = seq.end_pos if end is None else end
+        pos = torch.arange(end, device=seq.page_table.device)
+        return seq.page_table[pos // self.page_size] * self.page_size + pos % self.page_size
+
+
+def build_step(batch: ForwardBatch, *, page_size: int, num_pages: int, vocab_size: int, device) -> StepMeta:
+    """Validate the batch and flatten it; one clear ``ValueError`` for bad input."""
+    if not batch.seqs:
+        raise ValueError("empty ForwardBatch")
+    ids: list[int] = []
+    positions: list[Tensor] = []
+    slots: list[Tensor] = []
+    metas: list[SeqMeta] = []
+    for i, s in enumerate(batch.seqs):
+        n = len(s.token_ids)
+        if n < 1:
+            raise ValueError(f"seq {i}: no new tokens")
+        if s.start_pos < 0:
+            raise ValueError(f"seq {i}: start_pos {s.start_pos} < 0")
+        if s.logits not in ("last", "all", "none"):
+            raise ValueError(f"seq {i}: logits must be 'last', 'all' or 'none', got {s.logits!r}")
+        end = s.start_pos + n
+        need = -(-end // page_size)
+        if len(s.page_table) < need:
+            raise ValueError(f"seq {i}: page_table has {len(s.page_table)} pages, {need} needed for {end} tokens")
+        table = s.page_table[:need]
+        if any(p <= 0 or p >= num_pages for p in table):
+            raise ValueError(f"seq {i}: page ids must be in [1, {num_pages}) (page 0 is reserved), got {table}")
+        if any(t < 0 or t >= vocab_size for t in s.token_ids):
+            raise ValueError(f"seq {i}: token id out of range [0, {vocab_size})")
+        pt = torch.tensor(table, dtype=torch.int64, device=device)
+        pos = torch.arange(s.start_pos, end, device=device)
+        positions.append(pos)
+        slots.append(pt[pos // page_size] * page_size + pos % page_size)
+        metas.append(SeqMeta(i, len(ids), len(ids) + n, s.start_pos, end, pt))
+        ids.extend(s.token_ids)
+    return StepMeta(
+        seqs=metas,
+        token_ids=torch.tensor(ids, dtype=torch.int64, device=device),
+        positions=torch.cat(positions),
+        slots=torch.cat(slots),
+        page_size=page_size,
+    )

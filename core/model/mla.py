@@ -1,0 +1,115 @@
+"""Multi-head latent attention of one layer (spec section 2) with its optional lightning indexer.
+
+Projections run batched over every token of the step; the new latent rows ``[c | k_pe]`` (and index keys)
+are written to the cache first, then attention reads them back per sequence (see ``attention.py``).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from torch import Tensor
+
+from dsa_runtime.model.attention import AttnContext, decode_attention, prefill_absorbed, prefill_mha
+from dsa_runtime.model.config import ModelConfig
+from dsa_runtime.model.indexer import Indexer
+from dsa_runtime.model.ops import rms_norm
+from dsa_runtime.model.rope import apply_interleaved
+from dsa_runtime.model.weights import WeightSource
+
+
+def store_mla(kernels, kv_cache: Tensor, slots: Tensor, c: Tensor, k_pe: Tensor, layout: str) -> None:
+    """``kernels.kv_quant.store_mla``; the fp8_656 cache always uses ue8m0 scales (exact bf16 dequant).
+
+    Contracts that no longer take ``scale_fmt`` (the rule is fixed there) are called without it.
+    """
+    fn = kernels.kv_quant.store_mla
+    takes = getattr(fn, "_dsa_takes_scale_fmt", None)
+    if takes is None:
+        try:
+            takes = "scale_fmt" in inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            takes = True
+    if takes:
+        fn(kv_cache, slots, c, k_pe, layout=layout, scale_fmt="ue8m0")
+    else:
+        fn(kv_cache, slots, c, k_pe, layout=layout)
+
+
+class MLA:
+    """Weights (model dtype unless noted): wq_a / q_norm / wq_b (or wq without q-LoRA), wkv_a, kv_norm,
+    w_uk ``[H, nope, 512]`` and w_uv ``[H, v, 512]`` split from kv_b_proj, wo ``[D, H * v]``."""
+
+    def __init__(self, ws: WeightSource, prefix: str, config: ModelConfig):
+        self.cfg = config
+        self.heads, self.nope, self.rope = config.num_attention_heads, config.qk_nope_head_dim, config.qk_rope_head_dim
+        self.v_dim, self.lora = config.v_head_dim, config.kv_lora_rank
+        eps = config.rms_norm_eps
+        self.eps = eps
+        if config.q_lora_rank is not None:
+            self.wq_a = ws.linear(f"{prefix}.q_a_proj")
+            self.q_norm = ws.plain(f"{prefix}.q_a_layernorm.weight")
+            self.wq_b = ws.linear(f"{prefix}.q_b_proj")
+        else:
+            self.wq = ws.linear(f"{prefix}.q_proj")
+        self.wkv_a = ws.linear(f"{prefix}.kv_a_proj_with_mqa")
+        self.kv_norm = ws.plain(f"{prefix}.kv_a_layernorm.weight")
+        kv_b = ws.linear(f"{prefix}.kv_b_proj").view(self.heads, self.nope + self.v_dim, self.lora)
+        self.w_uk = kv_b[:, : self.nope].contiguous()
+        self.w_uv = kv_b[:, self.nope:].contiguous()
+        self.wo = ws.linear(f"{prefix}.o_proj")
+        self.indexer: Indexer | None = None
+        if config.is_dsa:
+            if config.q_lora_rank is None:
+                raise ValueError("a DSA model needs q_lora_rank (the indexer reads the q_norm output)")
+            self.indexer = Indexer(ws, f"{prefix}.indexer", config.index_n_heads, config.index_head_dim,
+                                   config.qk_rope_head_dim, eps)
+
+    def __call__(self, x: Tensor, cos: Tensor, sin: Tensor, ctx: AttnContext, kv_cache: Tensor,
+                 index_cache: Tensor | None) -> Tensor:
+        """x ``[T, D]`` (normed hidden, model dtype) -> attention output ``[T, D]``."""
+        t = x.shape[0]
+        if self.cfg.q_lora_rank is not None:
+            qr = rms_norm(x @ self.wq_a.T, self.q_norm, self.eps)
+            q = (qr @ self.wq_b.T).view(t, self.heads, self.nope + self.rope)
+        else:
+            qr = None
+            q = (x @ self.wq.T).view(t, self.heads, self.nope + self.rope)
+        q_nope = q[..., : self.nope]
+        q_pe = apply_interleaved(q[..., self.nope:], cos, sin)  # MLA rope: LAST dims, interleaved pairs
+        kv = x @ self.wkv_a.T
+        c = rms_norm(kv[:, : self.lora], self.kv_norm, self.eps)  # only the latent is normalised
+        k_pe = apply_interleaved(kv[:, self.lora:], cos, sin)
+        slots = ctx.step.slots
+        store_mla(ctx.kernels, kv_cache, slots, c, k_pe, ctx.kv_layout)
+        iq = None
+        if self.indexer is not None:
+            self.indexer.write_keys(x, cos, sin, ctx.kernels, index_cache, slots, ctx.index_scale_fmt)
+            if ctx.needs_index_queries():
+                iq = self.indexer.queries(x, qr, cos, sin, ctx.kernels, ctx.index_scale_fmt)
+        out = torch.empty(t, self.heads, self.v_dim, dtype=x.dtype, device=x.device)
+        absorbed = [s for s in ctx.step.seqs if not ctx.uses_mha(s)]
+        q_abs = None
+        if absorbed:
+            # Absorb W_UK into the query: score = [q_nope W_UK | q_pe] . [c | k_pe] (576-d MQA).
+            q_abs = torch.cat([torch.einsum("thn,hnc->thc", q_nope, self.w_uk), q_pe], dim=-1)
+        decodes = [s for s in absorbed if s.is_decode]
+        if decodes:
+            rows = torch.tensor([s.t0 for s in decodes], device=x.device)
+            lat = decode_attention(ctx, decodes, q_abs[rows], kv_cache, index_cache, iq)
+            out[rows] = self._up_v(lat)
+        for s in ctx.step.seqs:
+            if s.is_decode:
+                continue
+            if ctx.uses_mha(s):
+                out[s.t0:s.t1] = prefill_mha(ctx, s, q_nope[s.t0:s.t1], q_pe[s.t0:s.t1], kv_cache,
+                                             self.w_uk, self.w_uv)
+            else:
+                lat = prefill_absorbed(ctx, s, q_abs[s.t0:s.t1], kv_cache, index_cache, iq)
+                out[s.t0:s.t1] = self._up_v(lat)
+        return out.reshape(t, self.heads * self.v_dim) @ self.wo.T
+
+    def _up_v(self, lat: Tensor) -> Tensor:
+        """Latent attention output ``[n, H, 512]`` (bf16 from the kernels) -> per-head values ``[n, H, v]``."""
+        return torch.einsum("thc,hvc->thv", lat.to(self.w_uv.dtype), self.w_uv)

@@ -1,0 +1,135 @@
+"""ModelRunner: the engine's only view of the model (``plan/INTERFACES.md``).
+
+``forward(ForwardBatch)`` runs one step over a mix of prefill chunks and decodes: it writes every new
+token's MLA row and index-K row into the paged cache at its slot (every layer), then returns float32 logits
+per sequence as asked (``"last"`` ``[vocab]``, ``"all"`` ``[len, vocab]``, ``"none"`` None).
+
+Model dtype: bfloat16 (default) or float32. With float32 the kernels receive float32 activations; the
+``reference`` backend computes in fp32 either way, GPU kernels need bfloat16, so float32 is a CPU /
+verification mode. Kernel outputs (sparse attention, MoE) are bf16 by contract in both modes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from dsa_runtime.model.attention import AttnContext
+from dsa_runtime.model.batch import ForwardBatch, ForwardSeq, StepMeta, build_step
+from dsa_runtime.model.config import ModelConfig
+from dsa_runtime.model.deepseek import DeepseekModel
+
+if TYPE_CHECKING:
+    from dsa_runtime.cache.kv_cache import KVCache
+
+__all__ = ["ForwardBatch", "ForwardSeq", "ModelRunner"]
+
+DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}
+
+
+def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise ValueError(f"unknown model dtype {dtype!r}; valid: bfloat16, float32")
+        return DTYPES[dtype]
+    if dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"model dtype must be bfloat16 or float32, got {dtype}")
+    return dtype
+
+
+class ModelRunner:
+    """Runs the DeepSeek model over a paged :class:`~dsa_runtime.cache.KVCache`.
+
+    Args:
+        config: the model's :class:`ModelConfig`.
+        tensors: HF-named checkpoint tensors (FP8 weights as e4m3 + ``*_scale_inv``); the MTP layer's
+            tensors may be included (kept aside) or omitted.
+        kernels: :class:`~dsa_runtime.resolve.ResolvedKernels`; every kernel call goes through it.
+        cache: the KV cache the runner writes and reads (its ``kv_layout`` is the attention layout).
+        dtype: ``torch.bfloat16`` (default) or ``torch.float32`` (or their names).
+        device: defaults to the cache's device.
+        mha_max_keys: dense prefill chunks with at most this many keys use MHA (default 2048, SGLang's
+            dense-prefill threshold; 0 disables MHA). For DSA it is also capped at ``index_topk``.
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        tensors: dict[str, Tensor],
+        *,
+        kernels,
+        cache: KVCache,
+        dtype: torch.dtype | str = torch.bfloat16,
+        device: torch.device | str | None = None,
+        mha_max_keys: int = 2048,
+    ) -> None:
+        self.config = config
+        self.kernels = kernels
+        self.cache = cache
+        self.dtype = _as_dtype(dtype)
+        self.device = torch.device(device) if device is not None else cache.device
+        if cache.config.num_hidden_layers != config.num_hidden_layers or cache.config.is_dsa != config.is_dsa:
+            raise ValueError("the KV cache was built for a different model config")
+        self.mha_max_keys = mha_max_keys
+        with torch.inference_mode():
+            self.model = DeepseekModel(config, tensors, dtype=self.dtype, device=self.device)
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint, **kwargs) -> ModelRunner:
+        """Build from a loader ``Checkpoint`` (``.config``, ``.tensors``, ``.mtp_tensors``)."""
+        tensors = dict(checkpoint.tensors)
+        tensors.update(getattr(checkpoint, "mtp_tensors", {}) or {})
+        return cls(checkpoint.config, tensors, **kwargs)
+
+    def load_weights(self, tensors: dict[str, Tensor]) -> None:
+        """Replace every weight from a new HF-named tensor dict (same config); the cache is kept."""
+        with torch.inference_mode():
+            self.model = DeepseekModel(self.config, tensors, dtype=self.dtype, device=self.device)
+
+    @property
+    def mtp_tensors(self) -> dict[str, Tensor]:
+        return self.model.mtp_tensors
+
+    def _context(self, step: StepMeta) -> AttnContext:
+        cfg = self.config
+        mha = self.mha_max_keys
+        if cfg.is_dsa:
+            mha = min(mha, cfg.index_topk)
+        return AttnContext(
+            kernels=self.kernels,
+            step=step,
+            kv_layout=self.cache.kv_layout,
+            sm_scale=cfg.softmax_scale,
+            index_topk=cfg.index_topk if cfg.is_dsa else None,
+            mha_max_keys=mha,
+            index_scale_fmt="ue8m0" if cfg.scale_fmt == "ue8m0" else "float",
+        )
+
+    def forward(self, batch: ForwardBatch) -> list[Tensor | None]:
+        """One step; see the module docstring. Raises ``ValueError`` for malformed batches (nothing written)."""
+        cache = self.cache
+        step = build_step(batch, page_size=cache.page_size, num_pages=cache.num_pages,
+                          vocab_size=self.config.vocab_size, device=self.device)
+        with torch.inference_mode():
+            hidden = self.model.hidden_states(self._context(step), cache.mla, cache.index_k)
+            rows: list[int] = []
+            spans: list[tuple[int, int] | None] = []
+            for seq, meta in zip(batch.seqs, step.seqs, strict=True):
+                if seq.logits == "none":
+                    spans.append(None)
+                    continue
+                picked = [meta.t1 - 1] if seq.logits == "last" else list(range(meta.t0, meta.t1))
+                spans.append((len(rows), len(rows) + len(picked)))
+                rows.extend(picked)
+            logits = self.model.logits(hidden[torch.tensor(rows, device=self.device)]) if rows else None
+        out: list[Tensor | None] = []
+        for seq, span in zip(batch.seqs, spans, strict=True):
+            if span is None:
+                out.append(None)
+            elif seq.logits == "last":
+                out.append(logits[span[0]])
+            else:
+                out.append(logits[span[0]:span[1]])
+        return out
