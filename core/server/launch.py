@@ -8,6 +8,7 @@ returns normally, so ``dsa-runtime serve`` exits 0.
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import socket
 from pathlib import Path
@@ -32,7 +33,9 @@ def build_state(config: ServerConfig, engine: Any, *, model_dir: str | None = No
     extras = getattr(getattr(core, "parts", None), "extras", None) or {}
     model_dir = model_dir or (str(extras["path"]) if extras.get("path") else None)
     model_dir = model_dir or (config.engine.model if config.engine is not None else None)
-    name = config.served_model_name or (Path(model_dir).name if model_dir else "dsa-runtime-default")
+    # The embedded model's cache folder ends in a content hash; the served name leaves it out.
+    default_name = re.sub(r"-[0-9a-f]{12}$", "", Path(model_dir).name) if model_dir else "dsa-runtime-default"
+    name = config.served_model_name or default_name
     flavor = detect_flavor(getattr(core, "model_config", None), f"{model_dir or ''} {name}")
     tool = config.tool_call_parser if config.tool_call_parser is not None else flavor.tool_parser
     reasoning = config.reasoning_parser if config.reasoning_parser is not None else flavor.reasoning_parser
@@ -95,12 +98,19 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def warn_if_exposed(config: ServerConfig) -> bool:
+    """Log a warning (and return True) when binding beyond loopback without an API key."""
+    if config.host in _LOOPBACK or config.api_key is not None:
+        return False
+    logger.warning("binding %s without --api-key: anyone who can reach this port can use the model", config.host)
+    return True
+
+
 def serve(config: ServerConfig, engine: Any = None) -> int:
     """Run ``dsa-runtime serve``: load the engine (unless given), log kernels and URL, serve until a signal."""
     from dsa_runtime.server.app import build_app
 
-    if config.host not in _LOOPBACK and config.api_key is None:
-        logger.warning("binding %s without --api-key: anyone who can reach this port can use the model", config.host)
+    warn_if_exposed(config)
     if engine is None:
         from dsa_runtime.engine import Engine
 
