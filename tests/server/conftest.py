@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 
 def fold(events: list[Any]) -> dict[str, Any]:
     """Rebuild choice 0's message from chat chunks, checking the OpenAI chunk shapes on the way."""
@@ -45,3 +47,20 @@ def calls_of(message: dict[str, Any]) -> list[tuple[str, Any]]:
         fn = c.get("function", c)
         out.append((fn["name"], json.loads(fn["arguments"])))
     return out
+
+
+@pytest.fixture(scope="session")
+def real_server():
+    """One live server on the embedded tiny model (real Engine), shared by the real-engine tests."""
+    from tests.server.needs import server_extra
+
+    server_extra()
+    from dsa_runtime.engine import Engine
+    from tests.server.live import LiveServer
+
+    # float32: bf16 CPU matmuls round differently for different batch shapes, so a near-tie greedy pick of the
+    # random tiny model can flip between batched and single runs (measured: 1 of 32 requests at the engine
+    # level); the concurrency test is about the server, not about bf16 batch invariance.
+    engine = Engine.from_model(None, dtype="float32", max_total_tokens=16384, max_running_requests=64)
+    with LiveServer(engine, served_model_name="tiny") as server:
+        yield server
