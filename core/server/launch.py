@@ -68,20 +68,42 @@ def _check_parsers(tool: str | None, reasoning: str | None) -> None:
         resolve_spec("reasoning", reasoning)
 
 
-def make_uvicorn_server(app: Any, host: str, port: int, drain_timeout: float, log_level: str = "warning") -> Any:
+def make_uvicorn_server(
+    app: Any, host: str, port: int, drain_timeout: float, log_level: str = "warning", engine: Any = None
+) -> Any:
+    """A uvicorn server whose SIGINT/SIGTERM drains ``engine`` for ``drain_timeout`` s, then aborts the rest.
+
+    The abort reaches each open stream as an SSE error event and ``[DONE]`` (not a cut connection); uvicorn's
+    own graceful timeout is a backstop a few seconds later.
+    """
+    import asyncio
+
     import uvicorn
 
     class _Server(uvicorn.Server):
+        _loop: asyncio.AbstractEventLoop | None = None
+        _drain: asyncio.Task | None = None
+
+        async def startup(self, sockets: Any = None) -> None:
+            self._loop = asyncio.get_running_loop()
+            await super().startup(sockets=sockets)
+
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             # uvicorn re-raises captured signals after shutdown, which would turn a clean drain into exit
             # status 130/143; record nothing, just stop (a second Ctrl-C forces the exit).
             if self.should_exit and sig == signal.SIGINT:
                 self.force_exit = True
-            else:
-                self.should_exit = True
+                return
+            self.should_exit = True
+            if engine is not None and self._loop is not None:
+                self._loop.call_soon_threadsafe(self._start_drain)
+
+        def _start_drain(self) -> None:
+            if self._drain is None:
+                self._drain = asyncio.ensure_future(engine.shutdown(drain_timeout=drain_timeout))
 
     config = uvicorn.Config(
-        app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=max(drain_timeout, 0.1),
+        app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=drain_timeout + 5.0,
         lifespan="on", access_log=False,
     )
     return _Server(config)
@@ -123,7 +145,7 @@ def serve(config: ServerConfig, engine: Any = None) -> int:
     host = f"[{config.host}]" if ":" in config.host else config.host
     print(f"dsa-runtime: serving '{state.model_name}' at http://{host}:{port}/v1 "
           f"(tool parser {state.tool_parser}, reasoning parser {state.reasoning_parser})", flush=True)
-    server = make_uvicorn_server(app, config.host, port, config.drain_timeout)
+    server = make_uvicorn_server(app, config.host, port, config.drain_timeout, engine=state.engine)
     server.run(sockets=[sock])
     print("dsa-runtime: server stopped", flush=True)
     return 0
