@@ -79,6 +79,7 @@ class _Req:
     text: str = ""
     aborted: bool = False
     scheduled: float | None = None
+    sent: int = 0  # characters of text already reported (a possible stop-string start is held back)
 
 
 class ScriptedEngine:
@@ -175,12 +176,20 @@ class ScriptedEngine:
             at = req.text.find(stop, max(0, before - len(stop)))
             if at >= 0:
                 keep = at + len(stop) if req.params.include_stop_str_in_output else at
-                new_text = req.text[before:keep]
                 req.text = req.text[:keep]
-                return self._finish(req, [token], new_text, "stop", stop)
+                return self._finish(req, [token], self._take(req, keep), "stop", stop)
         if len(req.out_ids) >= req.params.max_tokens or req.pos >= len(req.script):
-            return self._finish(req, [token], piece, "length", None)
-        return self._output(req, [token], piece, None)
+            return self._finish(req, [token], self._take(req, len(req.text)), "length", None)
+        held = max((k for stop in req.params.stop for k in range(1, len(stop)) if req.text.endswith(stop[:k])),
+                   default=0)
+        return self._output(req, [token], self._take(req, len(req.text) - held), None)
+
+    @staticmethod
+    def _take(req: _Req, upto: int) -> str:
+        """Text from what was already reported up to ``upto`` (like the real engine's stop hold-back)."""
+        upto = max(upto, req.sent)
+        piece, req.sent = req.text[req.sent : upto], upto
+        return piece
 
     def _finish(self, req: _Req, new_ids: list[int], new_text: str, reason: str, stop: str | int | None):
         self.running.remove(req)

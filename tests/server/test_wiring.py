@@ -209,3 +209,40 @@ def test_malformed_arguments_kept_verbatim_and_counted(stream):
     for _, arguments in calls:
         with pytest.raises(json.JSONDecodeError if arguments.startswith("{") else AssertionError):
             assert isinstance(json.loads(arguments), dict)
+
+
+def test_n_choices_stream_interleaved_each_with_its_own_role_and_finish():
+    server, _ = _serve("DeepSeek-V3.2", V32, "abc def")
+    with server as srv:
+        events = stream_chat(srv.client, {**_body("DeepSeek-V3.2", {}), "n": 3})
+        whole = srv.client.post("/v1/chat/completions", json={**_body("DeepSeek-V3.2", {}), "n": 3}).json()
+    assert [c["message"]["content"] for c in whole["choices"]] == ["abc def"] * 3
+    per_choice: dict[int, list] = {}
+    for e in events[:-1]:
+        choice = e["choices"][0]
+        per_choice.setdefault(choice["index"], []).append(choice)
+    assert sorted(per_choice) == [0, 1, 2]
+    for chunks in per_choice.values():
+        assert chunks[0]["delta"] == {"role": "assistant", "content": ""}
+        assert "".join(c["delta"].get("content", "") for c in chunks) == "abc def"
+        assert [c["finish_reason"] for c in chunks if c["finish_reason"]] == ["stop"]
+
+
+def test_completions_echo_logprobs_and_stop():
+    server, _ = _serve("DeepSeek-V3.2", V32, "one two three four")
+    with server as srv:
+        body = {"model": "DeepSeek-V3.2", "prompt": "Count:", "max_tokens": 50, "echo": True, "logprobs": 2,
+                "stop": [" three"]}
+        whole = srv.client.post("/v1/completions", json=body).json()["choices"][0]
+        assert (whole["text"], whole["finish_reason"]) == ("Count:one two", "stop")
+        lp = whole["logprobs"]
+        # Logprobs cover every generated token, the stop string's included (as the engine reports them).
+        assert lp["tokens"] == list("one two three") and len(lp["top_logprobs"][0]) == 2
+        assert lp["text_offset"][:2] == [len("Count:"), len("Count:") + 1]
+        with srv.client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+            from tests.server.live import sse_events
+
+            events = list(sse_events(r))
+    assert events[-1] == "[DONE]"
+    assert "".join(e["choices"][0]["text"] for e in events[:-1]) == "Count:one two"
+    assert [e["choices"][0]["finish_reason"] for e in events[:-1] if e["choices"][0]["finish_reason"]] == ["stop"]
