@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, str] = {
     "encode": "dsa_runtime.parsers.cli_encode",
     "parse": "dsa_runtime.parsers.cli_parse",
     "make-checkpoint": "dsa_runtime.cli.make_checkpoint_cmd",
+    "generate": "dsa_runtime.cli.generate_cmd",
     "serve": "dsa_runtime.cli.serve_cmd",
 }
 
