@@ -154,7 +154,8 @@ def _auto_choice(
             continue
         problem = why_not(backend, family, device, kv_layout)
         if problem is None:
-            return Choice(family, name, f"{platform.name} default")
+            why = defaults.reasons.get(family)
+            return Choice(family, name, f"{platform.name} default" + (f": {why}" if why else ""))
         skipped.append(problem)
     reference = manager.backends.get("reference")
     if reference is not None and why_not(reference, family, device, kv_layout) is None:

@@ -1,0 +1,132 @@
+"""MoE benchmark of the cuda_hopper ``triton`` backend at DeepSeek-V3.2 sizes (issue 11).
+
+Correctness first (the quick MoE conformance cases, then each variant against the reference at full size),
+then routing and experts for decode (1, 16, 64, 128 tokens) and prefill (4096, 8192 tokens) beside plain
+PyTorch (the reference backend on CUDA and a simple torch loop), with the copy and FP8 matmul ceilings
+measured in the same run. Prints a table last and writes JSON.
+
+    python bench/moe.py --out moe.json [--tokens 1,16,64,128,4096,8192] [--sweep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import bench_ms, copy_ceiling_gbs, device_info, fp8_matmul_ceiling_tflops, write_json  # noqa: E402
+from moe_setup import expert_bytes, random_experts, rel_l2_rows, torch_loop  # noqa: E402
+
+from dsa_runtime.plugins.cuda_hopper.triton.moe_experts import TileConfig, TritonMoE  # noqa: E402
+from dsa_runtime.reference.moe import ReferenceMoE  # noqa: E402
+from dsa_runtime.testing import run_conformance  # noqa: E402
+
+D, INTER, E, TOPK, GROUPS, KEEP, SCALE = 7168, 2048, 256, 8, 8, 4, 2.5
+SWEEP = {
+    "decode": [TileConfig(16, stages_up=s, stages_down=s, warps_up=w, warps_down=w) for s in (3, 4, 5) for w in (4, 8)],
+    "prefill": [
+        TileConfig(bm, warps_up=w, stages_up=s, warps_down=w, stages_down=s)
+        for bm in (64, 128) for w in (4, 8) for s in (3, 4)
+    ],
+}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", default="1,16,64,128,4096,8192")
+    ap.add_argument("--out", default="moe_bench.json")
+    ap.add_argument("--sweep", action="store_true", help="also time tile configurations at 64 and 8192 tokens")
+    ap.add_argument("--no-bf16", action="store_true")
+    args = ap.parse_args()
+    tokens = [int(t) for t in args.tokens.split(",")]
+    info = {**device_info(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": " ".join(sys.argv)}
+    print(info, flush=True)
+    report = run_conformance("triton", full=False, families=["moe"], device="cuda", progress=False)
+    bad = [c for c in report.cases if c.status != "passed"]
+    print(f"conformance quick moe: {len(report.cases) - len(bad)}/{len(report.cases)} passed", flush=True)
+    for c in bad:
+        print("  ", c.status, c.id, c.message[:300])
+    copy_gbs, fp8_tf = copy_ceiling_gbs(), fp8_matmul_ceiling_tflops()
+    print(f"ceilings: copy {copy_gbs:.0f} GB/s, fp8 _scaled_mm 8192^3 {fp8_tf:.0f} TFLOP/s", flush=True)
+
+    routed8, shared8 = random_experts(E, D, INTER, True, 1), random_experts(1, D, INTER, True, 2)
+    routed16 = shared16 = None
+    if not args.no_bf16:
+        routed16, shared16 = random_experts(E, D, INTER, False, 3), random_experts(1, D, INTER, False, 4)
+    per_expert = expert_bytes(routed8)
+    moe, apart, ref = TritonMoE("ue8m0"), TritonMoE("ue8m0", fuse_shared=False), ReferenceMoE()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows, results = [], {"info": info, "ceilings": {"copy_gbs": copy_gbs, "fp8_tflops": fp8_tf}, "tokens": {}}
+    for t in tokens:
+        r = measure(t, gen, moe, apart, ref, routed8, shared8, routed16, shared16, args.sweep)
+        used_gb = r["used_experts"] * per_expert / 1e9
+        r["weight_gb"] = used_gb
+        r["bw_frac"] = used_gb / (r["fp8_ms"] / 1e3) / copy_gbs
+        r["tflops"] = 6 * D * INTER * r["pairs"] / (r["fp8_ms"] / 1e3) / 1e12
+        r["flop_frac"] = r["tflops"] / fp8_tf
+        results["tokens"][t] = r
+        print(t, {k: v for k, v in r.items() if k != "sweep"}, flush=True)
+        rows.append((t, r))
+    write_json(args.out, results)
+    _table(rows, info, copy_gbs, fp8_tf)
+    return 0
+
+
+def measure(t, gen, moe, apart, ref, routed8, shared8, routed16, shared16, sweep) -> dict:
+    """Correctness of every variant at ``t`` tokens against the fp32 reference, then their timings."""
+    x = torch.randn(t, D, generator=gen, device="cuda").to(torch.bfloat16)
+    logits = torch.randn(t, E, generator=gen, device="cuda") * 2
+    bias = (torch.rand(E, generator=gen, device="cuda") - 0.5) * 0.6
+    rkw = {"top_k": TOPK, "n_group": GROUPS, "topk_group": KEEP, "routed_scaling_factor": SCALE}
+    w, ids = moe.route(logits, bias, **rkw)
+    _, rids = ref.route(logits, bias, **rkw)
+    r: dict = {"route_ids_match": bool((ids.sort(1).values == rids.sort(1).values).all())}
+    want = ref.experts(x, w, ids, routed8, shared8)
+    r["err_fp8"] = rel_l2_rows(moe.experts(x, w, ids, routed8, shared8), want)
+    r["err_fp8_apart"] = rel_l2_rows(apart.experts(x, w, ids, routed8, shared8), want)
+    del want
+    if routed16 is not None and t <= 4096:
+        want = ref.experts(x, w, ids, routed16, shared16)
+        r["err_bf16"] = rel_l2_rows(moe.experts(x, w, ids, routed16, shared16), want)
+        del want
+    r["route_ms"] = bench_ms(lambda: moe.route(logits, bias, **rkw))
+    r["route_torch_ms"] = bench_ms(lambda: ref.route(logits, bias, **rkw))
+    r["fp8_ms"] = bench_ms(lambda: moe.experts(x, w, ids, routed8, shared8))
+    r["fp8_apart_ms"] = bench_ms(lambda: apart.experts(x, w, ids, routed8, shared8))
+    if routed16 is not None:
+        r["bf16_ms"] = bench_ms(lambda: moe.experts(x, w, ids, routed16, shared16))
+        r["bf16_loop_ms"] = bench_ms(lambda: torch_loop(x, w, ids, routed16, shared16), slow=t > 1024)
+    r["loop_ms"] = bench_ms(lambda: torch_loop(x, w, ids, routed8, shared8), slow=t > 1024)
+    r["ref_ms"] = bench_ms(lambda: ref.experts(x, w, ids, routed8, shared8), slow=True)
+    r["used_experts"] = int(torch.unique(ids[ids >= 0]).numel()) + 1  # + the shared expert
+    r["pairs"] = int((ids >= 0).sum()) + t
+    if sweep and t in (64, 8192):
+        r["sweep"] = {}
+        for cfg in SWEEP["decode" if t <= 128 else "prefill"]:
+            k = TritonMoE("ue8m0", config=cfg)
+            r["sweep"][repr(cfg)] = bench_ms(lambda k=k: k.experts(x, w, ids, routed8, shared8))
+            print(f"  sweep t={t} {cfg}: {r['sweep'][repr(cfg)]:.3f} ms", flush=True)
+    return r
+
+
+def _table(rows, info, copy_gbs, fp8_tf) -> None:
+    print(f"\nMoE on {info['gpu']} ({info['date']}), torch {info['torch']}, triton {info['triton']}; "
+          f"ceilings: copy {copy_gbs:.0f} GB/s, fp8 mm {fp8_tf:.0f} TFLOP/s")
+    print(f"{'T':>5} {'route':>8} {'r.torch':>8} {'fp8':>8} {'apart':>8} {'bf16':>8} {'loop8':>8} {'loop16':>8} "
+          f"{'ref':>8} {'x loop':>6} {'GB':>6} {'%copy':>6} {'TF/s':>6} {'%fp8':>5} {'err8 max':>8}")
+    for t, r in rows:
+        print(f"{t:>5} {r['route_ms']:8.4f} {r['route_torch_ms']:8.3f} {r['fp8_ms']:8.3f} {r['fp8_apart_ms']:8.3f} "
+              f"{r.get('bf16_ms', float('nan')):8.3f} {r['loop_ms']:8.2f} {r.get('bf16_loop_ms', float('nan')):8.2f} "
+              f"{r['ref_ms']:8.1f} {r['loop_ms'] / r['fp8_ms']:6.1f} {r['weight_gb']:6.2f} {100 * r['bw_frac']:6.1f} "
+              f"{r['tflops']:6.0f} {100 * r['flop_frac']:5.1f} {r['err_fp8'][1]:8.4f}")
+    print("times in ms (median); %copy = expert weight bytes read / time / copy ceiling; %fp8 = 6*D*I*pairs / time "
+          "/ fp8 ceiling; err = max per-token rel. L2 vs the fp32 reference")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
