@@ -72,3 +72,21 @@ def write_json(path: str | os.PathLike, data: dict) -> None:
     with os.fdopen(fd, "w") as fh:
         json.dump(data, fh, indent=1)
     os.replace(tmp, target)
+
+
+def kernel_times_us(fn: Callable[[], object], *, iters: int = 5) -> dict[str, float]:
+    """Mean device time per call of each kernel ``fn`` launches (torch profiler), microseconds by kernel name."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    out: dict[str, float] = {}
+    for evt in prof.key_averages():
+        total = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0.0)
+        if total:
+            out[evt.key[:40]] = out.get(evt.key[:40], 0.0) + total / iters
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))

@@ -148,8 +148,7 @@ class TritonMoE:
         cfg = self.config or default_config(pairs / max(used, 1), fp8)
         if fp8 and cfg.block_k != 128:
             raise ValueError("FP8 experts need block_k == 128 (one weight scale block per K step)")
-        if fp8 and cfg.block_n_up != 128:
-            raise ValueError("FP8 experts need block_n_up == 128 (h is re-quantized per 128 columns)")
+        quant_h = fp8 and cfg.block_n_up == 128  # else h goes out in bf16 and is quantized apart
         expert_of_pair = ids.reshape(-1)
         if shared is not None:
             expert_of_pair = torch.cat(
@@ -168,7 +167,7 @@ class TritonMoE:
                 (shared.w13_scale.float().contiguous(), shared.w2_scale.float().contiguous())
                 if shared is not None else (s13, s2)
             )
-            h = torch.empty(rows, inter, dtype=torch.float8_e4m3fn, device=x.device)
+            h = torch.empty(rows, inter, dtype=torch.float8_e4m3fn if quant_h else torch.bfloat16, device=x.device)
             h_scale = torch.empty(rows, triton.cdiv(inter, 128), dtype=torch.float32, device=x.device)
         else:
             a = x.to(torch.bfloat16).contiguous()
@@ -181,16 +180,19 @@ class TritonMoE:
             a.stride(0), a_scale.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(-2),
             h.stride(0), h_scale.stride(0),
             FP8=fp8, UE8M0=fmt == "ue8m0", HAS_SHARED=shared is not None, UPCAST=INTERPRET,
+            QUANT_H=quant_h, EVEN_K=dim % cfg.block_k == 0,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n_up, BLOCK_K=cfg.block_k,
             num_warps=cfg.warps_up, num_stages=cfg.stages_up,
         )
+        if fp8 and not quant_h:
+            h, h_scale = quantize_rows(h, fmt)
         y = torch.empty(pairs, dim, dtype=torch.bfloat16, device=x.device)
         wts = topk_weights.to(device=x.device, dtype=torch.float32).contiguous()
         grid_down = (blocks.max_blocks * triton.cdiv(dim, cfg.block_n_down),)
         moe_gemm.gemm_down[grid_down](
             h, h_scale, w2, s2, sw2, ss2, y, wts, *common, inter, dim, n_exp,
             h.stride(0), h_scale.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(-2), y.stride(0),
-            FP8=fp8, HAS_SHARED=shared is not None, UPCAST=INTERPRET,
+            FP8=fp8, HAS_SHARED=shared is not None, UPCAST=INTERPRET, EVEN_K=inter % cfg.block_k == 0,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n_down, BLOCK_K=cfg.block_k,
             num_warps=cfg.warps_down, num_stages=cfg.stages_down,
         )

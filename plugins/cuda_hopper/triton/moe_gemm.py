@@ -46,6 +46,7 @@ def gemm_up(
     NUM_PAIRS, TK, TOPK, K, INTER, NUM_EXPERTS,
     stride_a, stride_as, stride_we, stride_wn, stride_wse, stride_wsn, stride_h, stride_hs,
     FP8: tl.constexpr, UE8M0: tl.constexpr, HAS_SHARED: tl.constexpr, UPCAST: tl.constexpr,
+    QUANT_H: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -72,7 +73,7 @@ def gemm_up(
         for k0 in range(0, K, BLOCK_K):
             kb = k0 // BLOCK_K
             kk = k0 + offs_k
-            k_ok = kk < K
+            k_ok = (kk < K) | EVEN_K  # EVEN_K: K % BLOCK_K == 0, the mask folds away
             a = tl.load(a_rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             bg = tl.load(g_cols + kk[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
             bu = tl.load(u_cols + kk[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
@@ -91,7 +92,7 @@ def gemm_up(
         h = acc_g * tl.sigmoid(acc_g) * acc_u
         h = tl.where(n_ok[None, :], h, 0.0)
         out_rows = offs_m.to(tl.int64)[:, None] * stride_h
-        if FP8:  # BLOCK_N == 128: this program owns scale block pid_n of every row
+        if QUANT_H:  # BLOCK_N == 128: this program owns scale block pid_n of every row
             s = fp8_scale(tl.max(tl.abs(h), axis=1), UE8M0)
             tl.store(h_ptr + out_rows + offs_n[None, :], fp8_quantize(h, s[:, None], UPCAST), mask=n_ok[None, :])
             tl.store(h_scale_ptr + offs_m * stride_hs + pid_n, s)
@@ -105,7 +106,7 @@ def gemm_down(
     sorted_pairs_ptr, block_expert_ptr, num_padded_ptr,
     NUM_PAIRS, TK, TOPK, K, N, NUM_EXPERTS,
     stride_h, stride_hs, stride_we, stride_wn, stride_wse, stride_wsn, stride_y,
-    FP8: tl.constexpr, HAS_SHARED: tl.constexpr, UPCAST: tl.constexpr,
+    FP8: tl.constexpr, HAS_SHARED: tl.constexpr, UPCAST: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -130,7 +131,7 @@ def gemm_down(
         for k0 in range(0, K, BLOCK_K):
             kb = k0 // BLOCK_K
             kk = k0 + offs_k
-            k_ok = kk < K
+            k_ok = (kk < K) | EVEN_K  # EVEN_K: K % BLOCK_K == 0, the mask folds away
             a = tl.load(a_rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             b = tl.load(b_cols + kk[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
             if FP8:

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-NEG_INF = float("-inf")
+NEG_INF = tl.constexpr(float("-inf"))
 
 
 @triton.jit
