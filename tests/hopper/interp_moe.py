@@ -33,6 +33,17 @@ def main() -> int:
             res = run_case(case, ctx)
             print(f"{fmt} fuse={fuse} {res.status} {case.id} {res.message[:300]}")
             bad += res.status != "passed"
+    # An id outside [-1, E) is a clear error (as in the reference), raised after the launches.
+    from dsa_runtime.families import ExpertWeights
+
+    x = torch.randn(3, 128).bfloat16()
+    ew = ExpertWeights(torch.randn(2, 64, 128).bfloat16(), torch.randn(2, 128, 32).bfloat16())
+    try:
+        TritonMoE().experts(x, torch.ones(3, 1), torch.tensor([[0], [2], [-1]], dtype=torch.int32), ew)
+        print("bad-id check: no error raised")
+        bad += 1
+    except ValueError as exc:
+        print(f"bad-id check: passed ({exc})")
     return 1 if bad else 0
 
 

@@ -59,7 +59,8 @@ def align_pairs(expert_of_pair: Tensor, num_experts: int, block_m: int) -> Exper
     n_pairs = expert_of_pair.shape[0]
     ids = expert_of_pair.long()
     key = torch.where(ids >= 0, ids, num_experts)  # invalid pairs sort last, into a dropped bucket
-    counts = torch.bincount(key, minlength=num_experts + 1)[: num_experts + 1]
+    # scatter_add, not bincount: CUDA bincount reads the max back to the host (a sync, and no graph capture).
+    counts = torch.zeros(num_experts + 1, dtype=torch.long, device=dev).scatter_add_(0, key, torch.ones_like(key))
     padded = (counts + block_m - 1) // block_m * block_m
     padded[num_experts] = 0
     pad_end = torch.cumsum(padded, 0)

@@ -39,15 +39,20 @@ class TileConfig:
 
 
 def default_config(rows_per_expert: float, fp8: bool) -> TileConfig:
-    """Tiles by the expected rows per used expert: 16-row blocks at decode, 128 at prefill."""
-    bk = 128 if fp8 else 64
+    """Tiles by the expected rows per used expert (measured on an H100, docs/benchmarks.md): 16-row blocks
+    at decode (memory-bound: 4 warps, 3 stages), 64-row blocks for FP8 prefill (two 64x128 fp32 accumulators
+    per program; 128 rows spill), 128-row blocks for bf16 prefill."""
+    if not fp8:
+        if rows_per_expert <= 16:
+            return TileConfig(16, block_k=64, stages_up=4, stages_down=4)
+        if rows_per_expert <= 64:
+            return TileConfig(32 if rows_per_expert <= 32 else 64, block_k=64, stages_up=4, stages_down=4)
+        return TileConfig(128, block_k=64, warps_up=8, stages_up=3, warps_down=8, stages_down=3)
     if rows_per_expert <= 16:
-        return TileConfig(16, block_k=bk, stages_up=4, stages_down=4)
+        return TileConfig(16, stages_up=3, stages_down=3)
     if rows_per_expert <= 32:
-        return TileConfig(32, block_k=bk, stages_up=4, stages_down=4)
-    if rows_per_expert <= 96:
-        return TileConfig(64, block_k=bk, stages_up=3, stages_down=4)
-    return TileConfig(128, block_k=bk, warps_up=8, stages_up=3, warps_down=8, stages_down=3)
+        return TileConfig(32, stages_up=3, stages_down=3)
+    return TileConfig(64, warps_up=8, stages_up=3, warps_down=4, stages_down=4)
 
 
 class TritonMoE:
@@ -57,8 +62,8 @@ class TritonMoE:
         scale_fmt: FP8 activation scale rule, ``"ue8m0"`` (V3.1/V3.2) or ``"float"`` (V3/R1). The contract's
             ``experts`` call carries no scale rule, so the model sets it here (or per call, ``scale_fmt=``).
         fuse_shared: run the shared expert inside the routed launches (one more expert, weight 1).
-        check_ids: raise ``ValueError`` on ids outside ``[-1, E)`` (one host sync; skipped while a CUDA graph
-            is being captured). Unchecked bad ids are skipped like ``-1``, never dereferenced.
+        check_ids: raise ``ValueError`` on ids outside ``[-1, E)`` (one host sync after the launches; skipped
+            while a CUDA graph is being captured). Bad ids are skipped like ``-1`` either way, never dereferenced.
         config: fixed tiles (default: chosen per call by :func:`default_config`).
     """
 
@@ -117,10 +122,8 @@ class TritonMoE:
         if topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != tokens:
             raise ValueError(f"topk ids {tuple(topk_ids.shape)} / weights {tuple(topk_weights.shape)} vs {tokens} tokens")
         ids = topk_ids.to(device=x.device, dtype=torch.int32).contiguous()
-        capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
-        if self.check_ids and not capturing and ids.numel() and bool(((ids < -1) | (ids >= n_exp)).any()):
-            raise ValueError(f"expert ids must be -1 or in [0, {n_exp})")
-        ids = torch.where((ids >= 0) & (ids < n_exp), ids, -1)
+        bad = (ids < -1) | (ids >= n_exp)
+        ids = torch.where(bad, -1, ids)  # never dereferenced, whatever the check below decides
         out = torch.empty(tokens, dim, dtype=torch.bfloat16, device=x.device)
         if tokens == 0:
             return out
@@ -130,7 +133,13 @@ class TritonMoE:
             zeros = torch.zeros(tokens, 1, dtype=torch.int32, device=x.device)
             ones = torch.ones(tokens, 1, dtype=torch.float32, device=x.device)
             extra = self._grouped(x, ones, zeros, shared, None, fmt, out=None)
-        return self._grouped(x, topk_weights, ids, experts, shared if fuse else None, fmt, out=out, extra=extra)
+        out = self._grouped(x, topk_weights, ids, experts, shared if fuse else None, fmt, out=out, extra=extra)
+        # Checked after every launch is queued: the one host sync then waits on finished work instead of
+        # leaving the GPU idle while the rest is launched (bad ids were already skipped like -1).
+        capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
+        if self.check_ids and not capturing and bool(bad.any()):
+            raise ValueError(f"expert ids must be -1 or in [0, {n_exp})")
+        return out
 
     def _grouped(
         self, x: Tensor, topk_weights: Tensor, ids: Tensor, experts: ExpertWeights, shared: ExpertWeights | None,

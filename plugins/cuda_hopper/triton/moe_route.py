@@ -5,7 +5,8 @@ One program handles ``BLOCK_T`` tokens and all ``E`` experts of each (``E`` padd
 largest ``b`` (one if the group has a single expert); ``topk_group`` groups by that score; ``top_k`` experts
 by ``b`` inside the kept groups; weights = the chosen ``p``, renormalised (0 when they sum to 0) and scaled.
 Every selection is an ``argmax`` that keeps the lowest index among equals, so ties go to the lower index as
-the contract says. Group sizes need not be powers of two: groups are column ranges, reduced one at a time.
+the contract says. Power-of-two groups are reduced as ``[T, G, group]`` tiles; other group sizes as column
+ranges, one group at a time. The chosen ``p`` are recomputed from reloaded logits (bit-identical sigmoid).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ NEG_INF = tl.constexpr(float("-inf"))
 def _route_kernel(
     logits_ptr, bias_ptr, w_ptr, ids_ptr, T, E, stride_t, scale,
     GROUP_SIZE: tl.constexpr, N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, TOP_K: tl.constexpr,
-    RENORM: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_G: tl.constexpr,
+    RENORM: tl.constexpr, RESHAPE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_G: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -39,18 +40,29 @@ def _route_kernel(
     gcols = tl.arange(0, BLOCK_G)
 
     # Group scores: the largest b of the group plus the largest of the rest (first argmax removed).
-    gscore = tl.full((BLOCK_T, BLOCK_G), NEG_INF, tl.float32)
-    for g in tl.static_range(N_GROUP):
-        in_g = (group_of == g)[None, :] & col_ok[None, :]
-        bg = tl.where(in_g, b, NEG_INF)
-        m1 = tl.max(bg, axis=1)
+    if RESHAPE:  # power-of-two groups filling BLOCK_E: reduce [T, G, group] tiles along the group axis
+        b3 = tl.reshape(b, (BLOCK_T, N_GROUP, GROUP_SIZE))
+        m1 = tl.max(b3, axis=2)
         if GROUP_SIZE > 1:
-            i1 = tl.argmax(bg, axis=1, tie_break_left=True)
-            m2 = tl.max(tl.where(cols[None, :] == i1[:, None], NEG_INF, bg), axis=1)
-            s = m1 + m2
+            i1 = tl.argmax(b3, axis=2, tie_break_left=True)
+            inner = tl.arange(0, GROUP_SIZE)
+            m2 = tl.max(tl.where(inner[None, None, :] == i1[:, :, None], NEG_INF, b3), axis=2)
+            gscore = m1 + m2
         else:
-            s = m1
-        gscore = tl.where(gcols[None, :] == g, s[:, None], gscore)
+            gscore = m1
+    else:
+        gscore = tl.full((BLOCK_T, BLOCK_G), NEG_INF, tl.float32)
+        for g in tl.static_range(N_GROUP):
+            in_g = (group_of == g)[None, :] & col_ok[None, :]
+            bg = tl.where(in_g, b, NEG_INF)
+            m1 = tl.max(bg, axis=1)
+            if GROUP_SIZE > 1:
+                i1 = tl.argmax(bg, axis=1, tie_break_left=True)
+                m2 = tl.max(tl.where(cols[None, :] == i1[:, None], NEG_INF, bg), axis=1)
+                s = m1 + m2
+            else:
+                s = m1
+            gscore = tl.where(gcols[None, :] == g, s[:, None], gscore)
 
     # Keep TOPK_GROUP groups: repeated argmax over a "taken" mask (never over a -inf sentinel alone).
     gvalid = gcols < N_GROUP
@@ -59,30 +71,33 @@ def _route_kernel(
         cand = tl.where(gvalid[None, :] & (kept == 0), gscore, NEG_INF)
         gi = tl.argmax(cand, axis=1, tie_break_left=True)
         kept = tl.where(gcols[None, :] == gi[:, None], 1, kept)
-    keep_e = tl.zeros((BLOCK_T, BLOCK_E), tl.int32)
-    for g in tl.static_range(N_GROUP):
-        kg = tl.sum(tl.where(gcols[None, :] == g, kept, 0), axis=1)
-        keep_e = tl.where((group_of == g)[None, :] & (kg[:, None] > 0), 1, keep_e)
-    keep_e = tl.where(col_ok[None, :], keep_e, 0)
+    if RESHAPE:
+        keep_e = tl.reshape(tl.broadcast_to(kept[:, :, None], (BLOCK_T, N_GROUP, GROUP_SIZE)), (BLOCK_T, BLOCK_E))
+    else:
+        keep_e = tl.zeros((BLOCK_T, BLOCK_E), tl.int32)
+        for g in tl.static_range(N_GROUP):
+            kg = tl.sum(tl.where(gcols[None, :] == g, kept, 0), axis=1)
+            keep_e = tl.where((group_of == g)[None, :] & (kg[:, None] > 0), 1, keep_e)
+        keep_e = tl.where(col_ok[None, :], keep_e, 0)
 
     # Top-k experts by b among the kept groups' experts.
     kcols = tl.arange(0, BLOCK_K)
     chosen = tl.zeros((BLOCK_T, BLOCK_E), tl.int32)
     out_ids = tl.zeros((BLOCK_T, BLOCK_K), tl.int32)
-    out_w = tl.zeros((BLOCK_T, BLOCK_K), tl.float32)
     for j in tl.static_range(TOP_K):
         cand = tl.where((keep_e != 0) & (chosen == 0), b, NEG_INF)
         ei = tl.argmax(cand, axis=1, tie_break_left=True)
         hit = cols[None, :] == ei[:, None]
         chosen = tl.where(hit, 1, chosen)
-        pe = tl.sum(tl.where(hit, p, 0.0), axis=1)
         out_ids = tl.where(kcols[None, :] == j, ei[:, None], out_ids)
-        out_w = tl.where(kcols[None, :] == j, pe[:, None], out_w)
+    # The chosen p: reload the chosen logits (L1/L2 hits) rather than reducing the tile once more per pick.
+    kmask = row_ok[:, None] & (kcols < TOP_K)[None, :]
+    x_sel = tl.load(logits_ptr + rows[:, None] * stride_t + out_ids, mask=kmask, other=0.0).to(tl.float32)
+    out_w = tl.where(kmask, tl.sigmoid(x_sel), 0.0)
     if RENORM:
         total = tl.sum(out_w, axis=1)
         out_w = tl.where(total[:, None] > 0, out_w / total[:, None], 0.0)
     out_w = out_w * scale
-    kmask = row_ok[:, None] & (kcols < TOP_K)[None, :]
     tl.store(w_ptr + rows[:, None] * TOP_K + kcols[None, :], out_w, mask=kmask)
     tl.store(ids_ptr + rows[:, None] * TOP_K + kcols[None, :], out_ids, mask=kmask)
 
@@ -121,6 +136,7 @@ def route(
     _route_kernel[grid](
         logits, bias, weights, ids, tokens, n_exp, logits.stride(0), float(routed_scaling_factor),
         GROUP_SIZE=group_size, N_GROUP=n_group, TOPK_GROUP=topk_group, TOP_K=top_k, RENORM=bool(renormalize),
+        RESHAPE=block_e == n_exp and n_group == triton.next_power_of_2(n_group) and n_group > 1,
         BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_G=max(2, triton.next_power_of_2(n_group)),
         BLOCK_K=max(2, triton.next_power_of_2(top_k)), num_warps=num_warps or 4,
     )
