@@ -62,7 +62,8 @@ def align_pairs(expert_of_pair: Tensor, num_experts: int, block_m: int) -> Exper
     # scatter_add, not bincount: CUDA bincount reads the max back to the host (a sync, and no graph capture).
     counts = torch.zeros(num_experts + 1, dtype=torch.long, device=dev).scatter_add_(0, key, torch.ones_like(key))
     padded = (counts + block_m - 1) // block_m * block_m
-    padded[num_experts] = 0
+    # The invalid bucket gets no rows (a multiply, not an item assignment: no host copy under graph capture).
+    padded = padded * (torch.arange(num_experts + 1, device=dev) < num_experts)
     pad_end = torch.cumsum(padded, 0)
     pad_start = pad_end - padded
     raw_start = torch.cumsum(counts, 0) - counts
