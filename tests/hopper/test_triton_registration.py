@@ -64,17 +64,18 @@ def test_auto_on_hopper_resolves_moe_to_triton_with_a_logged_reason(monkeypatch,
     caplog.set_level(logging.INFO, logger="dsa_runtime.resolve")
     monkeypatch.setenv("DSA_FAKE_GPU", "NVIDIA H100 80GB HBM3:9.0")
     resolved = resolve_kernels(KernelConfig())
-    choice = resolved.choices["moe"]
-    assert choice.backend == "triton"
-    assert choice.reason.startswith("cuda_hopper default: Triton fused grouped routing")
-    assert any(r.getMessage().startswith("moe -> triton (cuda_hopper default: Triton") for r in caplog.records)
-    assert type(resolved.moe).__name__ == "TritonMoE"
-    assert resolved.choices["topk"].backend == "reference"  # other families wait for their kernels
+    for method in ("moe.route", "moe.experts"):
+        choice = resolved.choices[method]
+        assert choice.backend == "triton"
+        assert choice.reason.startswith("cuda_hopper default: Triton fused grouped routing")
+        assert any(r.getMessage().startswith(f"{method} -> triton (cuda_hopper default: Triton") for r in caplog.records)
+    assert type(resolved.moe.experts.__self__).__name__ == "TritonMoE"
+    assert resolved.choices["topk.topk"].backend == "reference"  # other families wait for their kernels
 
 
 def test_auto_on_hopper_without_triton_falls_back_with_reason(monkeypatch):
     monkeypatch.setenv("DSA_FAKE_GPU", "NVIDIA H100 80GB HBM3:9.0")
     monkeypatch.setattr(hopper, "module_available", lambda name: False)
-    choice = resolve_kernels(KernelConfig()).choices["moe"]
+    choice = resolve_kernels(KernelConfig()).choices["moe.experts"]
     assert choice.backend == "reference"
     assert "triton package is not installed" in choice.reason
