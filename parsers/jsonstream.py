@@ -85,7 +85,8 @@ class JsonObjectStream:
         if state == _SEEK and not self._pre.strip():
             out = "{}"
         elif state == _SEEK:
-            out = _strip_fence_close(_FENCE_OPEN_LINE.sub("", self._pre, count=1).lstrip())
+            # A fence with nothing in it is no argument text either (a V3 call cut right after its fence line).
+            out = _strip_fence_close(_FENCE_OPEN_LINE.sub("", self._pre, count=1).lstrip()) or "{}"
         elif state == _RAW:
             out = _strip_fence_close(self._tail)
         elif state == _DONE:
