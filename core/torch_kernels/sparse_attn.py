@@ -1,0 +1,140 @@
+"""Sparse MLA attention (absorbed / MQA form) for the ``torch`` backend: batched GEMMs, two strategies.
+
+* **gather** (decode, and prefill over long buffers): the selected rows are gathered once per chunk of
+  queries into ``[m, K, 576]`` fp32 and both products are batched ``bmm`` calls.
+* **dense-then-select** (prefill when the buffer has at most ``DENSE_FACTOR * K`` rows): one GEMM scores every
+  query against every row, the selected scores are gathered, and the probabilities are scattered back
+  (``scatter_add``: duplicate indices each count) into a dense ``[T * H, S]`` matrix for a second GEMM.
+  Used only when every row of the buffer is finite, since unselected rows enter the GEMMs (times 0).
+
+Scores and the log-sum-exp are fp32 (the lse tolerance is 1e-4 relative); rows that a ``-1`` index stands in
+for are zeroed before any product, so poisoned (NaN) rows never leak through ``0 * NaN``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from dsa_runtime.families import D_QK, D_V, MLALayout
+from dsa_runtime.reference.kv_quant import unpack_mla_fp32
+
+CHUNK_ELEMENTS = 1 << 23  # fp32 elements of one gathered [m, K, 576] block or dense [m, H, S] score block
+DENSE_FACTOR = 4
+
+
+def _finish(scores: Tensor, valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Masked softmax pieces of ``scores`` ``[m, H, K]`` fp32 (``valid`` ``[m, K]``).
+
+    Returns unnormalised probabilities ``p`` (0 where invalid), their row sums ``denom`` ``[m, H, 1]`` (>= 1
+    where any key is valid, clamped away from 0 elsewhere) and ``lse`` ``[m, H]`` (``+inf`` for empty rows).
+    """
+    scores = scores.masked_fill_(~valid[:, None, :], float("-inf"))
+    peak = scores.amax(dim=-1, keepdim=True)
+    empty = peak == float("-inf")
+    peak = peak.masked_fill(empty, 0.0)
+    p = torch.exp_(scores.sub_(peak))
+    denom = p.sum(dim=-1, keepdim=True)
+    lse = (denom.log() + peak).squeeze(-1).masked_fill_(empty.squeeze(-1), float("inf"))
+    return p, denom.clamp_min_(1e-30), lse
+
+
+def _gather_attend(q: Tensor, rows: Tensor, valid: Tensor, sm_scale: float, d_v: int) -> tuple[Tensor, Tensor]:
+    """q ``[m, H, 576]`` fp32, gathered rows ``[m, K, 576]`` fp32 (zero where invalid) -> out, lse."""
+    scores = torch.bmm(q, rows.transpose(1, 2)).mul_(sm_scale)
+    p, denom, lse = _finish(scores, valid)
+    return torch.bmm(p, rows[..., :d_v]).div_(denom), lse
+
+
+def _gathered(q: Tensor, idx: Tensor, fetch, sm_scale: float, d_v: int) -> tuple[Tensor, Tensor]:
+    """Gather strategy over chunks of queries: q ``[M, H, 576]``, idx ``[M, K]`` int64 (``-1`` empty)."""
+    m_total, heads, _ = q.shape
+    top_k = idx.shape[1]
+    out = torch.empty(m_total, heads, d_v, dtype=torch.float32, device=q.device)
+    lse = torch.empty(m_total, heads, dtype=torch.float32, device=q.device)
+    chunk = max(1, CHUNK_ELEMENTS // (top_k * max(D_QK, heads)))
+    for m0 in range(0, m_total, chunk):
+        m1 = min(m0 + chunk, m_total)
+        valid = idx[m0:m1] >= 0
+        rows = fetch(idx[m0:m1].clamp_min(0)).masked_fill_(~valid[..., None], 0.0)
+        out[m0:m1], lse[m0:m1] = _gather_attend(q[m0:m1].float(), rows, valid, sm_scale, d_v)
+    return out, lse
+
+
+def _dense_select(q: Tensor, kv: Tensor, idx: Tensor, sm_scale: float, d_v: int) -> tuple[Tensor, Tensor]:
+    """Dense-then-select strategy: q ``[T, H, 576]``, kv ``[S, 576]`` fp32 (finite), idx ``[T, K]`` int64."""
+    t_total, heads, _ = q.shape
+    s_total = kv.shape[0]
+    out = torch.empty(t_total, heads, d_v, dtype=torch.float32, device=q.device)
+    lse = torch.empty(t_total, heads, dtype=torch.float32, device=q.device)
+    kv_t, values = kv.T, kv[:, :d_v]
+    chunk = max(1, CHUNK_ELEMENTS // (heads * max(s_total, idx.shape[1])))
+    for t0 in range(0, t_total, chunk):
+        t1 = min(t0 + chunk, t_total)
+        m = t1 - t0
+        valid = idx[t0:t1] >= 0
+        where = idx[t0:t1].clamp_min(0)[:, None, :].expand(m, heads, -1)
+        full = (q[t0:t1].float().reshape(m * heads, D_QK) @ kv_t).view(m, heads, s_total)
+        p, denom, lse[t0:t1] = _finish(torch.gather(full, 2, where).mul_(sm_scale), valid)
+        probs = torch.zeros_like(full).scatter_add_(2, where, p)  # duplicates each contribute
+        out[t0:t1] = (probs.view(m * heads, s_total) @ values).view(m, heads, d_v).div_(denom)
+    return out, lse
+
+
+def _check_indices(idx: Tensor, n_rows: int) -> None:
+    if idx.numel() and (int(idx.min()) < -1 or int(idx.max()) >= n_rows):
+        raise ValueError(f"sparse attention indices must be -1 or in [0, {n_rows})")
+
+
+class TorchSparseAttn:
+    """:class:`dsa_runtime.families.SparseAttnKernels` with batched GEMMs."""
+
+    def prefill(
+        self, q: Tensor, kv: Tensor, indices: Tensor, sm_scale: float, d_v: int = D_V
+    ) -> tuple[Tensor, Tensor]:
+        """q ``[T, H, 576]`` bf16, kv ``[S, 576]`` bf16, indices ``[T, K]`` -> out ``[T, H, d_v]`` bf16, lse ``[T, H]``."""
+        if q.dim() != 3 or q.shape[-1] != D_QK or kv.dim() != 2 or kv.shape[-1] != D_QK:
+            raise ValueError(
+                f"expected q [T, H, 576] and kv [S, 576], got {tuple(q.shape)}, {tuple(kv.shape)}"
+            )
+        t_total, heads, _ = q.shape
+        idx = indices.to(device=q.device, dtype=torch.int64)
+        if idx.shape[1] == 0 or kv.shape[0] == 0 or t_total == 0:
+            return (torch.zeros(t_total, heads, d_v, dtype=torch.bfloat16, device=q.device),
+                    torch.full((t_total, heads), float("inf"), dtype=torch.float32, device=q.device))
+        _check_indices(idx, kv.shape[0])
+        kvf = kv.float()
+        if kv.shape[0] <= DENSE_FACTOR * idx.shape[1] and bool(torch.isfinite(kvf).all()):
+            out, lse = _dense_select(q, kvf, idx, sm_scale, d_v)
+        else:
+            out, lse = _gathered(q, idx, lambda i: kvf[i], sm_scale, d_v)
+        return out.to(torch.bfloat16), lse
+
+    def decode(
+        self,
+        q: Tensor,
+        kv_cache: Tensor,
+        indices: Tensor,
+        sm_scale: float,
+        *,
+        layout: MLALayout,
+        d_v: int = D_V,
+    ) -> tuple[Tensor, Tensor]:
+        """q ``[B, Q, H, 576]``, paged cache, indices ``[B, Q, K]`` slots -> out ``[B, Q, H, d_v]`` bf16, lse."""
+        if q.dim() != 4 or q.shape[-1] != D_QK or indices.shape[:2] != q.shape[:2]:
+            raise ValueError(
+                f"expected q [B, Q, H, 576] and indices [B, Q, K], got {tuple(q.shape)}, {tuple(indices.shape)}"
+            )
+        batch, n_q, heads, _ = q.shape
+        flat = kv_cache.reshape(-1, kv_cache.shape[-1])  # slot = page * page_size + offset
+        idx = indices.to(device=q.device, dtype=torch.int64).reshape(batch * n_q, -1)
+        if idx.shape[1] == 0 or flat.shape[0] == 0 or batch * n_q == 0:
+            return (torch.zeros(batch, n_q, heads, d_v, dtype=torch.bfloat16, device=q.device),
+                    torch.full((batch, n_q, heads), float("inf"), dtype=torch.float32, device=q.device))
+        _check_indices(idx, flat.shape[0])
+
+        def fetch(i: Tensor) -> Tensor:
+            return unpack_mla_fp32(flat[i.reshape(-1)], layout).view(*i.shape, D_QK)
+
+        out, lse = _gathered(q.reshape(batch * n_q, heads, D_QK), idx, fetch, sm_scale, d_v)
+        return out.view(batch, n_q, heads, d_v).to(torch.bfloat16), lse.view(batch, n_q, heads)
