@@ -12,6 +12,7 @@ from torch import Tensor
 
 from dsa_runtime.families import INDEX_HEAD_DIM, ScaleFmt
 from dsa_runtime.reference.fp8 import quantize_blocks
+from dsa_runtime.torch_kernels import e4m3
 from dsa_runtime.torch_kernels.paged import index_k_views
 from dsa_runtime.torch_kernels.rotate import hadamard_rotate
 
@@ -57,7 +58,7 @@ class TorchIndexer:
         if t_total == 0 or s_total == 0:
             return out
         ks, ke = ks.to(device=device, dtype=torch.int64), ke.to(device=device, dtype=torch.int64)
-        qf, wf, kf = q8.float(), weights.float(), k8.float()
+        qf, wf, kf = e4m3.to_float(q8), weights.float(), e4m3.to_float(k8)
         scale = k_scale.float().to(device)
         cols = torch.arange(s_total, device=device)
         row_chunk = max(1, CHUNK_ELEMENTS // max(1, heads * s_total))
@@ -94,7 +95,7 @@ class TorchIndexer:
         # Requests per chunk: bounds the gathered [b, W, 128] keys and [b, N * H, W] scores (fp32).
         per_request = width * (d + n_q * heads)
         step = max(1, CHUNK_ELEMENTS // per_request)
-        q = q8.float().reshape(batch, n_q * heads, d)
+        q = e4m3.to_float(q8).reshape(batch, n_q * heads, d)
         w = weights.float().view(batch, n_q, heads)
         lens = context_lens.to(device=device, dtype=torch.int64)
         for b0 in range(0, batch, step):
@@ -106,24 +107,27 @@ class TorchIndexer:
 
 def _paged_block(q: Tensor, w: Tensor, keys: Tensor, scales: Tensor, lens: Tensor, block_table: Tensor,
                  width: int) -> Tensor:
-    """Logits of a few requests: q ``[b, N * H, 128]`` fp32, w ``[b, N, H]`` -> ``[b, N, W]`` fp32."""
+    """Logits of a few requests: q ``[b, N * H, 128]`` fp32, w ``[b, N, H]`` -> ``[b, N, W]`` fp32.
+
+    Whole pages are copied with ``index_select`` (one contiguous block per page, much faster than indexing
+    by (page, offset) pairs), then cut to the first ``W`` positions.
+    """
     batch, n_q, heads = w.shape
     device = q.device
     page_size = keys.shape[1]
-    pos = torch.arange(width, device=device)
     n_pages = -(-width // page_size)
     table = block_table.to(device=device, dtype=torch.int64)[:, :n_pages]
     if table.shape[1] < n_pages:  # positions past the table are never visible; pad with page 0
         table = torch.nn.functional.pad(table, (0, n_pages - table.shape[1]))
     # Entries past a request's length may be anything: clamp them into range, they are masked below.
-    table = table.clamp(0, keys.shape[0] - 1)
-    page = table[:, pos // page_size]  # [b, W]
-    offset = (pos % page_size).expand(batch, width)
-    k = keys[page, offset].view(torch.float8_e4m3fn).float()  # [b, W, 128]
-    scores = torch.bmm(q, k.transpose(1, 2)).relu_().view(batch * n_q, heads, width)
+    pages = table.clamp(0, keys.shape[0] - 1).reshape(-1)
+    k8 = keys.index_select(0, pages).view(batch, n_pages * page_size, -1)[:, :width]  # [b, W, 128] uint8
+    k_scale = scales.index_select(0, pages).view(batch, n_pages * page_size)[:, :width]
+    scores = torch.bmm(q, e4m3.to_float(k8).transpose(1, 2)).relu_().view(batch * n_q, heads, width)
     logits = torch.bmm(w.reshape(batch * n_q, 1, heads), scores).view(batch, n_q, width)
-    logits = logits * scales[page, offset].unsqueeze(1)
+    logits.mul_(k_scale.unsqueeze(1))
     # Query j of request b sees p < len_b - N + j + 1 (the last N cache tokens are the new queries).
+    pos = torch.arange(width, device=device)
     limit = lens[:, None] - n_q + 1 + torch.arange(n_q, device=device)[None, :]  # [b, N]
     visible = pos[None, None, :] < limit[:, :, None]
     return logits.masked_fill_(~visible, float("-inf"))

@@ -103,7 +103,7 @@ class TorchMoE:
             by_expert, order = torch.sort(flat[pairs], stable=True)
             pairs = pairs[order]
             tok = pairs // ids.shape[1]
-            xs = xc[tok]
+            xs = xc.index_select(0, tok)
             ys = torch.empty(pairs.numel(), x.shape[1], dtype=torch.float32, device=x.device)
             start = 0
             for e, count in enumerate(torch.bincount(by_expert, minlength=n_exp).tolist()):

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from dsa_runtime.families import D_QK, D_V, MLALayout
-from dsa_runtime.reference.kv_quant import unpack_mla_fp32
+from dsa_runtime.torch_kernels.mla_rows import rows_to_float
 
 CHUNK_ELEMENTS = 1 << 23  # fp32 elements of one gathered [m, K, 576] block or dense [m, H, S] score block
 DENSE_FACTOR = 4
@@ -107,7 +107,8 @@ class TorchSparseAttn:
         if kv.shape[0] <= DENSE_FACTOR * idx.shape[1] and bool(torch.isfinite(kvf).all()):
             out, lse = _dense_select(q, kvf, idx, sm_scale, d_v)
         else:
-            out, lse = _gathered(q, idx, lambda i: kvf[i], sm_scale, d_v)
+            out, lse = _gathered(q, idx, lambda i: kvf.index_select(0, i.reshape(-1)).view(*i.shape, D_QK),
+                                 sm_scale, d_v)
         return out.to(torch.bfloat16), lse
 
     def decode(
@@ -134,7 +135,7 @@ class TorchSparseAttn:
         _check_indices(idx, flat.shape[0])
 
         def fetch(i: Tensor) -> Tensor:
-            return unpack_mla_fp32(flat[i.reshape(-1)], layout).view(*i.shape, D_QK)
+            return rows_to_float(flat.index_select(0, i.reshape(-1)), layout).view(*i.shape, D_QK)
 
         out, lse = _gathered(q.reshape(batch * n_q, heads, D_QK), idx, fetch, sm_scale, d_v)
         return out.view(batch, n_q, heads, d_v).to(torch.bfloat16), lse.view(batch, n_q, heads)
