@@ -16,33 +16,46 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from dsa_runtime.families import D_QK, D_V, MLALayout
+from dsa_runtime.families import D_QK, D_V, FP8_MLA_ROW_BYTES, MLALayout
 from dsa_runtime.torch_kernels.mla_rows import rows_to_float
 
 CHUNK_ELEMENTS = 1 << 23  # fp32 elements of one gathered [m, K, 576] block or dense [m, H, S] score block
 DENSE_FACTOR = 4
 
 
-def _finish(scores: Tensor, valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Masked softmax pieces of ``scores`` ``[m, H, K]`` fp32 (``valid`` ``[m, K]``).
+def _finish(scores: Tensor, valid: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """Masked softmax pieces of ``scores`` ``[m, H, K]`` fp32 (``valid`` ``[m, K]``, None when all are).
 
     Returns unnormalised probabilities ``p`` (0 where invalid), their row sums ``denom`` ``[m, H, 1]`` (>= 1
     where any key is valid, clamped away from 0 elsewhere) and ``lse`` ``[m, H]`` (``+inf`` for empty rows).
     """
-    scores = scores.masked_fill_(~valid[:, None, :], float("-inf"))
+    if valid is not None:
+        scores = scores.masked_fill_(~valid[:, None, :], float("-inf"))
     peak = scores.amax(dim=-1, keepdim=True)
-    empty = peak == float("-inf")
-    peak = peak.masked_fill(empty, 0.0)
+    empty = None
+    if valid is not None:
+        empty = peak == float("-inf")
+        peak = peak.masked_fill(empty, 0.0)
     p = torch.exp_(scores.sub_(peak))
     denom = p.sum(dim=-1, keepdim=True)
-    lse = (denom.log() + peak).squeeze(-1).masked_fill_(empty.squeeze(-1), float("inf"))
-    return p, denom.clamp_min_(1e-30), lse
+    lse = (denom.log() + peak).squeeze(-1)
+    if empty is not None:
+        lse.masked_fill_(empty.squeeze(-1), float("inf"))
+        denom.clamp_min_(1e-30)
+    return p, denom, lse
 
 
-def _gather_attend(q: Tensor, rows: Tensor, valid: Tensor, sm_scale: float, d_v: int) -> tuple[Tensor, Tensor]:
-    """q ``[m, H, 576]`` fp32, gathered rows ``[m, K, 576]`` fp32 (zero where invalid) -> out, lse."""
-    scores = torch.bmm(q, rows.transpose(1, 2)).mul_(sm_scale)
+def _gather_attend(q: Tensor, rows: Tensor, valid: Tensor | None, sm_scale: float, d_v: int) -> tuple[Tensor, Tensor]:
+    """q ``[m, H, 576]`` fp32, gathered rows ``[m, K, 576]`` bf16 or fp32 (zero where invalid) -> out, lse.
+
+    Scores in fp32. With bf16 rows the ``P @ V`` product runs in bf16 (normalised ``P`` rounded once,
+    fp32 accumulation inside the GEMM, ~2.5x faster than fp32 on CPUs with AVX512-BF16), well inside the
+    ``sparse_attn.out`` tolerance; the full 576-wide rows are used because a sliced operand is slower.
+    """
+    scores = torch.bmm(q, rows.float().transpose(1, 2)).mul_(sm_scale)
     p, denom, lse = _finish(scores, valid)
+    if rows.dtype == torch.bfloat16:
+        return torch.bmm(p.div_(denom).to(torch.bfloat16), rows)[..., :d_v].float(), lse
     return torch.bmm(p, rows[..., :d_v]).div_(denom), lse
 
 
@@ -56,8 +69,12 @@ def _gathered(q: Tensor, idx: Tensor, fetch, sm_scale: float, d_v: int) -> tuple
     for m0 in range(0, m_total, chunk):
         m1 = min(m0 + chunk, m_total)
         valid = idx[m0:m1] >= 0
-        rows = fetch(idx[m0:m1].clamp_min(0)).masked_fill_(~valid[..., None], 0.0)
-        out[m0:m1], lse[m0:m1] = _gather_attend(q[m0:m1].float(), rows, valid, sm_scale, d_v)
+        rows = fetch(idx[m0:m1].clamp_min(0))
+        holes = (~valid).view(-1).nonzero().squeeze(1)
+        if holes.numel():  # zero the stand-in rows (row 0 may be poison) before any product
+            rows.view(-1, D_QK).index_fill_(0, holes, 0.0)
+        out[m0:m1], lse[m0:m1] = _gather_attend(q[m0:m1].float(), rows, valid if holes.numel() else None,
+                                                sm_scale, d_v)
     return out, lse
 
 
@@ -103,11 +120,11 @@ class TorchSparseAttn:
             return (torch.zeros(t_total, heads, d_v, dtype=torch.bfloat16, device=q.device),
                     torch.full((t_total, heads), float("inf"), dtype=torch.float32, device=q.device))
         _check_indices(idx, kv.shape[0])
-        kvf = kv.float()
-        if kv.shape[0] <= DENSE_FACTOR * idx.shape[1] and bool(torch.isfinite(kvf).all()):
+        kvf = kv.float() if kv.shape[0] <= DENSE_FACTOR * idx.shape[1] else None
+        if kvf is not None and bool(torch.isfinite(kvf).all()):
             out, lse = _dense_select(q, kvf, idx, sm_scale, d_v)
         else:
-            out, lse = _gathered(q, idx, lambda i: kvf.index_select(0, i.reshape(-1)).view(*i.shape, D_QK),
+            out, lse = _gathered(q, idx, lambda i: kv.index_select(0, i.reshape(-1)).view(*i.shape, D_QK),
                                  sm_scale, d_v)
         return out.to(torch.bfloat16), lse
 
@@ -127,6 +144,10 @@ class TorchSparseAttn:
                 f"expected q [B, Q, H, 576] and indices [B, Q, K], got {tuple(q.shape)}, {tuple(indices.shape)}"
             )
         batch, n_q, heads, _ = q.shape
+        width, dtype = (D_QK, torch.bfloat16) if layout == "bf16" else (FP8_MLA_ROW_BYTES, torch.uint8)
+        if layout not in ("bf16", "fp8_656") or kv_cache.shape[-1] != width or kv_cache.dtype != dtype:
+            raise ValueError(f"{layout} cache must be [pages, page_size, {width}] {dtype}, got "
+                             f"{tuple(kv_cache.shape)} {kv_cache.dtype}")
         flat = kv_cache.reshape(-1, kv_cache.shape[-1])  # slot = page * page_size + offset
         idx = indices.to(device=q.device, dtype=torch.int64).reshape(batch * n_q, -1)
         if idx.shape[1] == 0 or flat.shape[0] == 0 or batch * n_q == 0:
@@ -135,7 +156,8 @@ class TorchSparseAttn:
         _check_indices(idx, flat.shape[0])
 
         def fetch(i: Tensor) -> Tensor:
-            return rows_to_float(flat.index_select(0, i.reshape(-1)), layout).view(*i.shape, D_QK)
+            rows = flat.index_select(0, i.reshape(-1))
+            return (rows if layout == "bf16" else rows_to_float(rows, layout)).view(*i.shape, D_QK)
 
         out, lse = _gathered(q.reshape(batch * n_q, heads, D_QK), idx, fetch, sm_scale, d_v)
         return out.view(batch, n_q, heads, d_v).to(torch.bfloat16), lse.view(batch, n_q, heads)
