@@ -34,19 +34,24 @@ def _detect_cpu() -> Detection:
     return Detection(present=True, reason="a CPU is always present", device="cpu")
 
 
+# Logged with every method resolved on the CPU (``<method> -> torch (cpu default: ...)``).
+_CPU_BACKEND_REASON = "torch first (vectorised PyTorch for CPU, kit-certified), reference as the fallback"
+
+
 def _cpu_defaults(_: Detection) -> PlatformDefaults:
     return PlatformDefaults(
         kv_layout="bf16",
         page_size=64,
         dense_prefill_threshold=2048,
-        prefill_attn="reference",
-        decode_attn="reference",
+        prefill_attn="torch",
+        decode_attn="torch",
         backends=dict.fromkeys(FAMILIES, ("torch", "reference")),
         reasons={
             "kv_layout": "bf16 KV: no FP8 arithmetic advantage on CPU",
             "page_size": "64, the page size every GPU kernel uses, so caches are interchangeable",
             "backends": "torch (batched GEMMs, torch.topk, bf16 MoE GEMMs; certified against reference by the "
             "conformance kit) first, the reference oracle as the fallback",
+            **dict.fromkeys(FAMILIES, _CPU_BACKEND_REASON),
         },
     )
 
