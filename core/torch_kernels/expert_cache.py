@@ -1,10 +1,11 @@
 """Dequantised expert weights, computed once per :class:`ExpertWeights` and reused by every call.
 
 The reference dequantises FP8 experts (``repeat_interleave`` of the block scales, fp32 products) on every
-call; a decode step calls the MoE once per layer, so that work dominated CPU decode. Here the bf16 copy is
-made on first use and kept while the weight tensor lives (a weak reference on ``w13``), and dropped when the
-weights change in place (tensor version counters, where the tensor has one). bf16 because CPUs with AVX512-BF16/AMX run bf16 GEMMs
-several times faster than fp32, and the contract allows bf16 intermediates.
+call; a decode step calls the MoE once per layer, so that work dominated CPU decode. Here the copy is made
+on first use and kept while the weight tensor lives (a weak reference on ``w13``), and dropped when the
+weights change in place (tensor version counters, where the tensor has one). The copy is in the dtype of
+the activations: bf16 for bf16 models (CPUs with AVX512-BF16/AMX run bf16 GEMMs several times faster than
+fp32, and the contract allows bf16 intermediates), fp32 for a float32 model (its verification mode).
 """
 
 from __future__ import annotations
@@ -16,9 +17,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from dsa_runtime.families import ExpertWeights
 from dsa_runtime.reference.fp8 import block_dequant_weight
 
-COMPUTE_DTYPE = torch.bfloat16
-
-# w13 tensor -> (versions of the four tensors, w13 [E, 2I, D], w2 [E, D, I]) in COMPUTE_DTYPE
+# w13 tensor -> {dtype: (versions of the four tensors, w13 [E, 2I, D], w2 [E, D, I])}
 _CACHE = WeakIdKeyDictionary()  # keyed by identity: Tensor.__eq__ is elementwise
 
 
@@ -32,23 +31,26 @@ def _versions(experts: ExpertWeights) -> tuple[int, ...]:
     return tuple(_version(t) for t in (experts.w13, experts.w2, experts.w13_scale, experts.w2_scale))
 
 
-def _dequant(w: Tensor, scale: Tensor | None) -> Tensor:
+def _dequant(w: Tensor, scale: Tensor | None, dtype: torch.dtype) -> Tensor:
     if scale is None:
-        return w.to(COMPUTE_DTYPE)
-    return block_dequant_weight(w, scale).to(COMPUTE_DTYPE)
+        return w.to(dtype)
+    return block_dequant_weight(w, scale).to(dtype)
 
 
-def compute_weights(experts: ExpertWeights) -> tuple[Tensor, Tensor]:
-    """``w13`` ``[E, 2I, D]`` and ``w2`` ``[E, D, I]`` in bf16 (block-dequantised when FP8), cached."""
+def compute_weights(experts: ExpertWeights, dtype: torch.dtype = torch.bfloat16) -> tuple[Tensor, Tensor]:
+    """``w13`` ``[E, 2I, D]`` and ``w2`` ``[E, D, I]`` in ``dtype`` (block-dequantised when FP8), cached."""
     if experts.is_fp8 and experts.w2_scale is None:
         raise ValueError("FP8 experts need both w13_scale and w2_scale")
-    if not experts.is_fp8 and experts.w13.dtype == COMPUTE_DTYPE and experts.w2.dtype == COMPUTE_DTYPE:
+    if not experts.is_fp8 and experts.w13.dtype == dtype and experts.w2.dtype == dtype:
         return experts.w13, experts.w2
     versions = _versions(experts)
-    hit = _CACHE.get(experts.w13)
+    per_dtype = _CACHE.get(experts.w13)
+    if per_dtype is None:
+        per_dtype = _CACHE[experts.w13] = {}
+    hit = per_dtype.get(dtype)
     if hit is not None and hit[0] == versions:
         return hit[1], hit[2]
-    w13 = _dequant(experts.w13, experts.w13_scale)
-    w2 = _dequant(experts.w2, experts.w2_scale)
-    _CACHE[experts.w13] = (versions, w13, w2)
+    w13 = _dequant(experts.w13, experts.w13_scale, dtype)
+    w2 = _dequant(experts.w2, experts.w2_scale, dtype)
+    per_dtype[dtype] = (versions, w13, w2)
     return w13, w2

@@ -11,9 +11,9 @@ import torch
 from torch import Tensor
 
 from dsa_runtime.families import INDEX_HEAD_DIM, ScaleFmt
-from dsa_runtime.torch_kernels.quant import quantize_blocks
 from dsa_runtime.torch_kernels import e4m3
 from dsa_runtime.torch_kernels.paged import index_k_views
+from dsa_runtime.torch_kernels.quant import quantize_blocks
 from dsa_runtime.torch_kernels.rotate import hadamard_rotate
 
 CHUNK_ELEMENTS = 1 << 24  # fp32 elements of one [rows, H, S] score block

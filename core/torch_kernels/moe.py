@@ -4,9 +4,10 @@ Routing is fp32 like the reference; ``torch.topk`` replaces the stable full sort
 tie straddles the cut (the k-th and (k+1)-th values equal, where ``topk``'s choice is arbitrary) are ranked
 with a stable sort, which keeps the contract's rule that the lower index wins.
 
-Experts: the (token, slot) pairs are sorted by expert once, each active expert runs two bf16 GEMMs over its
-tokens (weights from ``expert_cache``, dequantised once), the SwiGLU activation is computed in fp32, and the
-weighted results are accumulated in fp32 with one ``index_add_``. Output bf16.
+Experts: the (token, slot) pairs are sorted by expert once, each active expert runs two GEMMs over its
+tokens (weights from ``expert_cache``, dequantised once) in bf16 for bf16 activations (fp32 for a float32
+model), the SwiGLU activation is computed in fp32, and the weighted results are accumulated in fp32 with one
+``index_add_``. Output bf16.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from torch import Tensor
 
 from dsa_runtime.families import ExpertWeights
-from dsa_runtime.torch_kernels.expert_cache import COMPUTE_DTYPE, compute_weights
+from dsa_runtime.torch_kernels.expert_cache import compute_weights
 
 
 def top_lower_first(x: Tensor, k: int) -> Tensor:
@@ -94,12 +95,13 @@ class TorchMoE:
         ids = topk_ids.to(device=x.device, dtype=torch.int64)
         if ids.numel() and (int(ids.min()) < -1 or int(ids.max()) >= n_exp):
             raise ValueError(f"expert ids must be -1 or in [0, {n_exp})")
-        xc = x.to(COMPUTE_DTYPE)
+        dtype = torch.float32 if x.dtype == torch.float32 else torch.bfloat16
+        xc = x.to(dtype)
         out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
         flat = ids.reshape(-1)
         pairs = torch.nonzero(flat >= 0).squeeze(1)
         if pairs.numel():
-            w13, w2 = compute_weights(experts)
+            w13, w2 = compute_weights(experts, dtype)
             by_expert, order = torch.sort(flat[pairs], stable=True)
             pairs = pairs[order]
             tok = pairs // ids.shape[1]
@@ -113,6 +115,6 @@ class TorchMoE:
             ys.mul_(topk_weights.to(device=x.device, dtype=torch.float32).reshape(-1)[pairs, None])
             out.index_add_(0, tok, ys)
         if shared is not None:
-            s13, s2 = compute_weights(shared)
+            s13, s2 = compute_weights(shared, dtype)
             out += _swiglu(xc, s13[0], s2[0])
         return out.to(torch.bfloat16)

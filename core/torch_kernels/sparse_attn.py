@@ -2,7 +2,7 @@
 
 * **gather** (decode, and prefill over long buffers): the selected rows are gathered once per chunk of
   queries into ``[m, K, 576]`` fp32 and both products are batched ``bmm`` calls.
-* **dense-then-select** (prefill when the buffer has at most ``DENSE_FACTOR * K`` rows): one GEMM scores every
+* **dense-then-select** (bf16 prefill when the buffer has at most ``DENSE_FACTOR * K`` rows): one GEMM scores every
   query against every row, the selected scores are gathered, and the probabilities are scattered back
   (``scatter_add``: duplicate indices each count) into a dense ``[T * H, S]`` matrix for a second GEMM.
   Used only when every row of the buffer is finite, since unselected rows enter the GEMMs (times 0).
@@ -48,9 +48,10 @@ def _finish(scores: Tensor, valid: Tensor | None) -> tuple[Tensor, Tensor, Tenso
 def _gather_attend(q: Tensor, rows: Tensor, valid: Tensor | None, sm_scale: float, d_v: int) -> tuple[Tensor, Tensor]:
     """q ``[m, H, 576]`` fp32, gathered rows ``[m, K, 576]`` bf16 or fp32 (zero where invalid) -> out, lse.
 
-    Scores in fp32. With bf16 rows the ``P @ V`` product runs in bf16 (normalised ``P`` rounded once,
-    fp32 accumulation inside the GEMM, ~2.5x faster than fp32 on CPUs with AVX512-BF16), well inside the
-    ``sparse_attn.out`` tolerance; the full 576-wide rows are used because a sliced operand is slower.
+    Scores in fp32. With bf16 rows (and a bf16 query: a float32 model keeps fp32) the ``P @ V`` product runs
+    in bf16 (normalised ``P`` rounded once, fp32 accumulation inside the GEMM, ~2.5x faster than fp32 on CPUs
+    with AVX512-BF16), well inside the ``sparse_attn.out`` tolerance; the full 576-wide rows are used
+    because a sliced operand is slower.
     """
     scores = torch.bmm(q, rows.float().transpose(1, 2)).mul_(sm_scale)
     p, denom, lse = _finish(scores, valid)
@@ -73,18 +74,27 @@ def _gathered(q: Tensor, idx: Tensor, fetch, sm_scale: float, d_v: int) -> tuple
         holes = (~valid).view(-1).nonzero().squeeze(1)
         if holes.numel():  # zero the stand-in rows (row 0 may be poison) before any product
             rows.view(-1, D_QK).index_fill_(0, holes, 0.0)
+        if q.dtype != torch.bfloat16:
+            rows = rows.float()
         out[m0:m1], lse[m0:m1] = _gather_attend(q[m0:m1].float(), rows, valid if holes.numel() else None,
                                                 sm_scale, d_v)
     return out, lse
 
 
-def _dense_select(q: Tensor, kv: Tensor, idx: Tensor, sm_scale: float, d_v: int) -> tuple[Tensor, Tensor]:
-    """Dense-then-select strategy: q ``[T, H, 576]``, kv ``[S, 576]`` fp32 (finite), idx ``[T, K]`` int64."""
+def _dense_select(q: Tensor, kv: Tensor, kv_in: Tensor, idx: Tensor, sm_scale: float,
+                  d_v: int) -> tuple[Tensor, Tensor]:
+    """Dense-then-select strategy: q ``[T, H, 576]``, kv ``[S, 576]`` fp32 (finite), idx ``[T, K]`` int64.
+
+    ``kv_in`` is the caller's buffer; when it is bf16 the ``P @ V`` GEMM runs in bf16 on it (normalised
+    probabilities rounded once), as in the gather strategy.
+    """
     t_total, heads, _ = q.shape
     s_total = kv.shape[0]
     out = torch.empty(t_total, heads, d_v, dtype=torch.float32, device=q.device)
     lse = torch.empty(t_total, heads, dtype=torch.float32, device=q.device)
-    kv_t, values = kv.T, kv[:, :d_v]
+    kv_t = kv.T
+    low = kv_in.dtype == torch.bfloat16 and q.dtype == torch.bfloat16
+    values = kv_in[:, :d_v] if low else kv[:, :d_v]
     chunk = max(1, CHUNK_ELEMENTS // (heads * max(s_total, idx.shape[1])))
     for t0 in range(0, t_total, chunk):
         t1 = min(t0 + chunk, t_total)
@@ -92,9 +102,13 @@ def _dense_select(q: Tensor, kv: Tensor, idx: Tensor, sm_scale: float, d_v: int)
         valid = idx[t0:t1] >= 0
         where = idx[t0:t1].clamp_min(0)[:, None, :].expand(m, heads, -1)
         full = (q[t0:t1].float().reshape(m * heads, D_QK) @ kv_t).view(m, heads, s_total)
-        p, denom, lse[t0:t1] = _finish(torch.gather(full, 2, where).mul_(sm_scale), valid)
-        probs = torch.zeros_like(full).scatter_add_(2, where, p)  # duplicates each contribute
-        out[t0:t1] = (probs.view(m * heads, s_total) @ values).view(m, heads, d_v).div_(denom)
+        p, denom, lse[t0:t1] = _finish(torch.gather(full, 2, where).mul_(sm_scale),
+                                       None if bool(valid.all()) else valid)
+        probs = torch.zeros_like(full).scatter_add_(2, where, p.div_(denom))  # duplicates each contribute
+        probs = probs.view(m * heads, s_total)
+        if low:
+            probs = probs.to(torch.bfloat16)
+        out[t0:t1] = (probs @ values).view(m, heads, d_v)
     return out, lse
 
 
@@ -120,9 +134,13 @@ class TorchSparseAttn:
             return (torch.zeros(t_total, heads, d_v, dtype=torch.bfloat16, device=q.device),
                     torch.full((t_total, heads), float("inf"), dtype=torch.float32, device=q.device))
         _check_indices(idx, kv.shape[0])
-        kvf = kv.float() if kv.shape[0] <= DENSE_FACTOR * idx.shape[1] else None
+        # Dense-then-select only for bf16 queries: its sums run over every row of the buffer, whose length
+        # changes with the prefill chunk, so a float32 model (the bit-reproducible verification mode) would
+        # see chunk-dependent rounding; the gather strategy's sums depend only on the selection.
+        dense = q.dtype == torch.bfloat16 and kv.shape[0] <= DENSE_FACTOR * idx.shape[1]
+        kvf = kv.float() if dense else None
         if kvf is not None and bool(torch.isfinite(kvf).all()):
-            out, lse = _dense_select(q, kvf, idx, sm_scale, d_v)
+            out, lse = _dense_select(q, kvf, kv, idx, sm_scale, d_v)
         else:
             out, lse = _gathered(q, idx, lambda i: kv.index_select(0, i.reshape(-1)).view(*i.shape, D_QK),
                                  sm_scale, d_v)

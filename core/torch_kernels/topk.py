@@ -5,8 +5,13 @@ Ranking keys (fp32): a finite in-window logit keeps its value; an in-window ``-i
 ``-inf``, so any in-window position outranks any outside one and a selected key of ``-inf`` marks a slot the
 window could not fill (returned as ``-1``). The one ambiguity, an in-window logit of exactly ``-FLT_MAX``
 beside an in-window ``-inf``/NaN, would let a tie hide which one is larger: such rows are ranked in float64
-instead (never seen in practice; kept for exactness). Ties among equal logits go to whichever
-``torch.topk`` returns, which the contract allows.
+instead (never seen in practice; kept for exactness).
+
+Ties: the lower column wins, as in the reference. The contract would accept any tie-break, but FP8 logits
+tie often (a key whose ReLU terms are all 0 scores exactly 0) and ``torch.topk``'s choice among equal values
+depends on the row's width, so a request could select different keys alone and in a batch (whose decode
+rows are padded to the longest context). Rows whose k-th and (k+1)-th keys are equal are re-ranked with a
+stable sort; the others keep ``torch.topk``'s set.
 """
 
 from __future__ import annotations
@@ -28,6 +33,24 @@ def _rank_keys(values: Tensor, inside: Tensor) -> Tensor:
         wide = torch.where(wide == float("-inf"), -1e300, wide)  # below every fp32 value, above -inf
         return wide.masked_fill_(~inside, float("-inf"))
     return keys
+
+
+def _top_lower_first(keys: Tensor, take: int) -> tuple[Tensor, Tensor]:
+    """Values and columns ``[r, take]`` of each row's ``take`` largest keys; among equal keys at the cut the
+    lower column wins (order inside a row unspecified)."""
+    if take >= keys.shape[1]:
+        return torch.topk(keys, take, dim=1, sorted=False)
+    best, idx = torch.topk(keys, take + 1, dim=1)  # sorted, best first
+    # A tie across the cut is decided by column; ties among keys that are all outside the window do not
+    # matter (those slots become -1).
+    tie = (best[:, take - 1] == best[:, take]) & (best[:, take - 1] > float("-inf"))
+    best, idx = best[:, :take], idx[:, :take]
+    if bool(tie.any()):
+        rows = tie.nonzero().squeeze(1)
+        exact = torch.sort(keys.index_select(0, rows), dim=1, descending=True, stable=True)
+        best, idx = best.clone(), idx.clone()
+        best[rows], idx[rows] = exact.values[:, :take], exact.indices[:, :take]
+    return best, idx
 
 
 class TorchTopK:
@@ -52,7 +75,7 @@ class TorchTopK:
             r1 = min(r0 + ROW_CHUNK, rows)
             inside = (cols >= starts[r0:r1, None]) & (cols < ends[r0:r1, None])
             keys = _rank_keys(logits[r0:r1].float(), inside)
-            best, idx = torch.topk(keys, take, dim=1, sorted=False)
+            best, idx = _top_lower_first(keys, take)
             chosen = torch.where(best > float("-inf"), idx - starts[r0:r1, None], -1)
             out[r0:r1, :take] = chosen.to(torch.int32)
         return out
