@@ -25,13 +25,17 @@ ROW_CHUNK = 1024  # rows ranked at once: bounds the [rows, L] key copies of a lo
 
 def _rank_keys(values: Tensor, inside: Tensor) -> Tensor:
     """``[r, L]`` ranking keys (see the module docstring), fp32 or, for the ambiguous rows, float64."""
-    finite = torch.isfinite(values) | (values == float("inf"))  # +inf is a legal (largest) logit
-    keys = torch.where(finite, values, -FLT_MAX).masked_fill_(~inside, float("-inf"))
-    ambiguous = inside & (values == -FLT_MAX)
-    if bool(ambiguous.any()) and bool((inside & ~finite).any()):
-        wide = values.double().nan_to_num(nan=float("-inf"))
-        wide = torch.where(wide == float("-inf"), -1e300, wide)  # below every fp32 value, above -inf
-        return wide.masked_fill_(~inside, float("-inf"))
+    keys = torch.nan_to_num(values, nan=-FLT_MAX, neginf=-FLT_MAX, posinf=float("inf"))
+    keys.masked_fill_(~inside, float("-inf"))
+    # -FLT_MAX inside a window is either a mapped -inf/NaN or a real -FLT_MAX logit: only when both occur
+    # could a tie hide which is larger (rare: checked only when some key is -FLT_MAX at all).
+    if bool((keys == -FLT_MAX).any()):
+        real = inside & (values == -FLT_MAX)
+        mapped = inside & (values.isnan() | (values == float("-inf")))
+        if bool(real.any()) and bool(mapped.any()):
+            wide = values.double().nan_to_num(nan=float("-inf"))
+            wide = torch.where(wide == float("-inf"), -1e300, wide)  # below every fp32 value, above -inf
+            return wide.masked_fill_(~inside, float("-inf"))
     return keys
 
 
