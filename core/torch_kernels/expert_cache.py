@@ -6,6 +6,8 @@ on first use and kept while the weight tensor lives (a weak reference on ``w13``
 weights change in place (tensor version counters, where the tensor has one). The copy is in the dtype of
 the activations: bf16 for bf16 models (CPUs with AVX512-BF16/AMX run bf16 GEMMs several times faster than
 fp32, and the contract allows bf16 intermediates), fp32 for a float32 model (its verification mode).
+``small_fp32`` gives an fp32 copy for bf16 models too, for experts with only a few tokens (a bf16 GEMM has a
+fixed cost of ~15 us on CPU, an fp32 GEMV of a few rows is faster), unless that copy would be large.
 """
 
 from __future__ import annotations
@@ -35,6 +37,14 @@ def _dequant(w: Tensor, scale: Tensor | None, dtype: torch.dtype) -> Tensor:
     if scale is None:
         return w.to(dtype)
     return block_dequant_weight(w, scale).to(dtype)
+
+
+FP32_COPY_LIMIT = 256 << 20  # bytes: above this, bf16 models do not keep a second (fp32) copy
+
+
+def small_fp32(experts: ExpertWeights) -> bool:
+    """Whether a bf16 model may also keep an fp32 copy of these experts (for few-token GEMMs)."""
+    return (experts.w13.numel() + experts.w2.numel()) * 4 <= FP32_COPY_LIMIT
 
 
 def compute_weights(experts: ExpertWeights, dtype: torch.dtype = torch.bfloat16) -> tuple[Tensor, Tensor]:

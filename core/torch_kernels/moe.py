@@ -7,7 +7,9 @@ with a stable sort, which keeps the contract's rule that the lower index wins.
 Experts: the (token, slot) pairs are sorted by expert once, each active expert runs two GEMMs over its
 tokens (weights from ``expert_cache``, dequantised once) in bf16 for bf16 activations (fp32 for a float32
 model), the SwiGLU activation is computed in fp32, and the weighted results are accumulated in fp32 with one
-``index_add_``. Output bf16.
+``index_add_``. An expert with at most ``FEW_ROWS`` tokens runs in fp32 when the experts are small enough
+to keep an fp32 copy too (``expert_cache.small_fp32``): a bf16 GEMM has a fixed cost of ~15 us on CPU, which
+dominates a decode step's few-token experts. Output bf16.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import torch
 from torch import Tensor
 
 from dsa_runtime.families import ExpertWeights
-from dsa_runtime.torch_kernels.expert_cache import compute_weights
+from dsa_runtime.torch_kernels.expert_cache import compute_weights, small_fp32
+
+FEW_ROWS = 8
 
 
 def top_lower_first(x: Tensor, k: int) -> Tensor:
@@ -100,21 +104,32 @@ class TorchMoE:
         out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
         flat = ids.reshape(-1)
         pairs = torch.nonzero(flat >= 0).squeeze(1)
+        few = dtype != torch.float32 and small_fp32(experts)
         if pairs.numel():
             w13, w2 = compute_weights(experts, dtype)
+            w13_f, w2_f = compute_weights(experts, torch.float32) if few else (w13, w2)
             by_expert, order = torch.sort(flat[pairs], stable=True)
             pairs = pairs[order]
             tok = pairs // ids.shape[1]
             xs = xc.index_select(0, tok)
+            xs_f = xs.float() if few else xs
             ys = torch.empty(pairs.numel(), x.shape[1], dtype=torch.float32, device=x.device)
             start = 0
             for e, count in enumerate(torch.bincount(by_expert, minlength=n_exp).tolist()):
                 if count:
-                    ys[start:start + count] = _swiglu(xs[start:start + count], w13[e], w2[e])
-                    start += count
+                    end = start + count
+                    if few and count <= FEW_ROWS:
+                        ys[start:end] = _swiglu(xs_f[start:end], w13_f[e], w2_f[e])
+                    else:
+                        ys[start:end] = _swiglu(xs[start:end], w13[e], w2[e])
+                    start = end
             ys.mul_(topk_weights.to(device=x.device, dtype=torch.float32).reshape(-1)[pairs, None])
             out.index_add_(0, tok, ys)
         if shared is not None:
-            s13, s2 = compute_weights(shared, dtype)
-            out += _swiglu(xc, s13[0], s2[0])
+            if dtype != torch.float32 and x.shape[0] <= FEW_ROWS and small_fp32(shared):
+                s13, s2 = compute_weights(shared, torch.float32)
+                out += _swiglu(xc.float(), s13[0], s2[0])
+            else:
+                s13, s2 = compute_weights(shared, dtype)
+                out += _swiglu(xc, s13[0], s2[0])
         return out.to(torch.bfloat16)

@@ -6,7 +6,8 @@ inside the matrix, so each output is a sum of 128 exactly-scaled fp32 terms: onl
 differs from the butterfly. A bf16 input is rotated by a bf16 GEMM with the +-1 matrix (exact in bf16; the
 sums accumulate in fp32 and are rounded once to bf16, 2**-9 relative, against the 2**-4 of the FP8 cast
 that follows; the kit's ``indexer.quant_q`` rule allows a bf16 rotation), then scaled by 1/sqrt(n) in fp32: ~4x faster on CPUs with
-AVX512-BF16, and the indexer's queries are its largest GEMM in a prefill.
+AVX512-BF16, and the indexer's queries are its largest GEMM in a prefill. Below ``BF16_MIN_ROWS`` rows
+(decode) fp32 is faster: a bf16 GEMM has a fixed cost of ~15 us on CPU.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from torch import Tensor
 from dsa_runtime.reference.hadamard import hadamard_matrix
 
 _CACHE: dict[tuple[int, str, torch.dtype], Tensor] = {}
+BF16_MIN_ROWS = 64
 
 
 def rotation_matrix(n: int, device: torch.device, dtype: torch.dtype = torch.float32) -> Tensor:
@@ -36,6 +38,6 @@ def rotation_matrix(n: int, device: torch.device, dtype: torch.dtype = torch.flo
 def hadamard_rotate(x: Tensor) -> Tensor:
     """``[..., n]`` bf16 or fp32 -> ``[..., n]`` fp32 ``H x / sqrt(n)``."""
     n = x.shape[-1]
-    if x.dtype == torch.bfloat16:
+    if x.dtype == torch.bfloat16 and x.numel() >= BF16_MIN_ROWS * n:
         return (x @ rotation_matrix(n, x.device, torch.bfloat16)).float().mul_(1.0 / math.sqrt(n))
     return x.float() @ rotation_matrix(n, x.device)

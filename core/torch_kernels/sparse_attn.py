@@ -21,6 +21,7 @@ from dsa_runtime.torch_kernels.mla_rows import rows_to_float
 
 CHUNK_ELEMENTS = 1 << 23  # fp32 elements of one gathered [m, K, 576] block or dense [m, H, S] score block
 DENSE_FACTOR = 4
+BF16_MIN_ROWS = 512  # gathered rows from which the bf16 P @ V product beats fp32
 
 
 def _finish(scores: Tensor, valid: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
@@ -51,13 +52,15 @@ def _gather_attend(q: Tensor, rows: Tensor, valid: Tensor | None, sm_scale: floa
     Scores in fp32. With bf16 rows (and a bf16 query: a float32 model keeps fp32) the ``P @ V`` product runs
     in bf16 (normalised ``P`` rounded once, fp32 accumulation inside the GEMM, ~2.5x faster than fp32 on CPUs
     with AVX512-BF16), well inside the ``sparse_attn.out`` tolerance; the full 576-wide rows are used
-    because a sliced operand is slower.
+    because a sliced operand is slower. Below ``BF16_MIN_ROWS`` gathered rows (a small decode batch) the
+    fp32 product is faster (a bf16 GEMM has a fixed cost of ~15 us on CPU).
     """
-    scores = torch.bmm(q, rows.float().transpose(1, 2)).mul_(sm_scale)
+    rows_f = rows.float()
+    scores = torch.bmm(q, rows_f.transpose(1, 2)).mul_(sm_scale)
     p, denom, lse = _finish(scores, valid)
-    if rows.dtype == torch.bfloat16:
+    if rows.dtype == torch.bfloat16 and rows.shape[0] * rows.shape[1] >= BF16_MIN_ROWS:
         return torch.bmm(p.div_(denom).to(torch.bfloat16), rows)[..., :d_v].float(), lse
-    return torch.bmm(p, rows[..., :d_v]).div_(denom), lse
+    return torch.bmm(p, rows_f[..., :d_v]).div_(denom), lse
 
 
 def _gathered(q: Tensor, idx: Tensor, fetch, sm_scale: float, d_v: int) -> tuple[Tensor, Tensor]:
