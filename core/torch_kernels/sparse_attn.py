@@ -1,7 +1,8 @@
 """Sparse MLA attention (absorbed / MQA form) for the ``torch`` backend: batched GEMMs, two strategies.
 
-* **gather** (decode, and prefill over long buffers): the selected rows are gathered once per chunk of
-  queries into ``[m, K, 576]`` fp32 and both products are batched ``bmm`` calls.
+* **gather** (decode, and prefill over long buffers or in a float32 model): the selected rows are gathered
+  once per chunk of queries (``index_select``) into ``[m, K, 576]`` and both products are batched ``bmm``
+  calls; ``P @ V`` in bf16 for bf16 queries over at least ``BF16_MIN_ROWS`` rows, else fp32.
 * **dense-then-select** (bf16 prefill when the buffer has at most ``DENSE_FACTOR * K`` rows): one GEMM scores every
   query against every row, the selected scores are gathered, and the probabilities are scattered back
   (``scatter_add``: duplicate indices each count) into a dense ``[T * H, S]`` matrix for a second GEMM.
