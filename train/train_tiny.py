@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=max(1, (mp.cpu_count() or 2) - 2))
     ap.add_argument("--resume", default=None, help="folder with state-*.safetensors to start from")
     ap.add_argument("--stages", default="dense,warmup,sparse")
+    ap.add_argument("--no-checkpoint", action="store_true", help="write only the bf16 state and tokenizer.json")
     args = ap.parse_args(argv)
     from tqdm import tqdm
 
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     opt_main = torch.optim.AdamW(model.main_parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
     opt_idx = torch.optim.AdamW(model.indexer_parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     stages = [s for s in args.stages.split(",") if s]
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else torch.autocast("cpu", enabled=False)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else torch.autocast("cpu", dtype=torch.bfloat16)
     gen = torch.Generator().manual_seed(args.seed)
 
     def batch():
@@ -230,12 +231,16 @@ def main(argv: list[str] | None = None) -> int:
     for j in range(4):  # bf16 resume state in 4 files (each well under the 16 MB transfer limit)
         part = {k: hf[k].to(torch.bfloat16).contiguous() for k in keys[j::4]}
         save_file(part, str(out / f"state-{j}.safetensors"))
+    (out / "tokenizer.json").write_text(tok_json, encoding="utf-8")
     ck = out / "checkpoint"
-    if ck.exists():
+    if args.no_checkpoint:
+        pass
+    elif ck.exists():
         import shutil
 
         shutil.rmtree(ck)
-    write_checkpoint(ck, raw, hf, tok_json, num_shards=2)
+    if not args.no_checkpoint:
+        write_checkpoint(ck, raw, hf, tok_json, num_shards=2)
     print(f"\nwrote {ck}; total {time.time() - t0:.0f}s on {dev}")
     print(f"{'stage':8} {'steps':>6} {'ce':>7} {'kl':>7} {'acc':>6} {'sec':>6}")
     for s, n, ce, kl, acc, sec in summary:

@@ -173,7 +173,8 @@ class TrainableDeepseek(nn.Module):
         """x ``[N, D]`` -> (output ``[N, D]``, tokens per expert ``[E]``)."""
         cfg = self.cfg
         n_exp, groups = cfg.n_routed_experts, cfg.n_group
-        p = torch.sigmoid(x.float() @ self.w(f"{pre}.gate.weight").float().T)  # [N, E]
+        with torch.autocast(device_type=x.device.type, enabled=False):  # the router runs in fp32
+            p = torch.sigmoid(x.float() @ self.w(f"{pre}.gate.weight").float().T)  # [N, E]
         with torch.no_grad():
             biased = p + self.w(f"{pre}.gate.e_score_correction_bias")
             grouped = biased.view(-1, groups, n_exp // groups)
@@ -185,7 +186,7 @@ class TrainableDeepseek(nn.Module):
         if cfg.norm_topk_prob:
             wts = wts / wts.sum(-1, keepdim=True).clamp_min(1e-20)
         wts = wts * cfg.routed_scaling_factor
-        dense = torch.zeros_like(p).scatter(1, ids, wts)  # [N, E]
+        dense = torch.zeros(p.shape, dtype=torch.float32, device=p.device).scatter(1, ids, wts.float())
         names = [f"{pre}.experts.{j}" for j in range(n_exp)]
         w1 = torch.stack([self.w(f"{m}.gate_proj.weight") for m in names])
         w3 = torch.stack([self.w(f"{m}.up_proj.weight") for m in names])
