@@ -122,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         t = time.time()
         run(llm, [conv], args.max_tokens)
         lat.append(time.time() - t)
-    report["latency_s"] = {"median": round(statistics.median(lat), 2), "max": round(max(lat), 2)}
+    if lat:
+        report["latency_s"] = {"median": round(statistics.median(lat), 2), "max": round(max(lat), 2)}
     if not args.no_dense:
         del llm
         with tempfile.TemporaryDirectory() as tmp:
@@ -139,8 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     if "agree" in report:
         a = report["agree"]
         print(f"{'agree':10} {a['same']:6d} {a['total']:6d} {a['share']:7.1%}")
-    print(f"latency per reply: median {report['latency_s']['median']} s, max {report['latency_s']['max']} s "
-          f"({report['threads']} threads)")
+    if lat:
+        print(f"latency per reply: median {report['latency_s']['median']} s, max {report['latency_s']['max']} s "
+              f"({report['threads']} threads)")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     return 0

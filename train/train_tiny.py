@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         return {"ce": ce.item(), "kl": kl.item(), "acc": acc.item(), "lr": lr}
 
     total = args.steps
-    log = open(out / "loss.jsonl", "a", encoding="utf-8")
+    log = open(out / "loss.jsonl", "a", encoding="utf-8")  # noqa: SIM115 (appended to across stages)
     summary = []
     if not total:  # measure the speed of the slowest stage (sparse) on a few steps, then fit the budget
         t1 = time.time()

@@ -15,7 +15,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from dsa_runtime.loader.make_checkpoint import _generation_config, _tokenizer_config, _write_json, write_shards
+from dsa_runtime.loader.make_checkpoint import (
+    _generation_config,
+    _tokenizer_config,
+    _write_json,
+    write_shards,
+)
 
 
 def quantize_state(raw_config: dict[str, Any], state: dict, *, fp8: bool = True) -> dict:

@@ -6,7 +6,13 @@ digits are split one per token so the arithmetic traces work digit by digit.
 
 from __future__ import annotations
 
-from dsa_runtime.loader.tokenizer_train import BOS_TOKEN, EOS_TOKEN, MARKER_TOKENS, SPECIAL_TOKENS, corpus_text
+from dsa_runtime.loader.tokenizer_train import (
+    BOS_TOKEN,
+    EOS_TOKEN,
+    MARKER_TOKENS,
+    SPECIAL_TOKENS,
+    corpus_text,
+)
 from dsa_runtime.tinychat.dataset import conversations, render
 
 TOKENIZER_SAMPLES = 3000
