@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=None)
     ap.add_argument("--n", type=int, default=40, help="tool prompts (the other kinds scale with it)")
     ap.add_argument("--seed", type=int, default=2026)
-    ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--no-dense", action="store_true")
     ap.add_argument("--latency", type=int, default=6, help="single requests timed")
     ap.add_argument("--json", default=None)

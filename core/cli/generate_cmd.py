@@ -1,7 +1,7 @@
 """``dsa-runtime generate``: stream one completion (or one chat turn) to the terminal.
 
-Without ``--model`` it runs the embedded tiny V3.2 model (random weights, created on first use), so the
-text is noise; the point is the whole path: checkpoint, kernels, paged cache, scheduler, sampler, detokenizer.
+Without ``--model`` it runs the embedded trained tiny V3.2 model (``docs/tiny-model.md``) through the whole
+path: checkpoint, kernels, paged cache, scheduler, sampler, detokenizer.
 """
 
 from __future__ import annotations

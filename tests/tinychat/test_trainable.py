@@ -133,3 +133,12 @@ def test_embedded_checkpoint_is_the_fp8_tiny_chat_model_under_20_mb():
     ck = load_checkpoint(path)
     assert ck.config.is_dsa and ck.config.quantization is not None
     assert any(t.dtype == torch.float8_e4m3fn for t in ck.tensors.values())
+
+
+def test_make_checkpoint_writes_a_random_tiny_chat_model_with_the_embedded_tokenizer(tmp_path):
+    from dsa_runtime.loader import default_model_path, load_checkpoint
+    from dsa_runtime.loader.make_checkpoint import make_checkpoint
+
+    path = make_checkpoint(tmp_path / "rnd", "tiny-chat", seed=1)
+    assert (path / "tokenizer.json").read_text() == (default_model_path() / "tokenizer.json").read_text()
+    assert load_checkpoint(path).config.vocab_size == 3072
