@@ -27,14 +27,14 @@ from pathlib import Path
 KINDS = {"tool": 1.0, "arith": 0.6, "convert": 0.3, "fact": 0.3}
 
 
-def held_out(n: int, seed: int, heldout: bool = True):
+def held_out(n: int, seed: int, heldout: bool = True, only: str | None = None):
     import random
 
     from dsa_runtime.tinychat.dialogs import sample
 
     rng = random.Random(seed)
     items = []
-    for kind, share in KINDS.items():
+    for kind, share in ({only: 1.0} if only else KINDS).items():
         for _ in range(max(1, int(n * share))):
             mode = "thinking" if kind in ("arith", "convert") else rng.choice(("thinking", "chat"))
             items.append(sample(rng, heldout=heldout, kind=kind, mode=mode))
@@ -100,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=2026)
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--no-dense", action="store_true")
-    ap.add_argument("--latency", type=int, default=6, help="single requests timed")
+    ap.add_argument("--only", choices=sorted(KINDS), default=None, help="evaluate one kind only (n prompts)")
+    ap.add_argument("--latency", type=int, default=6, help="single requests timed per kind")
     ap.add_argument("--json", default=None)
     ap.add_argument("--split", choices=("heldout", "train"), default="heldout",
                     help="entities of the held-out lists (default) or of the training lists (fresh draws)")
@@ -111,19 +112,30 @@ def main(argv: list[str] | None = None) -> int:
     from dsa_runtime.loader import default_model_path
 
     model = Path(args.model) if args.model else default_model_path()
-    items = held_out(args.n, args.seed, args.split == "heldout")
+    items = held_out(args.n, args.seed, args.split == "heldout", args.only)
     llm = LLM(model=str(model))
     t0 = time.time()
     sparse = run(llm, items, args.max_tokens)
     report = {"model": str(model), "split": args.split, "prompts": len(items), "threads": torch.get_num_threads(),
               "batch_seconds": round(time.time() - t0, 1), "scores": score(items, sparse)}
-    lat = []
-    for conv in items[: args.latency]:
-        t = time.time()
-        run(llm, [conv], args.max_tokens)
-        lat.append(time.time() - t)
+    lat: list[float] = []
+    per_kind: dict[str, list[tuple[float, int, int]]] = {}
+    if args.latency:
+        run(llm, items[:1], args.max_tokens)  # warm-up (first-call allocations)
+    for kind in [args.only] if args.only else KINDS:
+        for conv in [c for c in items if c.kind == kind][: args.latency]:
+            t = time.time()
+            (res,) = run(llm, [conv], args.max_tokens)
+            lat.append(time.time() - t)
+            per_kind.setdefault(kind, []).append(
+                (lat[-1], len(res.output.prompt_token_ids), len(res.output.token_ids)))
     if lat:
         report["latency_s"] = {"median": round(statistics.median(lat), 2), "max": round(max(lat), 2)}
+        report["latency_by_kind"] = {
+            k: {"median_s": round(statistics.median(x[0] for x in v), 2), "max_s": round(max(x[0] for x in v), 2),
+                "prompt_tokens": round(statistics.median(x[1] for x in v)),
+                "generated_tokens": round(statistics.median(x[2] for x in v))}
+            for k, v in per_kind.items()}
     if not args.no_dense:
         del llm
         with tempfile.TemporaryDirectory() as tmp:
@@ -140,9 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     if "agree" in report:
         a = report["agree"]
         print(f"{'agree':10} {a['same']:6d} {a['total']:6d} {a['share']:7.1%}")
-    if lat:
-        print(f"latency per reply: median {report['latency_s']['median']} s, max {report['latency_s']['max']} s "
-              f"({report['threads']} threads)")
+    for k, v in report.get("latency_by_kind", {}).items():
+        print(f"latency {k:8} median {v['median_s']} s, max {v['max_s']} s ({v['prompt_tokens']} prompt, "
+              f"{v['generated_tokens']} generated tokens)")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     return 0
