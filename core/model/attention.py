@@ -24,6 +24,7 @@ from torch import Tensor
 from dsa_runtime.model.batch import SeqMeta, StepMeta
 
 MHA_ROW_CHUNK = 128
+MHA_CHUNK_ELEMENTS = 1 << 22  # fp32 scores of one batched MHA block [G, H, rows, keys]
 DENSE_WIDTH_MULTIPLE = 64  # dense (V3) index sets are padded to this, the granularity GPU kernels claim
 
 
@@ -55,42 +56,71 @@ class AttnContext:
             return self.index_topk
         return -(-longest // DENSE_WIDTH_MULTIPLE) * DENSE_WIDTH_MULTIPLE
 
+    def __post_init__(self) -> None:
+        # Per-step tables shared by every layer (decode index tables, MHA groups): built on first use.
+        self.memo: dict[str, object] = {}
 
-def _pad_rows(rows: list[Tensor], width: int, device) -> Tensor:
-    out = torch.full((len(rows), width), -1, dtype=torch.int32, device=device)
-    for i, r in enumerate(rows):
-        out[i, : r.numel()] = r.to(torch.int32)
-    return out
+
+def _decode_plan(ctx: AttnContext, seqs: list[SeqMeta], device) -> dict:
+    """Index tables of the step's decodes, built once per step (every layer reuses them; no per-sequence
+    tensor work inside the layer loop).
+
+    ``dense_idx`` ``[B, K]`` int32: every visible slot of the dense rows (``-1`` padded; sparse rows -1);
+    for the sparse rows: ``sparse`` (their positions in ``seqs``, or None when every row is sparse),
+    ``tok`` (their token rows), ``lens`` int32, ``table`` int32 ``[Bs, pages]``, ``longest``, ``starts``,
+    ``rows``.
+    """
+    key = tuple(s.index for s in seqs)
+    memo = ctx.memo.get("decode")
+    if memo is not None and memo["key"] == key:
+        return memo
+    ps = ctx.step.page_size
+    ends = [s.end_pos for s in seqs]
+    sparse = [i for i, s in enumerate(seqs) if not ctx.is_dense(s)]
+    dense_ends = [e for s, e in zip(seqs, ends, strict=True) if ctx.is_dense(s)]
+    width = ctx.index_width(max(dense_ends) if len(sparse) < len(seqs) else ctx.index_topk or 1)
+    table = torch.nn.utils.rnn.pad_sequence([s.page_table for s in seqs], batch_first=True)  # [B, P] int64
+    memo = {"key": key, "width": width}
+    if len(sparse) < len(seqs):
+        pos = torch.arange(width, device=device)
+        page = (pos // ps).clamp_max(table.shape[1] - 1)
+        slots = table[:, page] * ps + pos % ps
+        end_t = torch.tensor([e if ctx.is_dense(s) else 0 for s, e in zip(seqs, ends, strict=True)], device=device)
+        memo["dense_idx"] = torch.where(pos[None, :] < end_t[:, None], slots, -1).to(torch.int32)
+    if sparse:
+        sp = torch.tensor(sparse, device=device)
+        lens = torch.tensor([ends[i] for i in sparse], dtype=torch.int32, device=device)
+        memo.update(
+            sparse=None if len(sparse) == len(seqs) else sp,
+            tok=torch.tensor([seqs[i].t0 for i in sparse], device=device),
+            lens=lens,
+            table=(table if len(sparse) == len(seqs) else table[sp]).to(torch.int32),
+            longest=max(ends[i] for i in sparse),
+            starts=torch.zeros_like(lens),
+            rows=torch.arange(len(sparse), dtype=torch.int32, device=device),
+        )
+    ctx.memo["decode"] = memo
+    return memo
 
 
 def decode_attention(ctx: AttnContext, seqs: list[SeqMeta], q: Tensor, kv_cache: Tensor,
                      index_cache: Tensor | None, iq) -> Tensor:
     """q ``[B, H, 576]`` (one row per decode seq) -> latent outputs ``[B, H, 512]``."""
-    kernels, step, device = ctx.kernels, ctx.step, q.device
-    ps = step.page_size
-    rows: list[Tensor | None] = [None] * len(seqs)
-    sparse = [i for i, s in enumerate(seqs) if not ctx.is_dense(s)]
-    for i, s in enumerate(seqs):
-        if i not in sparse:
-            rows[i] = step.slots_of(s)
-    if sparse:
-        ctx_lens = torch.tensor([seqs[i].end_pos for i in sparse], dtype=torch.int32, device=device)
-        max_pages = max(seqs[i].page_table.numel() for i in sparse)
-        table = torch.zeros(len(sparse), max_pages, dtype=torch.int32, device=device)
-        for j, i in enumerate(sparse):
-            table[j, : seqs[i].page_table.numel()] = seqs[i].page_table.to(torch.int32)
-        tok = torch.tensor([seqs[i].t0 for i in sparse], device=device)
+    kernels, device = ctx.kernels, q.device
+    plan = _decode_plan(ctx, seqs, device)
+    indices = plan.get("dense_idx")
+    if "tok" in plan:
+        tok = plan["tok"]
         q8 = iq.q8[tok].unsqueeze(1)  # [Bs, 1, n, 128]
-        logits = kernels.indexer.logits_paged(q8, iq.weights[tok], index_cache, ctx_lens, table,
-                                              int(ctx_lens.max()))
-        picked = kernels.topk.topk_transform(
-            logits, torch.zeros_like(ctx_lens), ctx_lens, ctx.index_topk, table,
-            torch.arange(len(sparse), dtype=torch.int32, device=device), ps,
-        )
-        for j, i in enumerate(sparse):
-            rows[i] = picked[j]
-    width = ctx.index_width(max(r.numel() for r in rows))  # type: ignore[union-attr]
-    indices = _pad_rows(rows, width, device)  # type: ignore[arg-type]
+        logits = kernels.indexer.logits_paged(q8, iq.weights[tok], index_cache, plan["lens"], plan["table"],
+                                              plan["longest"])
+        picked = kernels.topk.topk_transform(logits, plan["starts"], plan["lens"], ctx.index_topk,
+                                             plan["table"], plan["rows"], ctx.step.page_size)
+        if indices is None:
+            indices = picked.to(torch.int32)
+        else:
+            indices = indices.clone()
+            indices[plan["sparse"]] = picked.to(torch.int32)
     out, _lse = kernels.sparse_attn.decode(
         q.unsqueeze(1), kv_cache, indices.unsqueeze(1), ctx.sm_scale, layout=ctx.kv_layout
     )
@@ -124,28 +154,69 @@ def prefill_absorbed(ctx: AttnContext, seq: SeqMeta, q: Tensor, kv_cache: Tensor
     return out
 
 
-def prefill_mha(ctx: AttnContext, seq: SeqMeta, q_nope: Tensor, q_pe: Tensor, kv_cache: Tensor,
-                w_uk: Tensor, w_uv: Tensor) -> Tensor:
-    """Dense causal MHA for one chunk. q_nope ``[len, H, nope]``, q_pe ``[len, H, rope]`` -> ``[len, H, v]``.
+def mha_groups(ctx: AttnContext) -> list[list[SeqMeta]]:
+    """The step's MHA prefill chunks grouped by (start_pos, length): one group runs as one batched product
+    (equal shapes and causal masks). Built once per step."""
+    groups = ctx.memo.get("mha_groups")
+    if groups is None:
+        by_shape: dict[tuple[int, int], list[SeqMeta]] = {}
+        for s in ctx.step.seqs:
+            if ctx.uses_mha(s):
+                by_shape.setdefault((s.start_pos, s.length), []).append(s)
+        groups = ctx.memo["mha_groups"] = list(by_shape.values())
+    return groups  # type: ignore[return-value]
 
-    w_uk ``[H, nope, 512]``, w_uv ``[H, v, 512]``; keys/values rebuilt per head from the cached latents.
+
+def _group_tables(ctx: AttnContext, group: list[SeqMeta], device) -> tuple[Tensor, Tensor, Tensor]:
+    """Token rows ``[G, len]``, cache slots ``[G, end]`` and positions ``[len]`` of one MHA group (memoised)."""
+    key = ("mha", group[0].index)
+    got = ctx.memo.get(key)
+    if got is None:
+        ps, first = ctx.step.page_size, group[0]
+        t0 = torch.tensor([s.t0 for s in group], device=device)
+        rows = t0[:, None] + torch.arange(first.length, device=device)[None, :]
+        pos = torch.arange(first.end_pos, device=device)
+        tables = torch.stack([s.page_table[: -(-first.end_pos // ps)] for s in group])
+        slots = tables[:, pos // ps] * ps + pos % ps
+        got = ctx.memo[key] = (rows, slots, ctx.step.positions[first.t0:first.t1])
+    return got  # type: ignore[return-value]
+
+
+def prefill_mha(ctx: AttnContext, group: list[SeqMeta], q_nope: Tensor, q_pe: Tensor, kv_cache: Tensor,
+                w_uk: Tensor, w_uv: Tensor) -> tuple[Tensor, Tensor]:
+    """Dense causal MHA for a group of chunks of equal start and length (see :func:`mha_groups`).
+
+    q_nope ``[T, H, nope]``, q_pe ``[T, H, rope]`` (the whole step's rows); w_uk ``[H, nope, 512]``,
+    w_uv ``[H, v, 512]``; keys/values rebuilt per head from the cached latents. Returns the group's token
+    rows ``[G * len]`` and their outputs ``[G * len, H, v]`` (w_uv's dtype).
     """
+    device = q_nope.device
+    rows, slots, pos = _group_tables(ctx, group, device)
+    n_seq, length = rows.shape
+    end = slots.shape[1]
+    flat = kv_cache.reshape(-1, kv_cache.shape[-1])
     # fp32 throughout: bf16 scores (|s| ~ 10, ulp 0.06) would add far more noise than the absorbed path has.
-    kv = gathered_rows(ctx, seq, kv_cache).float()
-    d_lat = w_uk.shape[-1]
-    c, k_pe = kv[:, :d_lat], kv[:, d_lat:]
-    k_nope = torch.einsum("sc,hnc->hsn", c, w_uk.float())
-    v = torch.einsum("sc,hvc->hsv", c, w_uv.float())
-    q_nope, q_pe = q_nope.float(), q_pe.float()
-    pos = ctx.step.positions[seq.t0:seq.t1]
-    keys = torch.arange(seq.end_pos, device=q_nope.device)
-    out = torch.empty(q_nope.shape[0], w_uv.shape[0], w_uv.shape[1], dtype=w_uv.dtype, device=q_nope.device)
-    for r0 in range(0, q_nope.shape[0], MHA_ROW_CHUNK):
-        r1 = min(r0 + MHA_ROW_CHUNK, q_nope.shape[0])
-        scores = torch.einsum("thn,hsn->hts", q_nope[r0:r1], k_nope)
-        scores += torch.einsum("thr,sr->hts", q_pe[r0:r1], k_pe)
-        scores *= ctx.sm_scale
-        scores.masked_fill_(keys[None, None, :] > pos[None, r0:r1, None], float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        out[r0:r1] = torch.einsum("hts,hsv->thv", probs, v).to(out.dtype)
-    return out
+    kv = ctx.kernels.kv_quant.dequantize_mla(flat.index_select(0, slots.reshape(-1)), layout=ctx.kv_layout)
+    kv = kv.float().view(n_seq, end, -1)
+    heads, d_lat = w_uk.shape[0], w_uk.shape[-1]
+    c, k_pe = kv[..., :d_lat], kv[..., d_lat:]
+    k_nope = torch.einsum("gsc,hnc->ghsn", c, w_uk.float())
+    v = torch.einsum("gsc,hvc->ghsv", c, w_uv.float())
+    flat_rows = rows.reshape(-1)
+    qn = q_nope.index_select(0, flat_rows).float().view(n_seq, length, heads, -1)
+    qp = q_pe.index_select(0, flat_rows).float().view(n_seq, length, heads, -1)
+    keys = torch.arange(end, device=device)
+    out = torch.empty(n_seq, length, heads, w_uv.shape[1], dtype=w_uv.dtype, device=device)
+    row_chunk = min(length, MHA_ROW_CHUNK)
+    seq_chunk = max(1, MHA_CHUNK_ELEMENTS // (heads * row_chunk * end))
+    for g0 in range(0, n_seq, seq_chunk):
+        g1 = min(g0 + seq_chunk, n_seq)
+        for r0 in range(0, length, row_chunk):
+            r1 = min(r0 + row_chunk, length)
+            scores = torch.einsum("gthn,ghsn->ghts", qn[g0:g1, r0:r1], k_nope[g0:g1])
+            scores += torch.einsum("gthr,gsr->ghts", qp[g0:g1, r0:r1], k_pe[g0:g1])
+            scores *= ctx.sm_scale
+            scores.masked_fill_(keys[None, None, None, :] > pos[None, None, r0:r1, None], float("-inf"))
+            probs = torch.softmax(scores, dim=-1)
+            out[g0:g1, r0:r1] = torch.einsum("ghts,ghsv->gthv", probs, v[g0:g1]).to(out.dtype)
+    return flat_rows, out.view(n_seq * length, heads, -1)

@@ -11,7 +11,14 @@ import inspect
 import torch
 from torch import Tensor
 
-from dsa_runtime.model.attention import AttnContext, decode_attention, prefill_absorbed, prefill_mha
+from dsa_runtime.model.attention import (
+    AttnContext,
+    decode_attention,
+    mha_groups,
+    prefill_absorbed,
+    prefill_mha,
+)
+from dsa_runtime.model.batch import SeqMeta
 from dsa_runtime.model.config import ModelConfig
 from dsa_runtime.model.indexer import Indexer
 from dsa_runtime.model.ops import rms_norm
@@ -40,6 +47,15 @@ def store_mla(kernels, kv_cache: Tensor, slots: Tensor, c: Tensor, k_pe: Tensor,
         fn(kv_cache, slots, c, k_pe, layout=layout, scale_fmt="ue8m0")
     else:
         fn(kv_cache, slots, c, k_pe, layout=layout)
+
+
+def _rows_of(ctx: AttnContext, seqs: list[SeqMeta], device) -> Tensor:
+    """Token rows ``[n]`` of single-row or whole sequences (memoised per step by their indices)."""
+    key = ("rows", tuple(s.index for s in seqs))
+    rows = ctx.memo.get(key)
+    if rows is None:
+        rows = ctx.memo[key] = torch.cat([torch.arange(s.t0, s.t1, device=device) for s in seqs])
+    return rows  # type: ignore[return-value]
 
 
 class MLA:
@@ -93,27 +109,41 @@ class MLA:
             self.indexer.write_keys(x, cos, sin, ctx.kernels, index_cache, slots, ctx.index_scale_fmt)
             if ctx.needs_index_queries():
                 iq = self.indexer.queries(x, qr, cos, sin, ctx.kernels, ctx.index_scale_fmt)
-        out = torch.empty(t, self.heads, self.v_dim, dtype=x.dtype, device=x.device)
-        absorbed = [s for s in ctx.step.seqs if not ctx.uses_mha(s)]
-        q_abs = None
-        if absorbed:
-            # Absorb W_UK into the query: score = [q_nope W_UK | q_pe] . [c | k_pe] (576-d MQA).
-            q_abs = torch.cat([torch.einsum("thn,hnc->thc", q_nope, self.w_uk), q_pe], dim=-1)
-        decodes = [s for s in absorbed if s.is_decode]
-        if decodes:
-            rows = torch.tensor([s.t0 for s in decodes], device=x.device)
-            lat = decode_attention(ctx, decodes, q_abs[rows], kv_cache, index_cache, iq)
-            out[rows] = self._up_v(lat)
-        for s in ctx.step.seqs:
-            if s.is_decode:
-                continue
-            if ctx.uses_mha(s):
-                out[s.t0:s.t1] = prefill_mha(ctx, s, q_nope[s.t0:s.t1], q_pe[s.t0:s.t1], kv_cache,
-                                             self.w_uk, self.w_uv)
-            else:
-                lat = prefill_absorbed(ctx, s, q_abs[s.t0:s.t1], kv_cache, index_cache, iq)
-                out[s.t0:s.t1] = self._up_v(lat)
+        seqs = ctx.step.seqs
+        groups = mha_groups(ctx)
+        if not groups:  # every row goes through the absorbed kernels: one up-projection for all of them
+            lat = self._absorbed(ctx, seqs, q_nope, q_pe, kv_cache, index_cache, iq)
+            out = self._up_v(lat)
+        else:
+            out = torch.empty(t, self.heads, self.v_dim, dtype=x.dtype, device=x.device)
+            absorbed = [s for s in seqs if not ctx.uses_mha(s)]
+            if absorbed:
+                rows = _rows_of(ctx, absorbed, x.device)
+                lat = self._absorbed(ctx, absorbed, q_nope, q_pe, kv_cache, index_cache, iq)
+                out[rows] = self._up_v(lat.index_select(0, rows))
+            for group in groups:
+                rows, y = prefill_mha(ctx, group, q_nope, q_pe, kv_cache, self.w_uk, self.w_uv)
+                out[rows] = y.to(out.dtype)
         return out.reshape(t, self.heads * self.v_dim) @ self.wo.T
+
+    def _absorbed(self, ctx: AttnContext, seqs: list[SeqMeta], q_nope: Tensor, q_pe: Tensor, kv_cache: Tensor,
+                  index_cache: Tensor | None, iq) -> Tensor:
+        """Latent outputs ``[T, H, 512]`` of the absorbed (MQA) kernels; rows of other sequences are zero."""
+        # Absorb W_UK into the query: score = [q_nope W_UK | q_pe] . [c | k_pe] (576-d MQA).
+        q_abs = torch.cat([torch.einsum("thn,hnc->thc", q_nope, self.w_uk), q_pe], dim=-1)
+        t = q_abs.shape[0]
+        decodes = [s for s in seqs if s.is_decode]
+        if len(decodes) == t:  # a pure decode step: the kernel's rows are the step's rows
+            return decode_attention(ctx, decodes, q_abs, kv_cache, index_cache, iq)
+        lat = torch.zeros(t, self.heads, self.lora, dtype=torch.bfloat16, device=q_abs.device)
+        if decodes:
+            rows = _rows_of(ctx, decodes, q_abs.device)
+            lat[rows] = decode_attention(ctx, decodes, q_abs.index_select(0, rows), kv_cache, index_cache,
+                                         iq).to(lat.dtype)
+        for s in seqs:
+            if not s.is_decode:
+                lat[s.t0:s.t1] = prefill_absorbed(ctx, s, q_abs[s.t0:s.t1], kv_cache, index_cache, iq).to(lat.dtype)
+        return lat
 
     def _up_v(self, lat: Tensor) -> Tensor:
         """Latent attention output ``[n, H, 512]`` (bf16 from the kernels) -> per-head values ``[n, H, v]``."""
