@@ -23,8 +23,6 @@ from torch import Tensor
 
 from dsa_runtime.model.batch import SeqMeta, StepMeta
 
-MHA_ROW_CHUNK = 128
-MHA_CHUNK_ELEMENTS = 1 << 22  # fp32 scores of one batched MHA block [G, H, rows, keys]
 DENSE_WIDTH_MULTIPLE = 64  # dense (V3) index sets are padded to this, the granularity GPU kernels claim
 
 
@@ -183,40 +181,36 @@ def _group_tables(ctx: AttnContext, group: list[SeqMeta], device) -> tuple[Tenso
 
 
 def prefill_mha(ctx: AttnContext, group: list[SeqMeta], q_nope: Tensor, q_pe: Tensor, kv_cache: Tensor,
-                w_uk: Tensor, w_uv: Tensor) -> tuple[Tensor, Tensor]:
+                w_kv: Tensor, v_dim: int) -> tuple[Tensor, Tensor]:
     """Dense causal MHA for a group of chunks of equal start and length (see :func:`mha_groups`).
 
-    q_nope ``[T, H, nope]``, q_pe ``[T, H, rope]`` (the whole step's rows); w_uk ``[H, nope, 512]``,
-    w_uv ``[H, v, 512]``; keys/values rebuilt per head from the cached latents. Returns the group's token
-    rows ``[G * len]`` and their outputs ``[G * len, H, v]`` (w_uv's dtype).
+    q_nope ``[T, H, nope]``, q_pe ``[T, H, rope]`` (the whole step's rows); w_kv ``[512, H * (nope + v)]``
+    in the model dtype (kv_b_proj transposed): per-head keys and values rebuilt from the cached latents by
+    one GEMM in the model dtype (as the absorbed path rounds its 576-wide query to it), attention in fp32.
+    Returns the group's token rows ``[G * len]`` and their outputs ``[G * len, H, v]`` fp32.
     """
     device = q_nope.device
     rows, slots, pos = _group_tables(ctx, group, device)
     n_seq, length = rows.shape
     end = slots.shape[1]
+    heads, nope = q_nope.shape[1], q_nope.shape[2]
     flat = kv_cache.reshape(-1, kv_cache.shape[-1])
-    # fp32 throughout: bf16 scores (|s| ~ 10, ulp 0.06) would add far more noise than the absorbed path has.
     kv = ctx.kernels.kv_quant.dequantize_mla(flat.index_select(0, slots.reshape(-1)), layout=ctx.kv_layout)
-    kv = kv.float().view(n_seq, end, -1)
-    heads, d_lat = w_uk.shape[0], w_uk.shape[-1]
-    c, k_pe = kv[..., :d_lat], kv[..., d_lat:]
-    k_nope = torch.einsum("gsc,hnc->ghsn", c, w_uk.float())
-    v = torch.einsum("gsc,hvc->ghsv", c, w_uv.float())
+    d_lat = w_kv.shape[0]
+    # Scores and softmax in fp32: bf16 scores (|s| ~ 10, ulp 0.06) would add far more noise than the
+    # absorbed path has; the projection's bf16 rounding (relative 2^-9) is the absorbed query's.
+    kn_v = (kv[:, :d_lat].to(w_kv.dtype) @ w_kv).float().view(n_seq, end, heads, nope + v_dim)
+    kv = kv.float()
+    k_pe = kv[:, d_lat:].view(n_seq, end, 1, -1).expand(n_seq, end, heads, -1)
+    keys = torch.cat([kn_v[..., :nope], k_pe], dim=-1).transpose(1, 2)  # [G, H, end, nope + rope]
+    values = kn_v[..., nope:].transpose(1, 2)  # [G, H, end, v]
     flat_rows = rows.reshape(-1)
-    qn = q_nope.index_select(0, flat_rows).float().view(n_seq, length, heads, -1)
-    qp = q_pe.index_select(0, flat_rows).float().view(n_seq, length, heads, -1)
-    keys = torch.arange(end, device=device)
-    out = torch.empty(n_seq, length, heads, w_uv.shape[1], dtype=w_uv.dtype, device=device)
-    row_chunk = min(length, MHA_ROW_CHUNK)
-    seq_chunk = max(1, MHA_CHUNK_ELEMENTS // (heads * row_chunk * end))
-    for g0 in range(0, n_seq, seq_chunk):
-        g1 = min(g0 + seq_chunk, n_seq)
-        for r0 in range(0, length, row_chunk):
-            r1 = min(r0 + row_chunk, length)
-            scores = torch.einsum("gthn,ghsn->ghts", qn[g0:g1, r0:r1], k_nope[g0:g1])
-            scores += torch.einsum("gthr,gsr->ghts", qp[g0:g1, r0:r1], k_pe[g0:g1])
-            scores *= ctx.sm_scale
-            scores.masked_fill_(keys[None, None, None, :] > pos[None, None, r0:r1, None], float("-inf"))
-            probs = torch.softmax(scores, dim=-1)
-            out[g0:g1, r0:r1] = torch.einsum("ghts,ghsv->gthv", probs, v[g0:g1]).to(out.dtype)
-    return flat_rows, out.view(n_seq * length, heads, -1)
+    q = torch.cat([q_nope.index_select(0, flat_rows), q_pe.index_select(0, flat_rows)], dim=-1).float()
+    q = q.view(n_seq, length, heads, -1).transpose(1, 2)  # [G, H, len, nope + rope]
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    if group[0].start_pos == 0:  # the chunk is the whole prefix: plain causal
+        out = sdpa(q, keys, values, is_causal=True, scale=ctx.sm_scale)
+    else:  # a continued chunk: row t sees keys 0 .. pos[t]
+        visible = torch.arange(end, device=device)[None, :] <= pos[:, None]
+        out = sdpa(q, keys, values, attn_mask=visible, scale=ctx.sm_scale)
+    return flat_rows, out.transpose(1, 2).reshape(n_seq * length, heads, v_dim)

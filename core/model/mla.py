@@ -122,7 +122,7 @@ class MLA:
                 lat = self._absorbed(ctx, absorbed, q_nope, q_pe, kv_cache, index_cache, iq)
                 out[rows] = self._up_v(lat.index_select(0, rows))
             for group in groups:
-                rows, y = prefill_mha(ctx, group, q_nope, q_pe, kv_cache, self.w_uk, self.w_uv)
+                rows, y = prefill_mha(ctx, group, q_nope, q_pe, kv_cache, self._w_kv(), self.v_dim)
                 out[rows] = y.to(out.dtype)
         return out.reshape(t, self.heads * self.v_dim) @ self.wo.T
 
@@ -144,6 +144,13 @@ class MLA:
             if not s.is_decode:
                 lat[s.t0:s.t1] = prefill_absorbed(ctx, s, q_abs[s.t0:s.t1], kv_cache, index_cache, iq).to(lat.dtype)
         return lat
+
+    def _w_kv(self) -> Tensor:
+        """kv_b_proj as ``[512, H * (nope + v)]`` (model dtype) for the MHA prefill, built on first use."""
+        w = getattr(self, "_kv_t", None)
+        if w is None:
+            w = self._kv_t = torch.cat([self.w_uk, self.w_uv], dim=1).reshape(-1, self.lora).T.contiguous()
+        return w
 
     def _up_v(self, lat: Tensor) -> Tensor:
         """Latent attention output ``[n, H, 512]`` (bf16 from the kernels) -> per-head values ``[n, H, v]``."""
