@@ -201,16 +201,17 @@ def prefill_mha(ctx: AttnContext, group: list[SeqMeta], q_nope: Tensor, q_pe: Te
     # absorbed path has; the projection's bf16 rounding (relative 2^-9) is the absorbed query's.
     kn_v = (kv[:, :d_lat].to(w_kv.dtype) @ w_kv).float().view(n_seq, end, heads, nope + v_dim)
     kv = kv.float()
-    k_pe = kv[:, d_lat:].view(n_seq, end, 1, -1).expand(n_seq, end, heads, -1)
-    keys = torch.cat([kn_v[..., :nope], k_pe], dim=-1).transpose(1, 2)  # [G, H, end, nope + rope]
-    values = kn_v[..., nope:].transpose(1, 2)  # [G, H, end, v]
+    k_nope = kn_v[..., :nope].permute(0, 2, 3, 1).reshape(n_seq * heads, nope, end)  # [G * H, nope, end]
+    values = kn_v[..., nope:].transpose(1, 2).reshape(n_seq * heads, end, v_dim)
+    k_pe = kv[:, d_lat:].view(n_seq, end, -1).transpose(1, 2)  # [G, rope, end]: shared by the heads
     flat_rows = rows.reshape(-1)
-    q = torch.cat([q_nope.index_select(0, flat_rows), q_pe.index_select(0, flat_rows)], dim=-1).float()
-    q = q.view(n_seq, length, heads, -1).transpose(1, 2)  # [G, H, len, nope + rope]
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    if group[0].start_pos == 0:  # the chunk is the whole prefix: plain causal
-        out = sdpa(q, keys, values, is_causal=True, scale=ctx.sm_scale)
-    else:  # a continued chunk: row t sees keys 0 .. pos[t]
-        visible = torch.arange(end, device=device)[None, :] <= pos[:, None]
-        out = sdpa(q, keys, values, attn_mask=visible, scale=ctx.sm_scale)
+    qn = q_nope.index_select(0, flat_rows).float().view(n_seq, length, heads, nope)
+    qn = qn.transpose(1, 2).reshape(n_seq * heads, length, nope)
+    qp = q_pe.index_select(0, flat_rows).float().view(n_seq, length, heads, -1)
+    qp = qp.transpose(1, 2).reshape(n_seq, heads * length, -1)
+    scores = torch.bmm(qn, k_nope).view(n_seq, heads * length, end)
+    scores = scores.baddbmm_(qp, k_pe).mul_(ctx.sm_scale).view(n_seq, heads, length, end)
+    hidden = torch.arange(end, device=device)[None, :] > pos[:, None]  # [len, end]: row t sees keys <= pos[t]
+    probs = torch.softmax(scores.masked_fill_(hidden, float("-inf")), dim=-1)
+    out = torch.bmm(probs.view(n_seq * heads, length, end), values).view(n_seq, heads, length, v_dim)
     return flat_rows, out.transpose(1, 2).reshape(n_seq * length, heads, v_dim)
