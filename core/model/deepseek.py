@@ -15,7 +15,7 @@ from dsa_runtime.model.attention import AttnContext
 from dsa_runtime.model.config import ModelConfig
 from dsa_runtime.model.mla import MLA
 from dsa_runtime.model.moe import DenseFFN, MoE
-from dsa_runtime.model.ops import rms_norm
+from dsa_runtime.model.ops import linear, rms_norm
 from dsa_runtime.model.rope import Rope
 from dsa_runtime.model.weights import WeightSource
 
@@ -73,4 +73,4 @@ class DeepseekModel:
 
     def logits(self, hidden: Tensor) -> Tensor:
         """``[n, D]`` -> float32 ``[n, vocab]``."""
-        return (hidden @ self.head.T).float()
+        return linear(hidden, self.head).float()

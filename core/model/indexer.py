@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from dsa_runtime.model.ops import layer_norm
+from dsa_runtime.model.ops import layer_norm, linear
 from dsa_runtime.model.rope import apply_neox
 from dsa_runtime.model.weights import WeightSource
 
@@ -45,13 +45,13 @@ class Indexer:
     def write_keys(self, x: Tensor, cos: Tensor, sin: Tensor, kernels, index_cache: Tensor, slots: Tensor,
                    scale_fmt: str) -> None:
         """Compute ``k = rope(k_norm(wk x))``, quantise (Hadamard + FP8) and store it at ``slots``."""
-        k = layer_norm(x @ self.wk.T, self.k_norm_w, self.k_norm_b, self.eps).to(x.dtype)
+        k = layer_norm(linear(x, self.wk), self.k_norm_w, self.k_norm_b, self.eps).to(x.dtype)
         k8, k_scale = kernels.indexer.quantize_k(self._rope(k, cos, sin), scale_fmt=scale_fmt)
         kernels.kv_quant.store_index_k(index_cache, slots, k8, k_scale)
 
     def queries(self, x: Tensor, qr: Tensor, cos: Tensor, sin: Tensor, kernels, scale_fmt: str) -> IndexerQuery:
         """Queries from MLA's ``q_norm`` output ``qr`` ``[T, q_lora]``; head weights from ``x`` in fp32."""
-        q = (qr @ self.wq_b.T).view(qr.shape[0], self.n_heads, self.head_dim)
+        q = linear(qr, self.wq_b).view(qr.shape[0], self.n_heads, self.head_dim)
         head_w = x.float() @ self.weights_proj.T
         q8, w = kernels.indexer.quantize_q(self._rope(q, cos, sin), head_w, scale_fmt=scale_fmt)
         return IndexerQuery(q8, w)

@@ -21,7 +21,7 @@ from dsa_runtime.model.attention import (
 from dsa_runtime.model.batch import SeqMeta
 from dsa_runtime.model.config import ModelConfig
 from dsa_runtime.model.indexer import Indexer
-from dsa_runtime.model.ops import rms_norm
+from dsa_runtime.model.ops import FEW_ROWS, fp32_copy, linear, rms_norm
 from dsa_runtime.model.rope import apply_interleaved
 from dsa_runtime.model.weights import WeightSource
 
@@ -92,14 +92,14 @@ class MLA:
         """x ``[T, D]`` (normed hidden, model dtype) -> attention output ``[T, D]``."""
         t = x.shape[0]
         if self.cfg.q_lora_rank is not None:
-            qr = rms_norm(x @ self.wq_a.T, self.q_norm, self.eps)
-            q = (qr @ self.wq_b.T).view(t, self.heads, self.nope + self.rope)
+            qr = rms_norm(linear(x, self.wq_a), self.q_norm, self.eps)
+            q = linear(qr, self.wq_b).view(t, self.heads, self.nope + self.rope)
         else:
             qr = None
-            q = (x @ self.wq.T).view(t, self.heads, self.nope + self.rope)
+            q = linear(x, self.wq).view(t, self.heads, self.nope + self.rope)
         q_nope = q[..., : self.nope]
         q_pe = apply_interleaved(q[..., self.nope:], cos, sin)  # MLA rope: LAST dims, interleaved pairs
-        kv = x @ self.wkv_a.T
+        kv = linear(x, self.wkv_a)
         c = rms_norm(kv[:, : self.lora], self.kv_norm, self.eps)  # only the latent is normalised
         k_pe = apply_interleaved(kv[:, self.lora:], cos, sin)
         slots = ctx.step.slots
@@ -124,13 +124,13 @@ class MLA:
             for group in groups:
                 rows, y = prefill_mha(ctx, group, q_nope, q_pe, kv_cache, self._w_kv(), self.v_dim)
                 out[rows] = y.to(out.dtype)
-        return out.reshape(t, self.heads * self.v_dim) @ self.wo.T
+        return linear(out.reshape(t, self.heads * self.v_dim), self.wo)
 
     def _absorbed(self, ctx: AttnContext, seqs: list[SeqMeta], q_nope: Tensor, q_pe: Tensor, kv_cache: Tensor,
                   index_cache: Tensor | None, iq) -> Tensor:
         """Latent outputs ``[T, H, 512]`` of the absorbed (MQA) kernels; rows of other sequences are zero."""
         # Absorb W_UK into the query: score = [q_nope W_UK | q_pe] . [c | k_pe] (576-d MQA).
-        q_abs = torch.cat([torch.einsum("thn,hnc->thc", q_nope, self.w_uk), q_pe], dim=-1)
+        q_abs = torch.cat([self._per_head(q_nope, self.w_uk, "thn,hnc->thc"), q_pe], dim=-1)
         t = q_abs.shape[0]
         decodes = [s for s in seqs if s.is_decode]
         if len(decodes) == t:  # a pure decode step: the kernel's rows are the step's rows
@@ -154,4 +154,13 @@ class MLA:
 
     def _up_v(self, lat: Tensor) -> Tensor:
         """Latent attention output ``[n, H, 512]`` (bf16 from the kernels) -> per-head values ``[n, H, v]``."""
-        return torch.einsum("thc,hvc->thv", lat.to(self.w_uv.dtype), self.w_uv)
+        return self._per_head(lat.to(self.w_uv.dtype), self.w_uv, "thc,hvc->thv")
+
+    @staticmethod
+    def _per_head(x: Tensor, w: Tensor, spec: str) -> Tensor:
+        """Per-head product ``einsum(spec, x, w)`` in x's dtype; few bf16 rows in fp32 (see ``ops.linear``)."""
+        if x.shape[0] <= FEW_ROWS and x.dtype == torch.bfloat16:
+            wf = fp32_copy(w)
+            if wf is not None:
+                return torch.einsum(spec, x.float(), wf).to(x.dtype)
+        return torch.einsum(spec, x, w)

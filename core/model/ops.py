@@ -4,6 +4,32 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.utils.weak import WeakIdKeyDictionary
+
+FEW_ROWS = 8  # bf16 inputs with at most this many rows multiply in fp32 on CPU (see ``linear``)
+FP32_COPY_LIMIT = 16 << 20  # bytes: larger weights are never given an fp32 copy
+_FP32 = WeakIdKeyDictionary()  # weight tensor -> its fp32 copy (kept while the weight lives)
+
+
+def fp32_copy(w: Tensor) -> Tensor | None:
+    """A cached fp32 copy of a small bf16 CPU weight (None for others): a CPU bf16 GEMM has a fixed cost of
+    ~20-30 us that dominates few-row products (decode), where an fp32 GEMV of the same values takes 4-12 us."""
+    if w.dtype != torch.bfloat16 or w.device.type != "cpu" or w.numel() * 4 > FP32_COPY_LIMIT:
+        return None
+    got = _FP32.get(w)
+    if got is None:
+        got = _FP32[w] = w.float()
+    return got
+
+
+def linear(x: Tensor, w: Tensor) -> Tensor:
+    """``x @ w.T`` (x ``[T, in]``, w ``[out, in]``) in x's dtype. Few bf16 rows on CPU use the fp32 copy of
+    ``w``: the inputs are bf16 values either way and both accumulate in fp32, then round once to bf16."""
+    if x.shape[0] <= FEW_ROWS and x.dtype == torch.bfloat16:
+        wf = fp32_copy(w)
+        if wf is not None:
+            return (x.float() @ wf.T).to(x.dtype)
+    return x @ w.T
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -20,4 +46,4 @@ def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
 
 def swiglu_mlp(x: Tensor, w1: Tensor, w3: Tensor, w2: Tensor) -> Tensor:
     """Dense FFN ``w2 @ (silu(w1 @ x) * (w3 @ x))``; x ``[T, D]``, w1/w3 ``[I, D]``, w2 ``[D, I]``."""
-    return (torch.nn.functional.silu(x @ w1.T) * (x @ w3.T)) @ w2.T
+    return linear(torch.nn.functional.silu(linear(x, w1)) * linear(x, w3), w2)
