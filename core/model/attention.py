@@ -37,12 +37,17 @@ class AttnContext:
     index_topk: int | None  # None: dense V3 family
     mha_max_keys: int  # dense prefill with at most this many keys uses MHA (0: never)
     index_scale_fmt: str
+    # Sparse prefill chunks with at most this many keys run MHA over the indexer's selected keys (0: never).
+    # On CPU at few heads the per-head form costs a third of the absorbed (576-wide) scores.
+    sparse_mha_max_keys: int = 0
 
     def is_dense(self, seq: SeqMeta) -> bool:
         return self.index_topk is None or seq.end_pos <= self.index_topk
 
     def uses_mha(self, seq: SeqMeta) -> bool:
-        return not seq.is_decode and self.is_dense(seq) and seq.end_pos <= self.mha_max_keys
+        if seq.is_decode:
+            return False
+        return seq.end_pos <= (self.mha_max_keys if self.is_dense(seq) else self.sparse_mha_max_keys)
 
     def needs_index_queries(self) -> bool:
         return any(not self.is_dense(s) for s in self.step.seqs)
@@ -180,9 +185,28 @@ def _group_tables(ctx: AttnContext, group: list[SeqMeta], device) -> tuple[Tenso
     return got  # type: ignore[return-value]
 
 
+def _selected(ctx: AttnContext, group: list[SeqMeta], rows: Tensor, slots: Tensor, index_cache: Tensor,
+              iq) -> Tensor:
+    """``[G, len, end]`` bool: the keys the indexer selects for each row (the calls of the absorbed path)."""
+    kernels = ctx.kernels
+    n_seq, length = rows.shape
+    end = slots.shape[1]
+    k8, k_scale = kernels.kv_quant.gather_index_k(index_cache, slots.reshape(-1))
+    ends = (ctx.step.positions[group[0].t0:group[0].t1] + 1).to(torch.int32)
+    starts = torch.zeros_like(ends)
+    picked = torch.zeros(n_seq, length, end + 1, dtype=torch.bool, device=rows.device)
+    for g in range(n_seq):
+        r, seg = rows[g], slice(g * end, (g + 1) * end)
+        logits = kernels.indexer.logits_ragged(iq.q8[r], iq.weights[r], k8[seg], k_scale[seg], starts, ends)
+        idx = kernels.topk.topk(logits, starts, ends, ctx.index_topk).long()
+        picked[g].scatter_(1, torch.where(idx >= 0, idx, end), True)  # -1 marks a column past the keys
+    return picked[..., :end]
+
+
 def prefill_mha(ctx: AttnContext, group: list[SeqMeta], q_nope: Tensor, q_pe: Tensor, kv_cache: Tensor,
-                w_kv: Tensor, v_dim: int) -> tuple[Tensor, Tensor]:
-    """Dense causal MHA for a group of chunks of equal start and length (see :func:`mha_groups`).
+                w_kv: Tensor, v_dim: int, index_cache: Tensor | None = None, iq=None) -> tuple[Tensor, Tensor]:
+    """Causal MHA for a group of chunks of equal start and length (see :func:`mha_groups`): over every
+    visible key for a dense chunk, over the indexer's top-k selection (``iq``) for a sparse one.
 
     q_nope ``[T, H, nope]``, q_pe ``[T, H, rope]`` (the whole step's rows); w_kv ``[512, H * (nope + v)]``
     in the model dtype (kv_b_proj transposed): per-head keys and values rebuilt from the cached latents by
@@ -211,7 +235,10 @@ def prefill_mha(ctx: AttnContext, group: list[SeqMeta], q_nope: Tensor, q_pe: Te
     qp = qp.transpose(1, 2).reshape(n_seq, heads * length, -1)
     scores = torch.bmm(qn, k_nope).view(n_seq, heads * length, end)
     scores = scores.baddbmm_(qp, k_pe).mul_(ctx.sm_scale).view(n_seq, heads, length, end)
-    hidden = torch.arange(end, device=device)[None, :] > pos[:, None]  # [len, end]: row t sees keys <= pos[t]
+    if ctx.is_dense(group[0]):
+        hidden = torch.arange(end, device=device)[None, :] > pos[:, None]  # [len, end]: row t sees keys <= pos[t]
+    else:  # the top-k lies inside each row's causal window
+        hidden = ~_selected(ctx, group, rows, slots, index_cache, iq)[:, None]  # [G, 1, len, end]
     probs = torch.softmax(scores.masked_fill_(hidden, float("-inf")), dim=-1)
     out = torch.bmm(probs.view(n_seq * heads, length, end), values).view(n_seq, heads, length, v_dim)
     return flat_rows, out.transpose(1, 2).reshape(n_seq * length, heads, v_dim)

@@ -122,7 +122,7 @@ class MLA:
                 lat = self._absorbed(ctx, absorbed, q_nope, q_pe, kv_cache, index_cache, iq)
                 out[rows] = self._up_v(lat.index_select(0, rows))
             for group in groups:
-                rows, y = prefill_mha(ctx, group, q_nope, q_pe, kv_cache, self._w_kv(), self.v_dim)
+                rows, y = prefill_mha(ctx, group, q_nope, q_pe, kv_cache, self._w_kv(), self.v_dim, index_cache, iq)
                 out[rows] = y.to(out.dtype)
         return linear(out.reshape(t, self.heads * self.v_dim), self.wo)
 

@@ -125,6 +125,9 @@ class ModelRunner:
             index_topk=cfg.index_topk if cfg.is_dsa else None,
             mha_max_keys=mha,
             index_scale_fmt="ue8m0" if cfg.scale_fmt == "ue8m0" else "float",
+            # CPU only: GPU kernels are the point of the absorbed sparse path (and at V3.2's 128 heads and
+            # index_topk 2048 the dense cap above already covers every chunk this could take).
+            sparse_mha_max_keys=self.mha_max_keys if cfg.is_dsa and self.device.type == "cpu" else 0,
         )
 
     def forward(self, batch: ForwardBatch) -> list[Tensor | None]:

@@ -56,3 +56,18 @@ def test_mixed_batch_equals_sequences_alone(preset):
         # ulps, ~2e-6), and step 2 then reads slightly different cached rows through bf16 kernel outputs:
         # measured max |diff| 0.008 on logits of scale ~4. A mixed-up slot or sequence moves them by O(1).
         torch.testing.assert_close(b, a, rtol=0, atol=5e-2, msg=f"seq {i % len(CASES)} step {1 + i // len(CASES)}")
+
+
+@pytest.mark.parametrize("preset", ["tiny-v32", "tiny-v3"])
+def test_equal_shape_prefills_batched_equal_alone(preset):
+    """Prefill chunks of equal start and length run as one batched MHA group (dense for tiny-v3, over the
+    indexer's selection for tiny-v32 past index_topk); each equals its sequence run alone."""
+    batched, alone = make_runner(preset), make_runner(preset)
+    for start, n in ((0, 40), (40, 6)):  # fresh prompts, then continued chunks of the same sequences
+        seqs = [ForwardSeq(tokens(46, seed=200 + i)[start:start + n], start, pages(1 + 4 * i, 46), "all")
+                for i in range(3)]
+        out_b = batched.forward(ForwardBatch(seqs))
+        out_a = [alone.forward(ForwardBatch([s]))[0] for s in seqs]
+        for i, (b, a) in enumerate(zip(out_b, out_a, strict=True)):
+            assert b.shape == (n, 1024)
+            torch.testing.assert_close(b, a, rtol=0, atol=5e-2, msg=f"seq {i} chunk at {start}")
