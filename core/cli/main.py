@@ -23,6 +23,7 @@ SUBCOMMANDS: dict[str, str] = {
     "parse": "dsa_runtime.parsers.cli_parse",
     "make-checkpoint": "dsa_runtime.cli.make_checkpoint_cmd",
     "inspect": "dsa_runtime.cli.inspect_cmd",
+    "generate": "dsa_runtime.cli.generate_cmd",
 }
 
 

@@ -1,0 +1,132 @@
+"""Build an engine's parts from an :class:`EngineConfig`: checkpoint, kernels, cache plan, cache, runner.
+
+Order: load the checkpoint (the embedded tiny V3.2 model when ``model`` is None), resolve the kernel
+families, then size the KV cache: ``--max-total-tokens`` when given; on a GPU ``--mem-fraction-static`` of the
+memory free after the weights are loaded (the step workspaces, indexer logits of the largest prefill chunk
+included, are subtracted first); on a CPU, where "free memory" means nothing useful, ``CPU_DEFAULT_TOKENS``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from dsa_runtime.engine.config import EngineConfig
+from dsa_runtime.engine.engine import EngineParts
+
+logger = logging.getLogger(__name__)
+CPU_DEFAULT_TOKENS = 32768
+# Models this narrow run on one CPU thread unless --cpu-threads says otherwise: their matmuls are too small
+# to split, and with two threads on cores that other processes keep busy, OpenMP spin-waits made steps 10-50x
+# slower (measured: decode step at batch 8, 14 ms on one thread vs 1.15 s on two; idle, two threads are at
+# best 1.6x faster, on a 2048-token prefill).
+TINY_HIDDEN = 1024
+
+
+def build_parts(config: EngineConfig) -> EngineParts:
+    """Load ``config.model`` (or the embedded default) and assemble everything the engine runs on."""
+    from dsa_runtime.loader import default_model_path, load_checkpoint
+
+    path = Path(config.model) if config.model else default_model_path()
+    checkpoint = load_checkpoint(path, device="cpu", progress=True)
+    parts = build_parts_from_weights(
+        config, checkpoint.config, _all_tensors(checkpoint), checkpoint.tokenizer, _eos_ids(path)
+    )
+    parts.extras["path"] = path
+    return parts
+
+
+def _all_tensors(checkpoint: Any) -> dict[str, Any]:
+    tensors = dict(checkpoint.tensors)
+    tensors.update(getattr(checkpoint, "mtp_tensors", None) or {})
+    return tensors
+
+
+def _eos_ids(path: Path) -> set[int]:
+    """``generation_config.json``'s ``eos_token_id`` (an int or a list) when the checkpoint has one."""
+    gen = path / "generation_config.json"
+    if not gen.is_file():
+        return set()
+    try:
+        value = json.loads(gen.read_text(encoding="utf-8")).get("eos_token_id")
+    except (OSError, ValueError, AttributeError):
+        return set()
+    values = value if isinstance(value, list) else [value]
+    return {v for v in values if isinstance(v, int)}
+
+
+def build_parts_from_weights(
+    config: EngineConfig,
+    model_config: Any,
+    tensors: dict[str, Any],
+    tokenizer: Any,
+    extra_eos: set[int] | None = None,
+) -> EngineParts:
+    """Assemble parts from an in-memory model (HF-named tensors) and a tokenizer."""
+    import torch
+
+    from dsa_runtime.cache import KVCache, PageAllocator, device_budget_bytes, plan_capacity
+    from dsa_runtime.model.runner import ModelRunner
+    from dsa_runtime.resolve import resolve_kernels
+
+    kernels = resolve_kernels(config.kernel_config())
+    device = torch.device(kernels.device)
+    if device.type == "cpu":
+        threads = config.cpu_threads or (1 if model_config.hidden_size <= TINY_HIDDEN else None)
+        if threads:
+            torch.set_num_threads(threads)
+    dtype = getattr(torch, config.dtype)
+    page_size = config.page_size or kernels.defaults.page_size
+    max_context = min(
+        config.max_model_len or model_config.max_position_embeddings, model_config.max_position_embeddings
+    )
+    plan_args = {
+        "config": model_config,
+        "page_size": page_size,
+        "kv_layout": kernels.kv_layout,
+        "chunked_prefill_size": config.chunked_prefill_size,
+        "max_running": config.max_running_requests,
+        "dtype": dtype,
+        "max_context": max_context,
+    }
+    runner_args = {"kernels": kernels, "dtype": dtype, "device": device}
+    if config.max_total_tokens is None and device.type == "cuda":
+        # Weights first, so the budget is what is left; then the cache.
+        runner = _runner_without_cache(model_config, tensors, runner_args)
+        plan = plan_capacity(
+            **plan_args, budget_bytes=device_budget_bytes(device, config.mem_fraction_static)
+        )
+        runner.cache = KVCache(model_config, plan.num_pages, page_size, kernels.kv_layout, device, dtype)
+    else:
+        tokens = config.max_total_tokens or CPU_DEFAULT_TOKENS
+        plan = plan_capacity(**plan_args, max_total_tokens=tokens)
+        cache = KVCache(model_config, plan.num_pages, page_size, kernels.kv_layout, device, dtype)
+        runner = ModelRunner(model_config, tensors, cache=cache, **runner_args)
+    logger.info(
+        "KV cache: %d pages x %d tokens (%s), %.1f MiB; workspace %.1f MiB",
+        plan.num_pages, page_size, kernels.kv_layout, plan.cache_bytes / 2**20, plan.workspace_bytes / 2**20,
+    )  # fmt: skip
+    eos = {model_config.eos_token_id, getattr(tokenizer, "eos_id", model_config.eos_token_id)}
+    eos |= extra_eos or set()
+    return EngineParts(
+        runner=runner,
+        tokenizer=tokenizer,
+        allocator=PageAllocator(plan.num_pages),
+        page_size=page_size,
+        max_model_len=max_context,
+        vocab_size=model_config.vocab_size,
+        eos_token_ids=frozenset(e for e in eos if e is not None),
+        model_config=model_config,
+        extras={"plan": plan, "kernels": kernels, "cache": runner.cache},
+    )
+
+
+def _runner_without_cache(model_config: Any, tensors: dict[str, Any], runner_args: dict[str, Any]) -> Any:
+    """A runner on a 2-page placeholder cache (weights loaded); the real cache is attached once sized."""
+    from dsa_runtime.cache import KVCache
+    from dsa_runtime.model.runner import ModelRunner
+
+    placeholder = KVCache(model_config, 2, 1, runner_args["kernels"].kv_layout, runner_args["device"])
+    return ModelRunner(model_config, tensors, cache=placeholder, **runner_args)

@@ -1,0 +1,181 @@
+"""``EngineConfig``: the one dataclass behind the engine's options, the CLI flags and the server's flags.
+
+Every field's metadata carries its flag (``"flag"``), help text and optional ``"aliases"``/``"choices"``;
+:mod:`dsa_runtime.engine.cli_args` turns the dataclass into argparse options and back, so a new option is
+added in one place. The older SGLang spellings ``--nsa-*-backend`` are accepted as aliases of ``--dsa-*``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from dsa_runtime.errors import ConfigError
+
+AUTO = "auto"
+DTYPES = ("bfloat16", "float32")
+_DTYPE_ALIASES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp32": "float32", "float32": "float32"}
+KV_CACHE_DTYPES = ("auto", "bf16", "fp8_e4m3")
+# --kv-cache-dtype value -> MLA cache layout of the kernel families (kernels.md: bf16 576 / FP8 656 bytes).
+_KV_LAYOUT = {"auto": AUTO, "bf16": "bf16", "fp8_e4m3": "fp8_656"}
+
+
+def _opt(flag: str, help: str, **extra: Any) -> dict[str, Any]:
+    return {"flag": flag, "help": help, **extra}
+
+
+@dataclass
+class EngineConfig:
+    """Options of one engine (model, memory, batching, kernels). Field docs are the CLI help texts."""
+
+    model: str | None = field(
+        default=None,
+        metadata=_opt(
+            "--model", "checkpoint directory (default: the embedded tiny V3.2 model, created on first use)"
+        ),
+    )
+    dtype: str = field(
+        default="bfloat16", metadata=_opt("--dtype", "activation and weight dtype", choices=DTYPES)
+    )
+    device: str = field(
+        default=AUTO, metadata=_opt("--device", "torch device (auto: the detected platform's)")
+    )
+    kv_cache_dtype: str = field(
+        default=AUTO,
+        metadata=_opt(
+            "--kv-cache-dtype",
+            "MLA cache format: bf16 (576 values/token), fp8_e4m3 (656 bytes/token), auto (platform default)",
+            choices=KV_CACHE_DTYPES,
+        ),
+    )
+    page_size: int | None = field(
+        default=None, metadata=_opt("--page-size", "tokens per KV page (default: the platform's)")
+    )
+    max_total_tokens: int | None = field(
+        default=None,
+        metadata=_opt(
+            "--max-total-tokens", "KV cache capacity in tokens (default: from --mem-fraction-static)"
+        ),
+    )
+    mem_fraction_static: float = field(
+        default=0.85,
+        metadata=_opt(
+            "--mem-fraction-static", "fraction of free device memory for weights, KV cache and workspaces"
+        ),
+    )
+    chunked_prefill_size: int = field(
+        default=2048,
+        metadata=_opt("--chunked-prefill-size", "most tokens run in one step (prefill chunk budget)"),
+    )
+    max_running_requests: int = field(
+        default=64, metadata=_opt("--max-running-requests", "most requests decoding at once")
+    )
+    max_model_len: int | None = field(
+        default=None,
+        metadata=_opt(
+            "--max-model-len", "longest prompt + output (default: the model's, capped by the cache)"
+        ),
+    )
+    cpu_threads: int | None = field(
+        default=None,
+        metadata=_opt(
+            "--cpu-threads",
+            "torch intra-op threads on a CPU device, process-wide (default: 1 for tiny models of hidden size "
+            "<= 1024, whose ops are too small to split and run 10-50x slower with 2 threads on busy cores; "
+            "else torch's choice)",
+        ),
+    )
+    seed: int = field(
+        default=0, metadata=_opt("--seed", "seed of the random weights/unseeded sampling streams")
+    )
+    platform: str = field(
+        default=AUTO, metadata=_opt("--platform", "platform plugin to run on (auto: detected)")
+    )
+    dsa_prefill_backend: str = field(
+        default=AUTO,
+        metadata=_opt(
+            "--dsa-prefill-backend", "sparse-attention prefill backend", aliases=["--nsa-prefill-backend"]
+        ),
+    )
+    dsa_decode_backend: str = field(
+        default=AUTO,
+        metadata=_opt(
+            "--dsa-decode-backend", "sparse-attention decode backend", aliases=["--nsa-decode-backend"]
+        ),
+    )
+    dsa_topk_backend: str = field(
+        default=AUTO,
+        metadata=_opt(
+            "--dsa-topk-backend", "top-k (+ page-table transform) backend", aliases=["--nsa-topk-backend"]
+        ),
+    )
+    indexer_backend: str = field(
+        default=AUTO, metadata=_opt("--indexer-backend", "lightning-indexer backend")
+    )
+    kv_quant_backend: str = field(default=AUTO, metadata=_opt("--kv-quant-backend", "KV-cache store backend"))
+    moe_backend: str = field(default=AUTO, metadata=_opt("--moe-backend", "MoE routing + experts backend"))
+
+    def __post_init__(self) -> None:
+        dtype = _DTYPE_ALIASES.get(str(self.dtype).replace("torch.", ""))
+        if dtype is None:
+            raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        self.dtype = dtype
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(
+                f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}"
+            )
+        for name in (
+            "page_size",
+            "max_total_tokens",
+            "max_model_len",
+            "chunked_prefill_size",
+            "max_running_requests",
+        ):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ConfigError(f"{flag_of(name)} must be an integer >= 1, got {value!r}")
+        if not 0.0 < float(self.mem_fraction_static) <= 1.0:
+            raise ConfigError(f"--mem-fraction-static must be in (0, 1], got {self.mem_fraction_static!r}")
+
+    @property
+    def kv_layout(self) -> str:
+        """Kernel-facing MLA cache layout: ``auto``, ``bf16`` or ``fp8_656``."""
+        return _KV_LAYOUT[self.kv_cache_dtype]
+
+    def kernel_config(self) -> Any:
+        """The :class:`~dsa_runtime.resolve.KernelConfig` these options ask for.
+
+        Sparse-attention prefill and decode are separate options; while the resolver picks one backend for the
+        whole ``sparse_attn`` family, two different explicit choices are refused rather than silently merged.
+        """
+        from dsa_runtime.resolve import KernelConfig
+
+        names = {f.name for f in fields(KernelConfig)}
+        values: dict[str, str] = {
+            "platform": self.platform,
+            "device": self.device,
+            "kv_layout": self.kv_layout,
+            "indexer": self.indexer_backend,
+            "topk": self.dsa_topk_backend,
+            "kv_quant": self.kv_quant_backend,
+            "moe": self.moe_backend,
+        }
+        prefill, decode = self.dsa_prefill_backend, self.dsa_decode_backend
+        if {"sparse_attn_prefill", "sparse_attn_decode"} <= names:
+            values.update(sparse_attn_prefill=prefill, sparse_attn_decode=decode)
+        else:
+            if AUTO not in (prefill, decode) and prefill != decode:
+                raise ConfigError(
+                    f"--dsa-prefill-backend {prefill} and --dsa-decode-backend {decode}: this build resolves "
+                    "sparse attention as one family; give the same backend to both (or leave one auto)"
+                )
+            values["sparse_attn"] = prefill if prefill != AUTO else decode
+        return KernelConfig(**values)
+
+
+def flag_of(name: str) -> str:
+    """The CLI flag of an :class:`EngineConfig` field."""
+    for f in fields(EngineConfig):
+        if f.name == name:
+            return str(f.metadata.get("flag", "--" + name.replace("_", "-")))
+    raise KeyError(name)

@@ -1,0 +1,282 @@
+"""``Engine``: synchronous continuous-batching generation over a model runner (no threads, no HTTP).
+
+>>> engine = Engine.from_model(None)                      # doctest: +SKIP  (embedded tiny V3.2)
+>>> engine.add_request("a", engine.tokenizer.encode("Hello"), SamplingParams(max_tokens=8))  # doctest: +SKIP
+>>> while engine.has_unfinished():                         # doctest: +SKIP
+...     for out in engine.step(): print(out.new_text, end="")
+
+One :meth:`step` = one scheduler decision (decodes + prefill chunks under the token budget), one model
+forward over the mixed batch, one sampled token for every sequence whose known tokens are now all cached.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from dsa_runtime.engine.config import EngineConfig
+from dsa_runtime.engine.detokenizer import make_detokenizer
+from dsa_runtime.engine.forward import make_batch, score_batch
+from dsa_runtime.engine.outputs import EngineStats, RequestMetrics, RequestOutput, TokenLogprob
+from dsa_runtime.engine.params import SamplingParams
+from dsa_runtime.engine.request import Request, Status
+from dsa_runtime.engine.sampler import sample_rows
+from dsa_runtime.engine.scheduler import Scheduler
+from dsa_runtime.engine.stop import find_stop, held_back
+
+
+@dataclass
+class EngineParts:
+    """What an engine runs on; :func:`dsa_runtime.engine.build.build_parts` makes them from a config.
+
+    ``runner.forward(ForwardBatch) -> list[Tensor | None]``; ``tokenizer.decode(ids, skip_special_tokens)``;
+    ``allocator``: ``num_free``, ``alloc(n)``, ``free(pages)``, ``num_used``. ``max_model_len`` is capped by the
+    cache capacity here, so the config need not know it.
+    """
+
+    runner: Any
+    tokenizer: Any
+    allocator: Any
+    page_size: int
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: frozenset[int] = frozenset()
+    model_config: Any = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+class Engine:
+    """Continuous-batching engine. See the module docstring; fields of the API in ``INTERFACES.md``."""
+
+    def __init__(self, config: EngineConfig | None = None, *, parts: EngineParts | None = None) -> None:
+        self.config = config or EngineConfig()
+        if parts is None:
+            from dsa_runtime.engine.build import build_parts
+
+            parts = build_parts(self.config)
+        self.parts = parts
+        self.runner = parts.runner
+        self.tokenizer = parts.tokenizer
+        self.model_config = parts.model_config
+        self.allocator = parts.allocator
+        self.pages_total = int(parts.allocator.num_free)
+        cap = self.pages_total * parts.page_size
+        self.max_model_len = min(parts.max_model_len, cap)
+        if self.config.max_model_len is not None:
+            self.max_model_len = min(self.max_model_len, self.config.max_model_len)
+        self.scheduler = Scheduler(
+            parts.allocator,
+            parts.page_size,
+            self.config.chunked_prefill_size,
+            self.config.max_running_requests,
+        )
+        self._seeds = random.Random(self.config.seed)
+        self._requests: dict[str, Request] = {}
+        self._pending: list[RequestOutput] = []
+        self._counters = {"prompt": 0, "generated": 0, "steps": 0}
+
+    @classmethod
+    def from_model(cls, model: str | None = None, **config_fields: Any) -> Engine:
+        return cls(EngineConfig(model=model, **config_fields))
+
+    # --- requests -------------------------------------------------------------------------------
+    def add_request(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams | None = None
+    ) -> None:
+        """Queue a request; ``ValueError`` for a duplicate id, an empty/too long prompt or bad token ids."""
+        params = params if params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError("request_id must be a non-empty string")
+        if request_id in self._requests:
+            raise ValueError(f"request id {request_id!r} is already running")
+        prompt = self._check_prompt(prompt_token_ids, limit=self.max_model_len)
+        generator = torch.Generator()
+        generator.manual_seed(params.seed if params.seed is not None else self._seeds.getrandbits(63))
+        request = Request(
+            request_id=request_id,
+            prompt_len=len(prompt),
+            token_ids=prompt,
+            params=params,
+            generator=generator,
+            detokenizer=make_detokenizer(self.tokenizer, prompt, params.skip_special_tokens),
+            metrics=RequestMetrics(arrival=time.monotonic()),
+        )
+        self._requests[request_id] = request
+        self.scheduler.add(request)
+        self._counters["prompt"] += len(prompt)
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request now: its pages are freed at once; the next :meth:`step` reports it ``"abort"``.
+
+        Unknown or already finished ids are ignored (a client may abort after the last token).
+        """
+        request = self._requests.pop(request_id, None)
+        if request is None:
+            return
+        self.scheduler.remove(request)
+        self._finish(request, "abort", None)
+        self._pending.append(self._output(request))
+
+    def has_unfinished(self) -> bool:
+        """True while a request is queued or running, or an abort is still to be reported."""
+        return bool(self._requests or self._pending)
+
+    # --- the step -------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduler iteration; outputs of the requests that produced a token, finished or were aborted."""
+        outputs, self._pending = self._pending, []
+        plan = self.scheduler.schedule()
+        if not plan:
+            return outputs
+        results = self.runner.forward(make_batch(plan))
+        self._counters["steps"] += 1
+        sampled: list[tuple[Request, torch.Tensor]] = []
+        for item, logits in zip(plan, results, strict=True):
+            item.request.num_computed += item.num_tokens
+            if item.sample:
+                if logits is None:
+                    raise RuntimeError(
+                        "the model runner returned no logits for a sequence that asked for them"
+                    )
+                sampled.append((item.request, logits.reshape(-1)))
+        if sampled:
+            requests = [r for r, _ in sampled]
+            tokens, logprobs = sample_rows(
+                torch.stack([lg for _, lg in sampled]),
+                [r.params for r in requests],
+                [r.generator for r in requests],
+            )
+            for request, token, logprob in zip(requests, tokens, logprobs, strict=True):
+                self._append(request, token, logprob)
+                outputs.append(self._output(request))
+                if request.finished:
+                    self._requests.pop(request.request_id, None)
+                    self.scheduler.remove(request)
+        return outputs
+
+    def _append(self, request: Request, token: int, logprob: TokenLogprob | None) -> None:
+        """Add a sampled token, update the text and decide whether the request is finished."""
+        params = request.params
+        request.token_ids.append(token)
+        self._counters["generated"] += 1
+        if logprob is not None:
+            request.logprobs.append(logprob)
+        now = time.monotonic()
+        if request.metrics.first_token is None:
+            request.metrics.first_token = now
+        request.metrics.last_token = now
+        is_stop_id = token in params.stop_token_ids
+        is_eos = not params.ignore_eos and token in self.parts.eos_token_ids
+        length_hit = (
+            request.num_output_tokens >= params.max_tokens or len(request.token_ids) >= self.max_model_len
+        )
+        delta = ""
+        if not (is_stop_id or is_eos) or (is_stop_id and params.include_stop_str_in_output):
+            delta = request.detokenizer.add(token)
+        if is_stop_id or is_eos or length_hit:
+            delta += request.detokenizer.flush()
+        request.text += delta
+        match = find_stop(request.text, params.stop, len(delta))
+        if match is not None:
+            pos, stop = match
+            request.text = request.text[: pos + (len(stop) if params.include_stop_str_in_output else 0)]
+            self._finish(request, "stop", stop)
+        elif is_stop_id:
+            self._finish(request, "stop", token)
+        elif is_eos:
+            self._finish(request, "stop", None)
+        elif length_hit:
+            self._finish(request, "length", None)
+
+    def _finish(self, request: Request, reason: str, stop_reason: str | int | None) -> None:
+        request.status = Status.FINISHED
+        request.finish_reason = reason
+        request.stop_reason = stop_reason
+        request.metrics.finished = time.monotonic()
+
+    def _output(self, request: Request) -> RequestOutput:
+        """This step's deltas: text is released only up to where no stop string can still begin."""
+        end = len(request.text)
+        if not request.finished:
+            end -= held_back(request.text, request.params.stop)
+        end = max(end, request.emitted_chars)
+        new_text = request.text[request.emitted_chars : end]
+        request.emitted_chars = end
+        outputs = request.output_token_ids
+        new_ids = outputs[request.emitted_tokens :]
+        request.emitted_tokens = len(outputs)
+        new_logprobs = request.logprobs[request.emitted_logprobs :]
+        request.emitted_logprobs = len(request.logprobs)
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt_token_ids=request.prompt_token_ids,
+            token_ids=outputs,
+            text=request.text[:end],
+            new_token_ids=new_ids,
+            new_text=new_text,
+            finished=request.finished,
+            finish_reason=request.finish_reason,
+            stop_reason=request.stop_reason,
+            logprobs=new_logprobs,
+            metrics=request.metrics,
+        )
+
+    # --- scoring ------------------------------------------------------------------------------------
+    def score(self, token_ids: list[int]) -> torch.Tensor:
+        """Logits at every position of one sequence: float32 ``[len, vocab]`` on the CPU (row ``i`` predicts
+        token ``i + 1``), computed in chunks of ``--chunked-prefill-size`` through the paged cache.
+
+        Uses free pages beside any running requests and returns them before it returns.
+        """
+        ids = self._check_prompt(token_ids, limit=self.max_model_len + 1)
+        need = -(-len(ids) // self.parts.page_size)
+        pages = self.allocator.alloc(need) if need <= self.allocator.num_free else None
+        if not pages:
+            raise ValueError(
+                f"scoring {len(ids)} tokens needs {need} free KV pages; {self.allocator.num_free} are free"
+            )
+        try:
+            rows = []
+            budget = self.config.chunked_prefill_size
+            for start in range(0, len(ids), budget):
+                (logits,) = self.runner.forward(score_batch(ids[start : start + budget], start, pages))
+                rows.append(logits.float().cpu())
+            return torch.cat(rows)
+        finally:
+            self.allocator.free(pages)
+
+    def _check_prompt(self, token_ids: list[int], limit: int) -> list[int]:
+        ids = [int(t) for t in token_ids]
+        if not ids:
+            raise ValueError("the prompt is empty (at least one token is needed)")
+        vocab = self.parts.vocab_size
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
+        if len(ids) >= limit:
+            room = ", leaving no room to generate" if limit == self.max_model_len else ""
+            raise ValueError(f"the prompt has {len(ids)} tokens; max_model_len is {self.max_model_len}{room}")
+        return ids
+
+    # --- introspection --------------------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        used = self.pages_total - int(self.allocator.num_free)
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            pages_used=used,
+            pages_total=self.pages_total,
+            kv_usage=used / self.pages_total if self.pages_total else 0.0,
+            page_size=self.scheduler.page_size,
+            max_model_len=self.max_model_len,
+            num_preemptions=self.scheduler.num_preemptions,
+            prompt_tokens_total=self._counters["prompt"],
+            generation_tokens_total=self._counters["generated"],
+            steps_total=self._counters["steps"],
+        )

@@ -1,0 +1,68 @@
+"""What the engine hands back: per-request outputs, token log-probabilities, timings and engine stats."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TokenLogprob:
+    """Log-probability of one generated token under the model (raw logits, before temperature/filters).
+
+    ``top`` lists the ``SamplingParams.logprobs`` most likely ``(token_id, logprob)`` pairs, best first.
+    """
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class RequestMetrics:
+    """``time.monotonic()`` stamps of one request's life (None until reached)."""
+
+    arrival: float
+    scheduled: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+    finished: float | None = None
+
+
+@dataclass
+class RequestOutput:
+    """State of one request after a step.
+
+    ``token_ids``/``text`` hold everything generated so far; ``new_token_ids``/``new_text`` this step's part
+    (``new_text`` never ends inside a UTF-8 character, nor inside a possible stop string). ``finish_reason`` is
+    ``"stop"`` (EOS, stop string or stop token), ``"length"`` (max_tokens or max model length) or ``"abort"``;
+    ``stop_reason`` is the matched stop string or stop token id (None for EOS).
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    new_token_ids: list[int]
+    new_text: str
+    finished: bool
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    metrics: RequestMetrics | None = None
+
+
+@dataclass
+class EngineStats:
+    """A snapshot for logs and metrics endpoints."""
+
+    num_running: int
+    num_waiting: int
+    pages_used: int
+    pages_total: int
+    kv_usage: float
+    page_size: int
+    max_model_len: int
+    num_preemptions: int = 0
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    steps_total: int = 0

@@ -1,0 +1,73 @@
+"""One request's state inside the engine: tokens, cache progress, pages, text and finish state."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from dsa_runtime.engine.detokenizer import ByteDetokenizer, IncrementalDetokenizer
+from dsa_runtime.engine.outputs import RequestMetrics, TokenLogprob
+from dsa_runtime.engine.params import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    """Mutable state of one request.
+
+    ``token_ids`` is prompt + generated tokens; ``num_computed`` of them are in the KV cache (the rest are
+    fed in the next forward). ``pages`` are the physical cache pages covering positions ``0 ..
+    len(pages) * page_size - 1``. ``text`` is the generated text so far (cut at a stop string when one
+    matched); ``emitted_chars`` / ``emitted_tokens`` / ``emitted_logprobs`` say how much was already reported.
+    """
+
+    request_id: str
+    prompt_len: int
+    token_ids: list[int]
+    params: SamplingParams
+    generator: torch.Generator
+    detokenizer: IncrementalDetokenizer | ByteDetokenizer
+    metrics: RequestMetrics
+    status: Status = Status.WAITING
+    num_computed: int = 0
+    pages: list[int] = field(default_factory=list)
+    text: str = ""
+    emitted_chars: int = 0
+    emitted_tokens: int = 0
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    emitted_logprobs: int = 0
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    num_preemptions: int = 0
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.prompt_len]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.prompt_len :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.prompt_len
+
+    @property
+    def num_uncomputed(self) -> int:
+        return len(self.token_ids) - self.num_computed
+
+    @property
+    def is_decoding(self) -> bool:
+        """Only the last sampled token is missing from the cache."""
+        return self.num_uncomputed == 1 and self.num_output_tokens > 0
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED

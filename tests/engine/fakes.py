@@ -1,0 +1,189 @@
+"""Test doubles of the engine's collaborators: a byte-level tokenizer and a paged toy model runner.
+
+``FakeRunner`` keeps a real paged "cache" (token ids per physical slot) and computes each sequence's logits
+from the tokens it reads back through its page table, so a wrong page table, start position, chunk boundary
+or a page shared by two requests changes the output; its logits are a deterministic function of the whole
+prefix (a hash seeding a normal draw), so batching or chunking bugs show up as different tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from dsa_runtime.engine.engine import EngineParts
+
+BOS, EOS, PAD = 0, 1, 2
+SPECIALS = {BOS: "<bos>", EOS: "<eos>", PAD: "<pad>"}
+BYTE0 = 3  # token BYTE0 + b is the single byte b
+WORDS = ["Hello", " world", " the", "日本", "é", "STOP", "\n"]
+
+
+class FakeTokenizer:
+    """Byte-level tokenizer: 3 special tokens, 256 byte tokens, a few multi-byte words (some multi-char)."""
+
+    def __init__(self) -> None:
+        self.pieces: list[bytes] = [b""] * BYTE0 + [bytes([b]) for b in range(256)]
+        self.pieces += [w.encode() for w in WORDS]
+        self.vocab_size = len(self.pieces)
+        self.bos_id, self.eos_id = BOS, EOS
+        self.special_ids = set(SPECIALS)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        data = text.encode()
+        ids: list[int] = [BOS] if add_special_tokens else []
+        i = 0
+        words = sorted(range(BYTE0 + 256, self.vocab_size), key=lambda t: -len(self.pieces[t]))
+        while i < len(data):
+            for t in words:
+                piece = self.pieces[t]
+                if data.startswith(piece, i):
+                    ids.append(t)
+                    i += len(piece)
+                    break
+            else:
+                ids.append(BYTE0 + data[i])
+                i += 1
+        return ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        out: list[str] = []
+        buf = b""
+        for t in ids:
+            if t in SPECIALS:
+                out.append(buf.decode("utf-8", errors="replace"))
+                buf = b""
+                if not skip_special_tokens:
+                    out.append(SPECIALS[t])
+            else:
+                buf += self.pieces[t]
+        out.append(buf.decode("utf-8", errors="replace"))
+        return "".join(out)
+
+
+class FakeByteTokenizer(FakeTokenizer):
+    """The same vocabulary, also exposing ``token_bytes`` (the engine then uses the byte detokenizer)."""
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return SPECIALS[token_id].encode() if token_id in SPECIALS else self.pieces[token_id]
+
+
+def hash_logits(tokens: Sequence[int], vocab: int) -> torch.Tensor:
+    """Deterministic float32 ``[vocab]`` logits from the whole prefix (order-sensitive)."""
+    h = 1469598103934665603
+    for t in tokens:
+        h = ((h ^ (t + 1)) * 1099511628211) % (1 << 61)
+    g = torch.Generator().manual_seed(h)
+    return torch.randn(vocab, generator=g) * 3.0
+
+
+class FakeAllocator:
+    """Minimal page allocator (page 0 reserved), checking double frees."""
+
+    def __init__(self, num_pages: int) -> None:
+        self._free = list(range(num_pages - 1, 0, -1))
+        self.used: set[int] = set()
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        return len(self.used)
+
+    def alloc(self, n: int) -> list[int] | None:
+        if n > len(self._free):
+            return None
+        pages = [self._free.pop() for _ in range(n)]
+        self.used.update(pages)
+        return pages
+
+    def free(self, pages: list[int]) -> None:
+        for p in pages:
+            assert p in self.used, f"page {p} freed twice"
+            self.used.discard(p)
+            self._free.append(p)
+
+
+class FakeRunner:
+    """Toy model over a paged token cache; records each batch for assertions.
+
+    Args:
+        logit_fn: ``tokens -> float32 [vocab]`` (default :func:`hash_logits`).
+    """
+
+    def __init__(
+        self,
+        vocab: int,
+        page_size: int,
+        num_pages: int,
+        logit_fn: Callable[[list[int]], torch.Tensor] | None = None,
+    ) -> None:
+        self.vocab, self.page_size, self.num_pages = vocab, page_size, num_pages
+        self.slots: list[int | None] = [None] * (num_pages * page_size)
+        self.logit_fn = logit_fn or (lambda toks: hash_logits(toks, vocab))
+        self.batches: list[list[tuple[int, int, str]]] = []  # per step: (start, n_tokens, logits mode)
+
+    def _slot(self, table: list[int], pos: int) -> int:
+        return table[pos // self.page_size] * self.page_size + pos % self.page_size
+
+    def forward(self, batch) -> list[torch.Tensor | None]:
+        assert batch.seqs, "empty batch"
+        self.batches.append([(s.start_pos, len(s.token_ids), s.logits) for s in batch.seqs])
+        owned: set[int] = set()
+        for s in batch.seqs:
+            end = s.start_pos + len(s.token_ids)
+            table = s.page_table[: -(-end // self.page_size)]
+            assert len(table) * self.page_size >= end, "page table too short"
+            assert all(0 < p < self.num_pages for p in table), f"bad page id in {table}"
+            assert not owned & set(table), "two sequences of one batch share a page"
+            owned |= set(table)
+        out: list[torch.Tensor | None] = []
+        for s in batch.seqs:
+            end = s.start_pos + len(s.token_ids)
+            for i, t in enumerate(s.token_ids):
+                self.slots[self._slot(s.page_table, s.start_pos + i)] = t
+            tokens = [self.slots[self._slot(s.page_table, p)] for p in range(end)]
+            assert None not in tokens, "read a cache slot that was never written"
+            if s.logits == "last":
+                out.append(self.logit_fn(tokens))
+            elif s.logits == "all":
+                out.append(torch.stack([self.logit_fn(tokens[: p + 1]) for p in range(s.start_pos, end)]))
+            else:
+                out.append(None)
+        return out
+
+
+def make_parts(
+    *,
+    page_size: int = 4,
+    num_pages: int = 257,
+    max_model_len: int = 4096,
+    logit_fn: Callable[[list[int]], torch.Tensor] | None = None,
+    byte_tokenizer: bool = False,
+) -> EngineParts:
+    tok = FakeByteTokenizer() if byte_tokenizer else FakeTokenizer()
+    return EngineParts(
+        runner=FakeRunner(tok.vocab_size, page_size, num_pages, logit_fn),
+        tokenizer=tok,
+        allocator=FakeAllocator(num_pages),
+        page_size=page_size,
+        max_model_len=max_model_len,
+        vocab_size=tok.vocab_size,
+        eos_token_ids=frozenset({EOS}),
+    )
+
+
+def scripted(script: Sequence[int], prompt_len: int, vocab: int) -> Callable[[list[int]], torch.Tensor]:
+    """Logits that make greedy decoding emit ``script`` after a prompt of ``prompt_len`` tokens."""
+
+    def fn(tokens: list[int]) -> torch.Tensor:
+        logits = hash_logits(tokens, vocab)
+        i = len(tokens) - prompt_len
+        if 0 <= i < len(script):
+            logits[script[i]] = 50.0
+        return logits
+
+    return fn
