@@ -46,7 +46,8 @@ class RankSpec:
             head count, so head padding applies to the sharded shape).
         num_pages, page_size: every rank's KV cache (the same page ids on every rank of a group).
         mha_max_keys, cpu_threads: as for the single-process runner.
-        hooks: ``"module:function"`` names called as ``fn(runner)`` after the runner is built (tests).
+        setup: ``"module:function"`` names called as ``fn()`` on every rank before anything is built
+            (tests register extra backends this way); hooks: called as ``fn(runner)`` once it is built.
     """
 
     model_path: str | None = None
@@ -59,6 +60,7 @@ class RankSpec:
     page_size: int = 16
     mha_max_keys: int = 2048
     cpu_threads: int | None = 1
+    setup: list[str] = field(default_factory=list)
     hooks: list[str] = field(default_factory=list)
 
 
@@ -75,12 +77,15 @@ def init_method(parallel: ParallelConfig) -> str:
 
 def build_rank_runner(spec: RankSpec, tp: Any) -> Any:
     """This rank's ModelRunner over its slice of the weights, with its own KV cache."""
+    from dsa_runtime.backend import load_object
     from dsa_runtime.cache import KVCache
     from dsa_runtime.distributed.load import load_rank_checkpoint
     from dsa_runtime.distributed.sharding import shard_tensors, tensor_bytes
     from dsa_runtime.model.runner import ModelRunner, kernel_needs
     from dsa_runtime.resolve import KernelConfig, resolve_kernels
 
+    for name in spec.setup:
+        load_object(name)()  # type: ignore[operator]
     info = tp.info
     if spec.model_path is not None:
         part = load_rank_checkpoint(spec.model_path, info, with_tokenizer=False)
@@ -98,8 +103,6 @@ def build_rank_runner(spec: RankSpec, tp: Any) -> Any:
     runner.bytes_loaded = loaded  # type: ignore[attr-defined]
     del tensors
     for hook in spec.hooks:
-        from dsa_runtime.backend import load_object
-
         load_object(hook)(runner)  # type: ignore[operator]
     return runner
 
