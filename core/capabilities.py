@@ -225,6 +225,10 @@ class Capabilities:
         object.__setattr__(self, "families", frozenset(_family_of(m) for m in ordered))
         object.__setattr__(self, "not_claimed", MappingProxyType(dict(self.not_claimed)))
 
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        # The read-only mapping views do not pickle; the isolated kit worker receives Backend objects by pickle.
+        return (_rebuild_capabilities, (self.devices, dict(self.methods), dict(self.not_claimed)))
+
     def claimed_methods(self, family: str | None = None) -> list[str]:
         """Claimed ``family.method`` names (of one family when given), in contract order."""
         return [m for m in self.methods if family is None or _family_of(m) == family]
@@ -268,3 +272,8 @@ class Capabilities:
     def describe(self) -> dict[str, str]:
         """``method -> readable claim`` for every claimed method (for ``dsa-runtime plugins`` and reports)."""
         return {m: c.describe() for m, c in self.methods.items()}
+
+
+def _rebuild_capabilities(devices: frozenset[str], methods: dict[str, MethodClaim], not_claimed: dict[str, str]) -> Capabilities:
+    """Unpickle a :class:`Capabilities` from its expanded per-method claims."""
+    return Capabilities(devices=devices, methods=methods, not_claimed=not_claimed)

@@ -318,6 +318,7 @@ class MoEKernels(Protocol):
             keep ``topk_group`` groups; choose top_k experts by ``b`` inside them; weights are the *unbiased*
             ``p`` of the chosen experts, divided by their sum when ``renormalize``, times
             ``routed_scaling_factor``. Order of the k entries is unspecified. Ties: lower index wins.
+            When ``renormalize`` and the chosen ``p`` sum to 0 (every sigmoid underflowed), the weights are 0.
         """
         ...
 

@@ -266,7 +266,8 @@ def _auto_choice(
             continue
         problem = why_not(backend, method, device, kv_layout, needs)
         if problem is None:
-            reason = f"{platform.name} default"
+            why = defaults.reasons.get(family)
+            reason = f"{platform.name} default" + (f": {why}" if why else "")
             return Choice(family, name, f"fallback: {'; '.join(skipped)}; {reason}" if fallback else reason, method)
         skipped.append(problem)
     reference = manager.backends.get("reference")

@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         deltas = [d for chunk in chunks for d in stream.feed(chunk)]
         tail, finish_reason = stream.finish(args.truncated)
         deltas += tail
-        result = collect(deltas, finish_reason).to_dict()
+        result = collect(deltas, finish_reason, stream.completed_calls).to_dict()
         result["deltas"] = [d.to_dict() for d in deltas]
     _write_json(result)
     return 0

@@ -10,7 +10,7 @@ Canonical shape (spec §1)::
 
 Tolerated deviations: tags without the ``｜DSML｜`` prefix or mixed (inside a block; in prose only a plain
 ``<function_calls>`` opens one), ``tool_calls``/``function_call`` block names, a bare DSML invoke with no
-block, a self-closing invoke, a raw JSON object as the invoke body, a parameter without ``string``
+block, a self-closing invoke, raw JSON as the invoke body (kept verbatim when malformed), a parameter without ``string``
 (treated like ``string="false"``), missing close tags, several blocks.
 
 Arguments are streamed as JSON text in ``json.dumps`` layout: ``string="true"`` values as they arrive
@@ -103,8 +103,10 @@ class DsmlFormat(Format):
         if self.state == _BLOCK:
             self.active = False  # prose where a tag should be: the block ended without its close tag
             return i
-        if buf[i] == "{" and not self.body_started:
-            self.state, self.parts = _RAW, ["{"]  # "format 2": raw JSON object as the invoke body
+        if buf[i] in "{[" and not self.body_started:
+            # "format 2": raw JSON as the invoke body (an array is read too, so that it is kept verbatim as the
+            # model's malformed arguments instead of being dropped as stray text).
+            self.state, self.parts = _RAW, [buf[i]]
             return i + 1
         # Stray text inside an invoke: not an argument, dropped. Where this skip stops depends on the chunk,
         # so everything it could influence (is the body raw JSON?) is fixed by its first character.

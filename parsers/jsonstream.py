@@ -1,15 +1,21 @@
 """Streaming a model-written JSON object as it is generated, without ever sending bytes that must be undone.
 
-Used for V3/V3.1 arguments, which the model writes as one JSON text. :class:`JsonObjectStream` checks the
-syntax character by character and returns only text that every possible continuation keeps: a comma, a
-key and its colon are held until their value starts, a number or literal until it ends; string contents go
-out as they arrive. When the call ends, :meth:`JsonObjectStream.close` returns what makes the text a valid
-object: the closing quote and brackets, after dropping what was held. So the arguments are always valid
-JSON: the whole object when the model wrote valid JSON, else the members completed before the first error.
+Used for V3/V3.1 arguments (and a raw-JSON DSML invoke body), which the model writes as one JSON text.
+:class:`JsonObjectStream` checks the syntax character by character and returns only text that every
+possible continuation keeps: a comma, a key and its colon are held until their value starts, a number or
+literal until it ends, whitespace with the token after it; string contents go out as they arrive.
 
-Whitespace between tokens is dropped; everything before the first ``{`` (a ```` ```json ```` fence line) and
-everything after the object (the closing fence) is ignored. Raw control characters inside strings, which
-models sometimes write, are escaped rather than treated as errors.
+Valid objects come through as the model wrote them (whitespace included), with two repairs that keep them
+valid: raw control characters inside strings are escaped, and a trailing comma before a closing bracket is
+dropped. Everything before the first ``{`` that is whitespace or a ```` ```json ```` fence line, and
+everything after the object (the closing fence), is ignored.
+
+Malformed arguments are never repaired into a different object (an agent would run the tool with
+arguments the model did not write): from the first syntax error on, the rest of the text goes out
+verbatim, so the arguments are the model's own text, which a client's ``json.loads`` rejects visibly. The
+same holds for text that does not start an object (``["a"]``, prose) and for an object still open when the
+call ends (:meth:`JsonObjectStream.close`). Trailing whitespace and a closing fence of malformed text are
+dropped. Only a call with no argument text at all gets ``{}``.
 """
 
 from __future__ import annotations
@@ -24,7 +30,11 @@ _SIMPLE_ESCAPES = frozenset('"\\/bfnrt')
 _HEX = frozenset("0123456789abcdefABCDEF")
 
 # States
-_SEEK, _KEY_OR_END, _KEY, _COLON, _VALUE, _VALUE_OR_END, _STRING, _SCALAR, _AFTER, _DONE = range(10)
+_SEEK, _KEY_OR_END, _KEY, _COLON, _VALUE, _VALUE_OR_END, _STRING, _SCALAR, _AFTER, _DONE, _RAW = range(11)
+_FENCE_OPEN = re.compile(r"\s*(?:`{1,2}|```[A-Za-z0-9_+-]*[ \t]*\r?\n?)?")  # what may precede the "{"
+_FENCE_OPEN_LINE = re.compile(r"\s*```[A-Za-z0-9_+-]*[ \t]*\r?\n")
+_JSON_SPACE = frozenset(" \t\r\n")  # only these separate JSON tokens (no other Unicode spaces)
+_TAIL = frozenset(" \t\r\n`")  # a trailing run of these in malformed text may be the closing fence
 
 
 class JsonObjectStream:
@@ -37,17 +47,27 @@ class JsonObjectStream:
         self._token = ""  # a scalar being read, or a pending string escape
         self._in_key = False  # the string being read is a key (held), not a value (sent)
         self._open_string = False  # a value string's opening quote went out, its closing one not yet
+        self._pre = ""  # text before the object: whitespace or a fence opener so far
+        self._tail = ""  # malformed mode: a trailing run of whitespace / backticks, held
 
     @property
     def complete(self) -> bool:
-        """The model closed the object (a syntax error leaves it open until :meth:`close`)."""
+        """The model closed a valid object (malformed text never completes before :meth:`close`)."""
         return self._state == _DONE and not self._stack
+
+    @property
+    def malformed(self) -> bool:
+        """A syntax error was seen: the text goes out verbatim from then on."""
+        return self._state == _RAW
 
     def feed(self, text: str) -> str:
         """Read more of the JSON text; return what can be sent now."""
         out: list[str] = []
         i, n = 0, len(text)
         while i < n and self._state != _DONE:
+            if self._state == _RAW:
+                self._raw(text[i:], out)
+                break
             if self._state == _STRING and not self._token:
                 run = _PLAIN_RUN.match(text, i)
                 if run is not None:  # ordinary string characters, in one piece
@@ -59,17 +79,22 @@ class JsonObjectStream:
         return "".join(out)
 
     def close(self) -> str:
-        """The text that completes what was sent into a valid JSON object."""
-        if self._state == _SEEK:
-            return "{}"
-        out = []
-        if self._state == _SCALAR and self._scalar_ok():
-            out.append(self._held + self._token)  # a number that ended with the text
-        if self._open_string:
-            out.append('"')
-        out.extend(reversed(self._stack))
+        """The rest of the arguments at the end of the call: ``""`` after a valid object, ``{}`` when there was
+        no argument text, else (malformed or unfinished) the held text verbatim."""
+        state = self._state
+        if state == _SEEK and not self._pre.strip():
+            out = "{}"
+        elif state == _SEEK:
+            out = _strip_fence_close(_FENCE_OPEN_LINE.sub("", self._pre, count=1).lstrip())
+        elif state == _RAW:
+            out = _strip_fence_close(self._tail)
+        elif state == _DONE:
+            out = ""
+        else:  # an object still open: the model's text as it is
+            out = (self._held + self._token).rstrip()
         self._state, self._stack, self._open_string = _DONE, [], False
-        return "".join(out)
+        self._held = self._token = self._tail = ""
+        return out
 
     # -- one character ------------------------------------------------------------------------------------
     def _step(self, c: str, out: list[str]) -> None:
@@ -84,14 +109,11 @@ class JsonObjectStream:
                 self._held, self._token, self._state = "", "", _AFTER
                 self._step(c, out)  # the character that ended the scalar
             else:
-                self._fail()
-        elif c.isspace():
-            return
+                self._fail(c, out)
         elif state == _SEEK:
-            if c == "{":
-                out.append("{")
-                self._stack.append("}")
-                self._state = _KEY_OR_END
+            self._seek(c, out)
+        elif c in _JSON_SPACE:
+            self._held += c  # goes out with the next token, so an unfinished text never ends in sent whitespace
         elif state in (_KEY_OR_END, _KEY):
             if c == '"':
                 self._held += c
@@ -99,22 +121,35 @@ class JsonObjectStream:
             elif c == "}":
                 self._close_container(c, out)
             else:
-                self._fail()
+                self._fail(c, out)
         elif state == _COLON:
             if c == ":":
                 self._held += c
                 self._state = _VALUE
             else:
-                self._fail()
+                self._fail(c, out)
         elif state in (_VALUE, _VALUE_OR_END):
             self._value_start(c, out)
         elif c == ",":  # _AFTER a value
-            self._held = c
+            self._held += c
             self._state = _KEY if self._stack[-1] == "}" else _VALUE_OR_END
         elif c in "}]":
             self._close_container(c, out)
         else:
-            self._fail()
+            self._fail(c, out)
+
+    def _seek(self, c: str, out: list[str]) -> None:
+        """Before the object: a ``{`` opens it; whitespace or a fence opener is skipped; other text is malformed."""
+        if c == "{":
+            out.append("{")
+            self._stack.append("}")
+            self._state, self._pre = _KEY_OR_END, ""
+            return
+        self._pre += c
+        if _FENCE_OPEN.fullmatch(self._pre) is None:
+            pre, self._pre = self._pre, ""
+            self._state = _RAW
+            self._raw(_FENCE_OPEN_LINE.sub("", pre, count=1).lstrip(), out)
 
     def _value_start(self, c: str, out: list[str]) -> None:
         if c == '"':
@@ -130,14 +165,14 @@ class JsonObjectStream:
         elif c == "]" and self._state == _VALUE_OR_END:
             self._close_container(c, out)
         else:
-            self._fail()
+            self._fail(c, out)
 
     def _string_char(self, c: str, out: list[str]) -> None:
         if self._token:  # inside an escape: backslash + letter, or backslash + u + four hex digits
             self._token += c
             if self._token[1] == "u":
                 if len(self._token) > 2 and c not in _HEX:
-                    self._fail()
+                    self._fail("", out)
                 elif len(self._token) == 6:
                     self._string_piece(self._token, out)
                     self._token = ""
@@ -145,7 +180,7 @@ class JsonObjectStream:
                 self._string_piece(self._token, out)
                 self._token = ""
             else:
-                self._fail()
+                self._fail("", out)
         elif c == "\\":
             self._token = c
         elif c == '"':
@@ -166,15 +201,39 @@ class JsonObjectStream:
 
     def _close_container(self, c: str, out: list[str]) -> None:
         if not self._stack or self._stack[-1] != c:
-            self._fail()
+            self._fail(c, out)
             return
-        self._held = ""  # a trailing comma before the bracket is forgiven
-        out.append(self._stack.pop())
+        # Held here: whitespace and at most one comma, which is dropped (a trailing comma is forgiven).
+        out.append(self._held.replace(",", "") + self._stack.pop())
+        self._held = ""
         self._state = _AFTER if self._stack else _DONE
 
     def _scalar_ok(self) -> bool:
         return self._token in _LITERALS or _NUMBER.fullmatch(self._token) is not None
 
-    def _fail(self) -> None:
-        """A syntax error: read nothing more; :meth:`close` completes what was sent."""
-        self._held, self._token, self._state = "", "", _DONE
+    def _fail(self, c: str, out: list[str]) -> None:
+        """A syntax error at ``c``: what was held and the rest of the text go out verbatim from here on."""
+        pending = self._held + self._token + c
+        self._held, self._token, self._state = "", "", _RAW
+        self._raw(pending, out)
+
+    def _raw(self, text: str, out: list[str]) -> None:
+        """Malformed mode: text goes out as it is, except a trailing whitespace/backtick run, held."""
+        if not text:
+            return
+        end = len(text)
+        while end > 0 and text[end - 1] in _TAIL:
+            end -= 1
+        if end == 0:
+            self._tail += text
+            return
+        out.append(self._tail + text[:end])
+        self._tail = text[end:]
+
+
+def _strip_fence_close(tail: str) -> str:
+    """Held trailing text of malformed arguments, without trailing whitespace and one closing fence."""
+    text = tail.rstrip()
+    if text.endswith("```"):
+        text = text[:-3].rstrip()
+    return text

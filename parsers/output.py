@@ -69,4 +69,4 @@ class OutputParser:
         stream = self.stream()
         deltas = stream.feed(text)
         tail, finish_reason = stream.finish(truncated)
-        return collect(deltas + tail, finish_reason)
+        return collect(deltas + tail, finish_reason, stream.completed_calls)

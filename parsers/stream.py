@@ -15,6 +15,7 @@ every chunking, and :func:`collect` of the deltas is what the non-streaming pars
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 
 from dsa_runtime.parsers.markers import EOS
 from dsa_runtime.parsers.reasoning import REASONING, ReasoningSplitter
@@ -128,7 +129,19 @@ class StreamParser:
         self._content = ContentFormatter()
         self._calls = 0  # calls started (their indexes are 0..n-1)
         self._completed = 0
+        self._complete: set[int] = set()  # indexes of the calls whose end was seen
+        self._arguments: dict[int, list[str]] = {}  # each call's argument text so far
         self._finish_reason: str | None = None
+
+    @property
+    def completed_calls(self) -> frozenset[int]:
+        """Indexes of the calls that ended (a call cut off by truncation is not among them)."""
+        return frozenset(self._complete)
+
+    @property
+    def parse_errors(self) -> int:
+        """Completed calls whose argument text is not a JSON object (kept verbatim; see docs/parsers.md)."""
+        return sum(not _is_json_object("".join(self._arguments.get(i, []))) for i in self._complete)
 
     def feed(self, chunk: str) -> list[Delta]:
         """Parse the next piece of generated text."""
@@ -174,8 +187,10 @@ class StreamParser:
                 self._calls += 1
             elif kind == ARGS:
                 out.arguments(self._calls - 1, value)
+                self._arguments.setdefault(self._calls - 1, []).append(value)
             elif kind == END:
                 self._completed += 1
+                self._complete.add(self._calls - 1)
 
 
 def _is_json_object(text: str) -> bool:
@@ -185,11 +200,15 @@ def _is_json_object(text: str) -> bool:
         return False
 
 
-def collect(deltas: list[Delta], finish_reason: str) -> ParsedOutput:
+def collect(
+    deltas: list[Delta], finish_reason: str, complete: Collection[int] | None = None
+) -> ParsedOutput:
     """Fold streamed deltas into the whole message; calls left incomplete by truncation are dropped.
 
-    A complete call's arguments are always a JSON object, an incomplete one's never are (its closing brace is
-    the last fragment), so the test below is exactly "was the call finished".
+    ``complete`` is the set of call indexes that ended (:attr:`StreamParser.completed_calls`). Without it, a
+    client rebuilding the message from deltas alone keeps the calls whose arguments are a JSON object: an
+    incomplete call's never are (its closing brace is the last fragment), but neither are the verbatim
+    arguments of a complete call the model wrote as malformed JSON, so those are dropped too.
     """
     content: list[str] = []
     reasoning: list[str] = []
@@ -207,7 +226,7 @@ def collect(deltas: list[Delta], finish_reason: str) -> ParsedOutput:
     tool_calls = []
     for index in sorted(heads):
         arguments = "".join(calls.get(index, []))
-        if _is_json_object(arguments):
+        if index in complete if complete is not None else _is_json_object(arguments):
             call_id, name = heads[index]
             tool_calls.append(ToolCall(id=call_id, name=name, arguments=arguments))
     return ParsedOutput(

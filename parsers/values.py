@@ -54,11 +54,11 @@ def typed_value_json(raw: str) -> str:
 
 
 def object_json(raw: str) -> str:
-    """JSON text of an arguments object the model wrote as raw JSON, always a valid object.
+    """Arguments the model wrote as raw JSON text, by the rules of :mod:`dsa_runtime.parsers.jsonstream`.
 
-    The same rules as streamed V3/V3.1 arguments (:mod:`dsa_runtime.parsers.jsonstream`): text before the
-    first ``{`` and after the object is ignored; after a syntax error the members completed before it are
-    kept; ``{}`` when there is no object at all.
+    A valid object as written (text before the first ``{`` that is whitespace or a fence line, and text after
+    the object, ignored); ``{}`` when there is no argument text; otherwise the model's malformed text
+    verbatim (trailing whitespace and a closing fence dropped), never a repaired or empty object.
     """
     stream = JsonObjectStream()
     return stream.feed(raw) + stream.close()

@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, str] = {
     "make-checkpoint": "dsa_runtime.cli.make_checkpoint_cmd",
     "inspect": "dsa_runtime.cli.inspect_cmd",
     "generate": "dsa_runtime.cli.generate_cmd",
+    "serve": "dsa_runtime.cli.serve_cmd",
 }
 
 

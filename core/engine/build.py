@@ -68,10 +68,13 @@ def build_parts_from_weights(
     import torch
 
     from dsa_runtime.cache import KVCache, PageAllocator, device_budget_bytes, plan_capacity
-    from dsa_runtime.model.runner import ModelRunner
+    from dsa_runtime.model.runner import ModelRunner, kernel_needs
     from dsa_runtime.resolve import resolve_kernels
 
-    kernels = resolve_kernels(config.kernel_config())
+    needs = kernel_needs(model_config, config.page_size or 1)
+    if config.page_size is None:
+        needs.pop("page_size")  # checked against the platform's default page size by the resolver
+    kernels = resolve_kernels(config.kernel_config(), needs=needs)
     device = torch.device(kernels.device)
     if device.type == "cpu":
         threads = config.cpu_threads or (1 if model_config.hidden_size <= TINY_HIDDEN else None)

@@ -38,7 +38,7 @@ def add_dataclass_arguments(
         kind = _base_type(f.type)
         default = f.default if f.default is not MISSING else None
         help_text = meta.get("help", "")
-        if default is not None and kind is not bool:
+        if default is not None and kind is not bool and "default" not in help_text:
             help_text = f"{help_text} (default: {default})"
         kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": help_text}
         if kind is bool:
@@ -46,8 +46,9 @@ def add_dataclass_arguments(
         else:
             kwargs["type"] = kind
             if "choices" in meta:
-                kwargs["choices"] = list(meta["choices"])
-            kwargs["metavar"] = meta.get("metavar", f.name.upper())
+                kwargs["choices"] = list(meta["choices"])  # argparse shows them as the metavar
+            else:
+                kwargs["metavar"] = meta.get("metavar", f.name.upper())
         parser.add_argument(*flags, **kwargs)
 
 

@@ -38,7 +38,7 @@ class EngineConfig:
         default="bfloat16", metadata=_opt("--dtype", "activation and weight dtype", choices=DTYPES)
     )
     device: str = field(
-        default=AUTO, metadata=_opt("--device", "torch device (auto: the detected platform's)")
+        default=AUTO, metadata=_opt("--device", "torch device (default auto: the detected platform's)")
     )
     kv_cache_dtype: str = field(
         default=AUTO,
@@ -89,7 +89,8 @@ class EngineConfig:
         default=0, metadata=_opt("--seed", "seed of the random weights/unseeded sampling streams")
     )
     platform: str = field(
-        default=AUTO, metadata=_opt("--platform", "platform plugin to run on (auto: detected)")
+        default=AUTO,
+        metadata=_opt("--platform", "platform plugin to run on (default auto: the detected one)"),
     )
     dsa_prefill_backend: str = field(
         default=AUTO,
@@ -143,34 +144,21 @@ class EngineConfig:
         return _KV_LAYOUT[self.kv_cache_dtype]
 
     def kernel_config(self) -> Any:
-        """The :class:`~dsa_runtime.resolve.KernelConfig` these options ask for.
-
-        Sparse-attention prefill and decode are separate options; while the resolver picks one backend for the
-        whole ``sparse_attn`` family, two different explicit choices are refused rather than silently merged.
-        """
+        """The :class:`~dsa_runtime.resolve.KernelConfig` these options ask for (sparse-attention prefill and
+        decode resolved per method, as SGLang's ``--dsa-prefill-backend`` / ``--dsa-decode-backend``)."""
         from dsa_runtime.resolve import KernelConfig
 
-        names = {f.name for f in fields(KernelConfig)}
-        values: dict[str, str] = {
-            "platform": self.platform,
-            "device": self.device,
-            "kv_layout": self.kv_layout,
-            "indexer": self.indexer_backend,
-            "topk": self.dsa_topk_backend,
-            "kv_quant": self.kv_quant_backend,
-            "moe": self.moe_backend,
-        }
-        prefill, decode = self.dsa_prefill_backend, self.dsa_decode_backend
-        if {"sparse_attn_prefill", "sparse_attn_decode"} <= names:
-            values.update(sparse_attn_prefill=prefill, sparse_attn_decode=decode)
-        else:
-            if AUTO not in (prefill, decode) and prefill != decode:
-                raise ConfigError(
-                    f"--dsa-prefill-backend {prefill} and --dsa-decode-backend {decode}: this build resolves "
-                    "sparse attention as one family; give the same backend to both (or leave one auto)"
-                )
-            values["sparse_attn"] = prefill if prefill != AUTO else decode
-        return KernelConfig(**values)
+        return KernelConfig(
+            platform=self.platform,
+            device=self.device,
+            kv_layout=self.kv_layout,
+            indexer=self.indexer_backend,
+            topk=self.dsa_topk_backend,
+            kv_quant=self.kv_quant_backend,
+            moe=self.moe_backend,
+            sparse_attn_prefill=self.dsa_prefill_backend,
+            sparse_attn_decode=self.dsa_decode_backend,
+        )
 
 
 def flag_of(name: str) -> str:

@@ -49,7 +49,11 @@ class Request:
 
     @property
     def prompt_token_ids(self) -> list[int]:
-        return self.token_ids[: self.prompt_len]
+        # One copy shared by every output of this request (outputs are read-only by convention).
+        cached = self.__dict__.get("_prompt")
+        if cached is None:
+            cached = self.__dict__["_prompt"] = self.token_ids[: self.prompt_len]
+        return cached
 
     @property
     def output_token_ids(self) -> list[int]:

@@ -26,6 +26,7 @@ from dsa_runtime.testing.fp8util import (
     quant_error,
     random_bytes,
     random_e4m3,
+    scale_error,
 )
 from dsa_runtime.testing.tolerances import tolerance
 
@@ -45,9 +46,13 @@ def _rows(gen: torch.Generator, dev: torch.device, n: int, values: str) -> tuple
 def _judge_fp8_rows(ctx: CheckContext, name: str, rows: Tensor, c: Tensor, k_pe: Tensor) -> str | None:
     """Backend-written 656-byte rows, read by the reference dequantizer, vs the unquantized ``c``/``k_pe``."""
     deq = ctx.to_device(ctx.oracle.dequantize_mla(ctx.to_oracle(rows), layout="fp8_656")).float()
-    return quant_error(f"{name} c (read by the reference dequantizer)", deq[:, :D_LATENT], c.float(),
-                       tolerance("kv_quant.fp8_row")) or same_bytes(
-        f"{name} k_pe (bytes 528-655)", deq[:, D_LATENT:].to(torch.bfloat16), k_pe
+    scales = rows[:, D_LATENT : D_LATENT + 16].contiguous().view(torch.float32).reshape(-1, D_LATENT // 128)
+    # The fp8_656 cache always holds power-of-two scales (FlashMLA's SM90 decode rounds them to bf16).
+    return (
+        quant_error(f"{name} c (read by the reference dequantizer)", deq[:, :D_LATENT], c.float(),
+                    tolerance("kv_quant.fp8_row"), scales=scales)
+        or scale_error(f"{name} scales (bytes 512-527)", scales, c.float(), ctx.case.needs.get("scale_fmt", "ue8m0"))
+        or same_bytes(f"{name} k_pe (bytes 528-655)", deq[:, D_LATENT:].to(torch.bfloat16), k_pe)
     )
 
 

@@ -2,7 +2,7 @@
 
 A selection is judged as a set, so any tie-break passes: every entry is ``-1`` or inside the row's window,
 valid entries are unique, their count is ``min(k, len)``, and the multiset of their logits equals the true
-top-k's (``-inf`` logits inside the window are candidates like any other). Entries outside every window
+top-k's (``-inf`` and NaN logits inside the window are candidates like any other; NaN ranks as ``-inf``). Entries outside every window
 hold ``+inf``, NaN or ``1e30`` so that a kernel that ignores the window picks them and fails.
 """
 
@@ -84,7 +84,8 @@ def judge_selection(name: str, idx: object, logits: Tensor, starts: Tensor, ends
             f"{name}: {int((count != want_count).sum())} rows select the wrong number of keys; first row {r} "
             f"(window [{int(starts[r])}, {int(ends[r])}), k={k}): {int(count[r])} valid, expected {int(want_count[r])}"
         )
-    keyed = torch.where(logits == float("-inf"), torch.full_like(logits, _KEY_NEG_INF), logits)
+    # -inf and NaN (which ranks as -inf, per the contract) inside a window are candidates like any other.
+    keyed = torch.where((logits == float("-inf")) | logits.isnan(), torch.full_like(logits, _KEY_NEG_INF), logits)
     cols = (starts[:, None] + pos.clamp(min=0)).clamp(max=max(width - 1, 0))
     sel = torch.gather(keyed, 1, cols) if width else torch.zeros_like(pos, dtype=keyed.dtype)
     sel = torch.where(valid, sel, float("-inf")).sort(dim=1, descending=True).values

@@ -155,3 +155,34 @@ def as_bytes(t: Tensor) -> Tensor:
     if t.dim() == 0:
         t = t.reshape(1)
     return t.view(torch.uint8)
+
+
+LN2_INV = 1.0 / 0.6931471805599453  # lse / expected for a base-2 lse: 1.4427
+
+
+def lse_ratio_hint(got: Tensor, want: Tensor) -> str:
+    """``"; lse / expected = 1.4427: base-2 log?"`` when ``got / want`` is one constant over the finite entries
+    (relative spread under 1e-3 on entries with ``|want| > 0.5``), ``""`` otherwise."""
+    g, w = got.detach().float(), want.detach().float().to(got.device)
+    use = torch.isfinite(w) & torch.isfinite(g) & (w.abs() > 0.5)
+    if int(use.sum()) < 4:
+        return ""
+    r = g[use] / w[use]
+    mid = float(r.median())
+    if not abs(mid) > 0 or float(((r - mid).abs() / abs(mid)).max()) > 1e-3 or abs(mid - 1.0) < 1e-3:
+        return ""
+    name = ": base-2 log?" if abs(mid - LN2_INV) < 1e-3 else (": log10?" if abs(mid - 0.4342945) < 1e-3 else "")
+    return f"; lse / expected = {mid:.4f}{name}"
+
+
+def out_and_lse(out: Tensor, lse: Tensor, want_out: Tensor, want_lse: Tensor, out_tol: Tolerance, lse_tol: Tolerance) -> str | None:
+    """Attention results: one message naming every part that differs (``out`` and ``lse``), with a hint
+    when ``lse`` is off by a constant factor (a base-2 lse is ``1.4427`` times the natural one)."""
+    out_msg = close("out", out, want_out, out_tol, row_dims=2)
+    lse_msg = close("lse", lse, want_lse, lse_tol, row_dims=1)
+    if lse_msg:
+        lse_msg += lse_ratio_hint(lse, want_lse)
+    parts = [m for m in (out_msg, lse_msg) if m]
+    if len(parts) == 2:
+        return f"out and lse both differ: {parts[0]} | {parts[1]}"
+    return parts[0] if parts else None

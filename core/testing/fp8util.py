@@ -41,12 +41,24 @@ def quantize(x: Tensor, scale_fmt: str, block: int = QUANT_BLOCK) -> tuple[Tenso
     return tiles.clamp(-FP8_MAX, FP8_MAX).to(E4M3).reshape(x.shape), s
 
 
-def quant_error(name: str, deq: Tensor, x: Tensor, tol: Tolerance, block: int = QUANT_BLOCK) -> str | None:
+def e4m3_ulp(v: Tensor) -> Tensor:
+    """Spacing of e4m3 values at ``|v|`` (``v`` in the scaled domain): ``2**(floor(log2|v|) - 3)`` for normal
+    values, ``2**-9`` below the smallest normal ``2**-6``."""
+    a = v.abs().float()
+    _, exp = torch.frexp(a)  # a = m * 2**exp, m in [0.5, 1): floor(log2 a) = exp - 1
+    return torch.where(a >= 2.0**E4M3_MIN_NORMAL_EXP, torch.ldexp(torch.ones_like(a), exp - 4), torch.full_like(a, 2.0**-9))
+
+
+def quant_error(
+    name: str, deq: Tensor, x: Tensor, tol: Tolerance, block: int = QUANT_BLOCK, scales: Tensor | None = None
+) -> str | None:
     """Judge a dequantized FP8 block quantization ``deq`` of the exact values ``x`` (both ``[..., n]``).
 
-    Each element may be off by ``tol.ulps`` e4m3 units in the last place at the *coarsest valid* scale, the
-    ue8m0 one: ``ulps * max(|x| * 2**-3, s_pow2 * 2**-9)``. A correct quantizer is within half of that with
-    either scale rule; a scale at the wrong offset, a missing rotation or a clamp is far outside.
+    With the scales the quantizer used (``scales`` ``[..., n // block]``, checked separately by
+    :func:`scale_error`), each element may be off by ``tol.ulps`` e4m3 ulp at *its own* scaled value (a
+    round-to-nearest quantizer is within half an ulp), plus ``tol.rel_slack * |x| + tol.scale_slack * s`` for
+    arithmetic before the rounding (a bf16 rotation). Without them, by ``tol.ulps`` ulp at the coarsest valid
+    scale, the ue8m0 one: ``max(|x| * 2**-3, s_pow2 * 2**-9)``.
     """
     from dsa_runtime.testing.compare import unravel
 
@@ -56,9 +68,16 @@ def quant_error(name: str, deq: Tensor, x: Tensor, tol: Tolerance, block: int = 
         return f"{name}: shape {tuple(d.shape)}, expected {tuple(xf.shape)}"
     if d.numel() == 0:
         return None
-    s_u = pow2_scale(xf.reshape(*xf.shape[:-1], -1, block).abs().amax(-1))
-    s_u = s_u.repeat_interleave(block, dim=-1).reshape(xf.shape)
-    bound = tol.ulps * torch.maximum(xf.abs() * 2.0**-3, s_u * 2.0**-9)
+    if scales is not None:
+        s = scales.float().to(deq.device).reshape(*xf.shape[:-1], -1)
+        s = s.repeat_interleave(block, dim=-1).reshape(xf.shape)
+        bound = tol.ulps * e4m3_ulp(xf / s) * s + tol.rel_slack * xf.abs() + tol.scale_slack * s
+        unit = "e4m3 ulp at the returned scale"
+    else:
+        s_u = pow2_scale(xf.reshape(*xf.shape[:-1], -1, block).abs().amax(-1))
+        s_u = s_u.repeat_interleave(block, dim=-1).reshape(xf.shape)
+        bound = tol.ulps * torch.maximum(xf.abs() * 2.0**-3, s_u * 2.0**-9)
+        unit = "e4m3 ulp"
     err = (d - xf).abs()
     bad = ~(err <= bound)  # NaN counts as bad
     n_bad = int(bad.sum())
@@ -69,9 +88,55 @@ def quant_error(name: str, deq: Tensor, x: Tensor, tol: Tolerance, block: int = 
     first = unravel(int(torch.nonzero(bad.reshape(-1))[0]), d.shape)
     wi = unravel(worst, d.shape)
     return (
-        f"{name}: {n_bad} of {d.numel()} dequantized values off by more than {tol.ulps:g} e4m3 ulp; worst at {wi}: "
+        f"{name}: {n_bad} of {d.numel()} dequantized values off by more than {tol.ulps:g} {unit}; worst at {wi}: "
         f"got {float(d.reshape(-1)[worst]):.6g}, exact {float(xf.reshape(-1)[worst]):.6g} "
         f"(allowed error {float(bound.reshape(-1)[worst]):.3g}); first bad element {first} (block {first[-1] // block})"
+    )
+
+
+def scale_error(
+    name: str, scales: Tensor, x: Tensor, scale_fmt: str, *, block: int = QUANT_BLOCK, amax_rtol: float = 0.0,
+    rtol: float = 0.0,
+) -> str | None:
+    """Judge block scales ``[..., n // block]`` of the exact values ``x`` ``[..., n]``.
+
+    ``ue8m0``: each scale must be exactly ``2**ceil(log2(max(amax, 1e-4) / 448))``. ``float``: anything from
+    ``amax / 448`` (no clipping) up to that power of two (no coarser than ue8m0), so both rules pass.
+    ``amax_rtol``: how far the quantizer's own ``amax`` may be from the kit's (a rotation in lower precision);
+    a block within that of a power-of-two boundary may take either neighbouring power. ``rtol``: rounding of a
+    scale recovered by division.
+    """
+    from dsa_runtime.testing.compare import unravel
+
+    got = scales.float().to(x.device)
+    amax = x.float().reshape(*x.shape[:-1], -1, block).abs().amax(-1)
+    if got.shape != amax.shape:
+        return f"{name}: shape {tuple(got.shape)}, expected {tuple(amax.shape)}"
+    lo_a, hi_a = amax * (1 - amax_rtol), amax * (1 + amax_rtol)
+    hi = pow2_scale(hi_a) * (1 + rtol)
+    if scale_fmt == "ue8m0":
+        cands = (pow2_scale(lo_a), pow2_scale(amax), pow2_scale(hi_a))
+        ok = torch.zeros_like(got, dtype=torch.bool)
+        for c in cands:
+            ok |= (got - c).abs() <= rtol * c
+        rule = "2^ceil(log2(amax/448))"
+    else:
+        lo = lo_a.clamp_min(FP8_AMAX_FLOOR) / FP8_MAX * (1 - rtol)
+        ok = (got >= lo) & (got <= hi)
+        rule = "in [amax/448, 2^ceil(log2(amax/448))]"
+    bad = ~ok
+    if not bool(bad.any()):
+        return None
+    at = unravel(int(torch.nonzero(bad.reshape(-1))[0]), got.shape)
+    g, want, a = float(got[at]), float(pow2_scale(amax)[at]), float(amax[at])
+    if g > 0 and math.isfinite(g) and want > 0 and abs(math.log2(g / want) - round(math.log2(g / want))) < 1e-9:
+        k = round(math.log2(g / want))
+        how = f"{2.0 ** abs(k):g} times too {'coarse' if k > 0 else 'fine'}" if k else "wrong"
+    else:
+        how = "not a power of two" if scale_fmt == "ue8m0" else "outside the valid range"
+    return (
+        f"{name}: {int(bad.sum())} of {got.numel()} {scale_fmt} scales are not {rule}; first at {at} "
+        f"(block amax {a:.6g}): got {g:.6g}, want {want:.6g} ({how})"
     )
 
 

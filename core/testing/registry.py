@@ -10,13 +10,15 @@ from dsa_runtime.families import FAMILIES
 from dsa_runtime.testing.case import Case
 
 CASE_MODULES: dict[str, str] = {family: f"dsa_runtime.testing.cases_{family}" for family in FAMILIES}
+# Second modules per family: shapes real kernels can claim and the edge cases that mutants showed missing.
+EDGE_CASE_MODULES: dict[str, str] = {family: f"dsa_runtime.testing.edges_{family}" for family in FAMILIES}
 
 
 def family_cases(family: str) -> list[Case]:
-    """All cases (both tiers) of one family."""
+    """All cases (both tiers) of one family: its ``cases_`` module, then its ``edges_`` module."""
     if family not in CASE_MODULES:
         raise ConfigError(f"unknown kernel family {family!r}; valid: {', '.join(FAMILIES)}")
-    return importlib.import_module(CASE_MODULES[family]).cases()
+    return importlib.import_module(CASE_MODULES[family]).cases() + importlib.import_module(EDGE_CASE_MODULES[family]).cases()
 
 
 def all_cases(

@@ -1,13 +1,15 @@
 """Run the conformance kit against a backend, with the ``reference`` backend as the oracle.
 
 Every selected case ends as exactly one of ``passed``, ``failed`` (message says what differed), ``error``
-(an exception, recorded with its type and message; the run goes on) or ``not_claimed`` (the reason from the
+(an exception, recorded with its type and message; the run goes on), ``crashed`` (the process died or the
+device context was lost; see :mod:`dsa_runtime.testing.isolate`) or ``not_claimed`` (the reason from the
 backend's :class:`~dsa_runtime.capabilities.Capabilities`). Nothing is skipped silently.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 import types
@@ -25,8 +27,9 @@ from dsa_runtime.errors import ConfigError
 from dsa_runtime.families import FAMILY_METHODS
 from dsa_runtime.padding import PADDED_METHODS, PaddedSparseAttn, padded_needs, padding_note
 from dsa_runtime.testing.case import Case, CheckContext, clone, move
+from dsa_runtime.testing.progress import Progress
 from dsa_runtime.testing.registry import all_cases
-from dsa_runtime.testing.report import CaseResult, Report
+from dsa_runtime.testing.report import CaseResult, Report, method_of
 
 
 def lookup_backend(name: str) -> Backend:
@@ -37,7 +40,22 @@ def lookup_backend(name: str) -> Backend:
 
 
 def resolve_backend(backend: str | Backend) -> Backend:
-    return backend if isinstance(backend, Backend) else lookup_backend(backend)
+    """A Backend object as is; ``"module:callable"`` imported and called (a factory returning a Backend, or a
+    Backend attribute); any other string looked up by name."""
+    if isinstance(backend, Backend):
+        return backend
+    if ":" not in backend:
+        return lookup_backend(backend)
+    from dsa_runtime.backend import load_object
+
+    try:
+        made = load_object(backend)
+        made = made if isinstance(made, Backend) else made()  # type: ignore[operator]
+    except Exception as exc:
+        raise ConfigError(f"backend factory {backend!r} failed: {type(exc).__name__}: {exc}") from None
+    if not isinstance(made, Backend):
+        raise ConfigError(f"backend factory {backend!r} returned {type(made).__name__}, not a Backend")
+    return made
 
 
 @dataclass
@@ -157,7 +175,10 @@ def run_case(case: Case, ctx: RunContext) -> CaseResult:
     head = f"family {case.family}, case {case.id}"
 
     def result(status: str, message: str = "", exc: BaseException | None = None) -> CaseResult:
-        return CaseResult(case.id, case.family, status, message, time.perf_counter() - start, exc)
+        return CaseResult(
+            case.id, case.family, status, message, time.perf_counter() - start, exc,
+            method=getattr(case, "method", None) or method_of(case.family, case.id), needs=dict(case.needs),
+        )
 
     reason = ctx.unclaimed_reason(case)
     if reason is not None:
@@ -198,40 +219,6 @@ def _padded_kernel(kernel: object, method: str, claim: MethodClaim | None) -> ob
     return view
 
 
-class _Progress:
-    """tqdm when installed, else a one-line counter on stderr; silent when disabled."""
-
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.total, self.enabled, self.done, self.bar = total, enabled, 0, None
-        if enabled:
-            try:
-                from tqdm import tqdm
-
-                self.bar = tqdm(total=total, unit="case", file=sys.stderr, leave=False)
-            except ImportError:
-                self.bar = None
-
-    def step(self, case: Case, res: CaseResult) -> None:
-        self.done += 1
-        if not self.enabled:
-            return
-        if self.bar is not None:
-            self.bar.set_postfix_str(case.id[-60:], refresh=False)
-            self.bar.update(1)
-        else:
-            sys.stderr.write(f"\r\x1b[K[{self.done}/{self.total}] {res.status:<11} {case.id[-90:]}")
-            sys.stderr.flush()
-
-    def close(self) -> None:
-        if not self.enabled:
-            return
-        if self.bar is not None:
-            self.bar.close()
-        else:
-            sys.stderr.write("\r\x1b[K")
-            sys.stderr.flush()
-
-
 def run_conformance(
     backend: str | Backend,
     *,
@@ -241,20 +228,35 @@ def run_conformance(
     oracle_device: str | torch.device | None = None,
     keyword: str | None = None,
     progress: bool | None = None,
+    isolate: bool | None = None,
+    json_path: str | os.PathLike[str] | None = None,
+    case_timeout_s: float | None = None,
 ) -> Report:
     """Run the kit and return a :class:`Report`.
 
     Args:
-        backend: a backend name (looked up through the plugin manager) or a :class:`Backend`.
+        backend: a backend name (looked up through the plugin manager), a ``"module:callable"`` factory
+            reference, or a :class:`Backend`.
         full: add the full tier (V3.2's real shapes; meant for a GPU).
         device: ``cpu``/``cuda``; default cuda when the backend claims it and CUDA is available, else cpu.
         families: only these kernel families.
         oracle_device: where the reference runs (default: the same device).
         keyword: only cases whose id contains this substring.
         progress: show progress on stderr (default: when stderr is a terminal).
+        isolate: run the claimed cases in a worker process that is replaced after a crash (default: when the
+            device is cuda); see :mod:`dsa_runtime.testing.isolate`.
+        json_path: write the JSON report here after every case (atomically), so a killed run leaves its
+            results so far; the final report is written at the end.
+        case_timeout_s: with isolation, a case running longer is killed and reported ``crashed``.
+
+    A ``KeyboardInterrupt`` ends the run early: the report comes back with ``interrupted`` set and the
+    number of cases not run (and is written to ``json_path``); it is never ``ok``.
     """
+    from dsa_runtime.testing import environment
+
     ctx = prepare(backend, device=device, oracle_device=oracle_device)
     cases = select_cases(full=full, families=families, keyword=keyword)
+    isolated = ctx.device.type == "cuda" if isolate is None else isolate
     show = sys.stderr.isatty() if progress is None else progress
     report = Report(
         backend=ctx.backend.name,
@@ -265,33 +267,62 @@ def run_conformance(
         torch_version=torch.__version__,
         full=full,
         started=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        environment=environment.collect(ctx.backend, ctx.device, name_device=not isolated),
+        isolated=isolated,
     )
     t0 = time.perf_counter()
-    bar = _Progress(len(cases), show)
+    bar = Progress(len(cases), show)
+    worker = None
+    if isolated:
+        from dsa_runtime.testing.isolate import IsolatedRunner, backend_ref
+
+        ref = backend_ref(backend if isinstance(backend, str) else ctx.backend, ctx.backend)
+        worker = IsolatedRunner(ref, str(ctx.device), str(ctx.oracle_device), case_timeout_s)
     lost: str | None = None  # set once a kernel has broken the device context (e.g. a device-side assert)
     try:
         for case in cases:
-            if lost is not None and ctx.unclaimed_reason(case) is None:
+            if worker is not None and ctx.unclaimed_reason(case) is None:
+                res = worker.run(case)
+                report.environment["device_name"] = worker.device_name or report.environment["device_name"]
+            elif lost is not None and ctx.unclaimed_reason(case) is None:
                 res = CaseResult(case.id, case.family, "error", f"family {case.family}, case {case.id}: not run: {lost}")
             else:
                 res = run_case(case, ctx)
-                if res.status == "error" and not _device_alive(ctx.device):
+                if worker is None and res.status == "error" and not _device_alive(ctx.device):
                     lost = (
                         f"the {ctx.device.type} context was lost in case {case.id} "
                         f"({res.message.split(': ', 1)[-1].splitlines()[0][:160]}); "
-                        "rerun the rest in a new process (-k, --family)"
+                        "rerun the rest in a new process (-k, --family), or with --isolate"
                     )
             report.cases.append(res)
             bar.step(case, res)
-            if ctx.device.type == "cuda" and case.tier == "full" and lost is None:
+            if json_path is not None:
+                report.duration_s = time.perf_counter() - t0
+                report.not_run = len(cases) - len(report.cases)
+                report.write_json(json_path)
+            if worker is None and ctx.device.type == "cuda" and case.tier == "full" and lost is None:
                 with contextlib.suppress(Exception):
                     torch.cuda.empty_cache()
+    except KeyboardInterrupt:
+        report.interrupted = True
     finally:
         bar.close()
+        if worker is not None:
+            worker.close()
+            if worker.device_name:
+                report.environment["device_name"] = worker.device_name
+            elif report.environment.get("device_name", "-") == "-":  # no worker ran: ask here, the run is over
+                report.environment["device_name"] = environment.device_name(ctx.device)
+    report.not_run = len(cases) - len(report.cases)
     report.duration_s = time.perf_counter() - t0
+    if json_path is not None:
+        report.write_json(json_path)
     return report
 
 
 def summary_line(report: Report) -> str:
     s: dict[str, Any] = report.summary
-    return f"{s['passed']} passed, {s['failed']} failed, {s['errors']} errors, {s['not_claimed']} not claimed"
+    return (
+        f"{s['passed']} passed, {s['failed']} failed, {s['errors']} errors, {s['crashed']} crashed, "
+        f"{s['not_claimed']} not claimed"
+    )

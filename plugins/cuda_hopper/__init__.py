@@ -1,15 +1,22 @@
 """Platform plugin for NVIDIA Hopper (SM90: H100, H200, H800, H20).
 
 Defaults follow SGLang's published DeepSeek-V3.2 defaults on Hopper: bf16 KV cache, ``flashmla_sparse`` prefill,
-``fa3`` decode, page size 64, dense MHA prefill up to 2048 KV tokens. No Hopper kernel is registered yet, so
-``auto`` resolves every family to the reference backend on CUDA (logged), and ``dsa-runtime plugins`` says so.
+``fa3`` decode, page size 64, dense MHA prefill up to 2048 KV tokens.
+
+Backend ``triton`` (kernels in :mod:`.triton`, one module per concept) provides the ``moe`` family; it is
+available when the ``triton`` package is installed and an SM90 GPU is visible (checked without importing
+triton or initialising CUDA). Families without a Hopper kernel yet resolve to the reference backend on CUDA
+(logged), and ``dsa-runtime plugins`` says so.
 FlashMLA and DeepGEMM have no usable PyPI release; when a user has built them (``pip install -e`` of their
 repositories), their modules ``flash_mla`` / ``deep_gemm`` are detected and reported here.
 """
 
 from __future__ import annotations
 
+from dsa_runtime.backend import Backend
+from dsa_runtime.capabilities import Capabilities
 from dsa_runtime.hookspecs import hookimpl
+from dsa_runtime.hw_probe import module_available
 from dsa_runtime.platform import Detection, Platform, PlatformDefaults
 from dsa_runtime.plugins._nvidia import NVIDIA_REASONS, detect_arch
 from dsa_runtime.plugins._pending import pending_family_notes
@@ -22,6 +29,8 @@ PLANNED = {
     "moe": "Triton grouped routing and FP8 grouped GEMM; DeepGEMM when built",
 }
 OPTIONAL_LIBS = ("flash_mla", "deep_gemm", "flashinfer", "tilelang", "triton")
+# Families the ``triton`` backend provides, as "module:Class" strings (imported on first use).
+TRITON_KERNELS = {"moe": "dsa_runtime.plugins.cuda_hopper.triton.moe_experts:TritonMoE"}
 
 
 def detect() -> Detection:
@@ -50,8 +59,39 @@ def defaults(_: Detection) -> PlatformDefaults:
             "kv_layout": "SGLang's Hopper default: bf16 KV (FP8 KV is the default only on SM>=100)",
             "prefill_attn": "SGLang's Hopper default: flashmla_sparse prefill",
             "decode_attn": "SGLang's Hopper default: fa3 decode over gathered bf16 pages",
+            "moe": "Triton fused grouped routing + FP8 block-scaled grouped GEMMs (DeepGEMM first when registered)",
             **NVIDIA_REASONS,
         },
+    )
+
+
+def triton_available() -> tuple[bool, str]:
+    """``triton`` is installed and an SM90 GPU is visible (NVML probe; triton itself is not imported)."""
+    if not module_available("triton"):
+        return False, "the triton package is not installed (pip install 'dsa-runtime[hopper]')"
+    detection = detect()
+    if not detection.present:
+        return False, detection.reason
+    return True, f"triton installed; {detection.reason}"
+
+
+def triton_backend() -> Backend:
+    """The ``triton`` backend of this platform: only the families in :data:`TRITON_KERNELS` so far."""
+    return Backend(
+        name="triton",
+        capabilities=Capabilities(
+            families=frozenset(TRITON_KERNELS),
+            devices=frozenset({"cuda"}),
+            weight_dtypes=frozenset({"bf16", "fp8_e4m3"}),
+            scale_fmts=frozenset({"ue8m0", "float"}),
+            not_claimed={
+                f: f"no Triton kernel yet (planned: {PLANNED[f]})" for f in PLANNED if f not in TRITON_KERNELS
+            },
+        ),
+        kernels=TRITON_KERNELS,
+        available=triton_available,
+        platform="cuda_hopper",
+        description="Triton kernels for SM90: MoE routing and fused FP8/bf16 grouped experts",
     )
 
 
@@ -63,7 +103,18 @@ def dsa_register_platforms(register):
             detect=detect,
             defaults=defaults,
             priority=90,
-            family_notes=pending_family_notes("Hopper", "the reference backend runs on CUDA meanwhile", PLANNED),
+            family_notes={
+                f: note
+                for f, note in pending_family_notes(
+                    "Hopper", "the reference backend runs on CUDA meanwhile", PLANNED
+                ).items()
+                if f not in TRITON_KERNELS
+            },
             description="NVIDIA SM90 (H100/H200/H800/H20)",
         )
     )
+
+
+@hookimpl
+def dsa_register_backends(register):
+    register(triton_backend())

@@ -56,20 +56,21 @@ def test_auto_follows_platform_defaults(monkeypatch, gpu, platform, layout):
 
 
 def test_auto_prefers_the_platform_backend_when_registered(monkeypatch):
+    # (the built-in cuda_hopper plugin registers the real "triton" backend, so the fake takes another name)
     monkeypatch.setenv("DSA_FAKE_GPU", "NVIDIA H200:9.0")
-    triton = backend("triton", families=("topk",), devices=("cuda",), platform="cuda_hopper")
-    resolved = resolve_kernels(manager=manager_with(triton))
-    assert {resolved.backend_of(f"topk.{m}") for m in ("topk", "page_table_transform", "topk_transform")} == {"triton"}
-    assert resolved.choices["topk.topk"].reason == "cuda_hopper default"
-    assert resolved.choices["indexer.logits_ragged"].backend == "reference"
+    deepgemm = backend("deepgemm", families=("indexer",), devices=("cuda",), platform="cuda_hopper")
+    resolved = resolve_kernels(manager=manager_with(deepgemm))
+    assert {resolved.backend_of(f"indexer.{m}") for m in ("logits_ragged", "logits_paged")} == {"deepgemm"}
+    assert resolved.choices["indexer.logits_ragged"].reason.startswith("cuda_hopper default")
+    assert resolved.choices["topk.topk"].backend == "reference"
 
 
 def test_unavailable_preferred_backend_falls_back_with_reason(monkeypatch):
     monkeypatch.setenv("DSA_FAKE_GPU", "NVIDIA H200:9.0")
-    triton = backend("triton", devices=("cuda",), available=(False, "triton not installed"))
-    resolved = resolve_kernels(manager=manager_with(triton))
-    assert resolved.choices["topk.topk"].backend == "reference"
-    assert "triton not installed" in resolved.choices["topk.topk"].reason
+    deepgemm = backend("deepgemm", families=("indexer",), devices=("cuda",), available=(False, "deep_gemm not built"))
+    resolved = resolve_kernels(manager=manager_with(deepgemm))
+    assert resolved.choices["indexer.logits_ragged"].backend == "reference"
+    assert "deep_gemm not built" in resolved.choices["indexer.logits_ragged"].reason
 
 
 def test_explicit_unknown_backend_lists_valid_names():

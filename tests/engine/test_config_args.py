@@ -8,7 +8,7 @@ from dataclasses import fields
 import pytest
 
 from dsa_runtime.engine import EngineConfig, add_dataclass_arguments, config_from_args
-from dsa_runtime.errors import ConfigError
+from dsa_runtime.errors import ConfigError, DSAError
 
 
 def _parse(argv: list[str]) -> EngineConfig:
@@ -70,17 +70,22 @@ def test_bad_values_name_the_flag(kwargs, match):
 
 def test_kernel_config_mapping():
     kc = EngineConfig(
-        kv_cache_dtype="bf16", dsa_topk_backend="reference", dsa_decode_backend="reference"
-    ).kernel_config()
-    assert kc.kv_layout == "bf16" and kc.topk == "reference"
-    assert getattr(kc, "sparse_attn", None) == "reference" or kc.sparse_attn_decode == "reference"
+        kv_cache_dtype="bf16", dsa_topk_backend="reference", dsa_prefill_backend="a", dsa_decode_backend="b",
+        indexer_backend="c", kv_quant_backend="d", moe_backend="e", platform="cpu", device="cpu",
+    ).kernel_config()  # fmt: skip
+    assert (kc.kv_layout, kc.topk, kc.sparse_attn_prefill, kc.sparse_attn_decode) == (
+        "bf16",
+        "reference",
+        "a",
+        "b",
+    )
+    assert (kc.indexer, kc.kv_quant, kc.moe, kc.platform, kc.device) == ("c", "d", "e", "cpu", "cpu")
+    assert EngineConfig(kv_cache_dtype="fp8_e4m3").kernel_config().kv_layout == "fp8_656"
     assert EngineConfig(dtype="bf16").dtype == "bfloat16"
 
 
-def test_different_prefill_and_decode_backends_refused_while_resolved_as_one_family():
-    from dsa_runtime.resolve import KernelConfig
+def test_unknown_backend_is_a_one_line_config_error():
+    from dsa_runtime.resolve import resolve_kernels
 
-    if hasattr(KernelConfig, "sparse_attn_prefill"):
-        pytest.skip("this build resolves prefill and decode separately")  # the branch below is then dead
-    with pytest.raises(ConfigError, match="one family"):
-        EngineConfig(dsa_prefill_backend="a", dsa_decode_backend="b").kernel_config()
+    with pytest.raises(DSAError, match="no-such-backend.*registered backends"):
+        resolve_kernels(EngineConfig(dsa_decode_backend="no-such-backend").kernel_config())

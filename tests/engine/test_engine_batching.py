@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dsa_runtime.engine import EngineConfig, SamplingParams
-from tests.engine.conftest import make_engine, random_prompts, run_all
+from tests.engine.helpers import make_engine, random_prompts, run_all
 
 
 def _alone(prompt: list[int], params: SamplingParams, **parts) -> list[int]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from dsa_runtime.engine import EngineConfig, SamplingParams
-from tests.engine.conftest import make_engine, run_all
 from tests.engine.fakes import BYTE0, EOS, PAD, FakeTokenizer, scripted
+from tests.engine.helpers import make_engine, run_all
 
 TOK = FakeTokenizer()
 PROMPT = TOK.encode("Hello")

@@ -114,3 +114,20 @@ def test_score_equals_the_runner_prefix_logits_and_frees_pages():
     assert llm.engine.stats().pages_used == 0
     with pytest.raises(ValueError, match="outside the vocabulary"):
         llm.score([5, 10**6])
+
+
+@pytest.mark.parametrize(
+    "is_dsa,scale_fmt,encoder,tool_parser",
+    [
+        (True, "ue8m0", "v32", "deepseekv32"),
+        (False, "ue8m0", "jinja", "deepseekv31"),
+        (False, "float", "jinja", "deepseekv3"),
+    ],
+)
+def test_chat_format_per_model_family(is_dsa, scale_fmt, encoder, tool_parser):
+    from dsa_runtime.engine.chat import chat_format, render_prompt
+
+    fmt = chat_format(SimpleNamespace(is_dsa=is_dsa, scale_fmt=scale_fmt))
+    assert (fmt.encoder, fmt.tool_parser) == (encoder, tool_parser)
+    prompt = render_prompt(fmt, [{"role": "user", "content": "Hi"}])
+    assert prompt.startswith("<｜begin▁of▁sentence｜>") and "<｜User｜>Hi<｜Assistant｜>" in prompt

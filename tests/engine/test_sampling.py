@@ -41,6 +41,22 @@ def test_top_p_keeps_the_smallest_prefix_reaching_p():
         assert kept == want, p
 
 
+@pytest.mark.parametrize("scale", [0.05, 1.0, 4.0, 12.0])  # flat (nucleus > candidates) to peaked
+@pytest.mark.parametrize("top_p", [0.1, 0.6, 0.95, 0.9999])
+def test_nucleus_mask_matches_a_full_sort_on_large_vocabularies(scale, top_p):
+    from dsa_runtime.engine.sampler import NUCLEUS_CANDIDATES, nucleus_mask
+
+    vocab = 20 * NUCLEUS_CANDIDATES
+    probs = torch.softmax(torch.randn(vocab, generator=torch.Generator().manual_seed(7)) * scale, -1)
+    sorted_probs, order = torch.sort(probs, descending=True)
+    before = torch.cumsum(sorted_probs.double(), -1) - sorted_probs.double()
+    want = set(order[before < top_p].tolist())
+    got = set(torch.nonzero(nucleus_mask(probs, top_p)).flatten().tolist())
+    # float32 vs float64 prefix sums may disagree on a token whose preceding mass is within rounding of top_p
+    assert got ^ want <= {int(order[len(want) - 1]), int(order[min(len(want), vocab - 1)])}
+    assert len(got ^ want) <= 1 and int(order[0]) in got
+
+
 def test_min_p_drops_tokens_below_fraction_of_best():
     logits = _logits(2)
     probs = torch.softmax(logits, -1)
@@ -124,3 +140,24 @@ def test_bad_sampling_params_fail_with_one_message(kwargs):
 
 def test_stop_accepts_a_single_string():
     assert SamplingParams(stop="END").stop == ["END"]
+
+
+def test_mixed_rows_equal_each_row_alone():
+    logits = torch.stack([_logits(s, 80) for s in range(4)])
+    params = [
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=0.8, top_k=10, seed=1),
+        SamplingParams(temperature=0, logprobs=3),
+        SamplingParams(temperature=1.2, top_p=0.8, seed=2, logprobs=0),
+    ]
+
+    def gens():
+        return [torch.Generator().manual_seed(100 + i) for i in range(4)]
+
+    tokens, lps = sample_rows(logits, params, gens())
+    for i in range(4):
+        solo_tokens, solo_lps = sample_rows(logits[i : i + 1], params[i : i + 1], gens()[i : i + 1])
+        assert solo_tokens[0] == tokens[i]
+        assert (lps[i] is None) == (params[i].logprobs is None) and lps[i] == solo_lps[0]
+    assert tokens[0] == int(logits[0].argmax()) and tokens[2] == int(logits[2].argmax())
+    assert lps[2].token_id == tokens[2] and len(lps[2].top) == 3 and lps[3].top == []

@@ -93,17 +93,36 @@ def stream(parser: OutputParser, chunks: Sequence[str], truncated: bool = False)
     tail, finish_reason = s.finish(truncated)
     per_feed.append(tail)
     deltas = [d for feed in per_feed for d in feed]
-    return per_feed, deltas, collect(deltas, finish_reason)
+    return per_feed, deltas, collect(deltas, finish_reason, s.completed_calls)
+
+
+class Verbatim(str):
+    """Expected arguments that are the model's malformed text, kept as it is (not a JSON object)."""
+
+    def __repr__(self) -> str:
+        return f"Verbatim({str.__repr__(self)})"
+
+
+def arguments_of(text: str) -> dict[str, Any] | Verbatim:
+    """A call's arguments: the JSON object, or :class:`Verbatim` text when they are not one."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return Verbatim(text)
+    return value if isinstance(value, dict) else Verbatim(text)
 
 
 def summary(out: ParsedOutput) -> tuple:
-    """Everything but the ids, arguments as (ordered) parsed JSON."""
-    calls = [(c.name, list(json.loads(c.arguments).items()), c.type) for c in out.tool_calls]
+    """Everything but the ids, arguments as (ordered) parsed JSON or verbatim text."""
+    calls = []
+    for c in out.tool_calls:
+        args = arguments_of(c.arguments)
+        calls.append((c.name, args if isinstance(args, Verbatim) else list(args.items()), c.type))
     return out.content, out.reasoning_content, calls, out.finish_reason
 
 
-def calls_of(out: ParsedOutput) -> list[tuple[str, dict[str, Any]]]:
-    return [(c.name, json.loads(c.arguments)) for c in out.tool_calls]
+def calls_of(out: ParsedOutput) -> list[tuple[str, dict[str, Any] | Verbatim]]:
+    return [(c.name, arguments_of(c.arguments)) for c in out.tool_calls]
 
 
 def check_deltas(deltas: Sequence[Delta], markup: Sequence[str] = MARKUP) -> None:

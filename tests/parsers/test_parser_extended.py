@@ -27,6 +27,7 @@ from tests.parsers.parser_kit import (
     D,
     I,
     P,
+    Verbatim,
     assert_same_everywhere,
     calls_of,
     dsml_block,
@@ -175,7 +176,13 @@ CASES = {
         V32, f'{FC}\n{I("f")}\n{{"a": 1, "b": ["x"]}}\n{IE}\n{FCE}', False, None, None, [("f", {"a": 1, "b": ["x"]})],
         "tool_calls",
     ),
-    "raw-json-body-invalid": (V32, f"{FC}\n{I('f')}\n{{oops\n{IE}\n{FCE}", False, None, None, [("f", {})], "tool_calls"),
+    # Malformed raw arguments are kept verbatim, never turned into {} (docs/parsers.md).
+    "raw-json-body-invalid": (
+        V32, f"{FC}\n{I('f')}\n{{oops\n{IE}\n{FCE}", False, None, None, [("f", Verbatim("{oops"))], "tool_calls",
+    ),
+    "raw-json-body-array": (
+        V32, f'{FC}\n{I("f")}\n["a"]\n{IE}\n{FCE}', False, None, None, [("f", Verbatim('["a"]'))], "tool_calls",
+    ),
     "duplicate-parameter-first-wins": (
         V32, f"{FC}\n{I('f')}\n{P('a', 'true')}1{PE}\n{P('a', 'true')}2{PE}\n{IE}\n{FCE}", False, None, None,
         [("f", {"a": "1"})], "tool_calls",
@@ -214,7 +221,15 @@ CASES = {
         [("f", {"a": 1}), ("g", {})], "tool_calls",
     ),
     "v31-invalid-args": (V31, f"{CALLS_BEGIN}{CALL_BEGIN}f{SEP}{{nope{CALL_END}{CALLS_END}", False, None, None,
-                         [("f", {})], "tool_calls"),
+                         [("f", Verbatim("{nope"))], "tool_calls"),
+    "v31-array-args": (V31, f'{CALLS_BEGIN}{CALL_BEGIN}f{SEP}["a"]{CALL_END}{CALLS_END}', False, None, None,
+                       [("f", Verbatim('["a"]'))], "tool_calls"),
+    "v31-unclosed-object-at-stop": (V31, f'{CALLS_BEGIN}{CALL_BEGIN}f{SEP}{{"a": [1, {CALL_END}', False, None, None,
+                                    [("f", Verbatim('{"a": [1,'))], "tool_calls"),
+    "v3-fenced-malformed": (
+        V3, f"{CALLS_BEGIN}{CALL_BEGIN}function{SEP}f\n```json\n{{'a': 1}}\n```{CALL_END}{CALLS_END}", False, None,
+        None, [("f", Verbatim("{'a': 1}"))], "tool_calls",
+    ),
     "v31-args-with-trailing-junk": (
         V31, f'{CALLS_BEGIN}{CALL_BEGIN}f{SEP}{{"a": "<｜x"}} trailing{CALL_END}{CALLS_END}', False, None, None,
         [("f", {"a": "<｜x"})], "tool_calls",
@@ -262,7 +277,8 @@ def test_extended_vector(case):
         finish_reason,
     )
     for call, (_, args) in zip(out.tool_calls, calls, strict=True):
-        assert list(json.loads(call.arguments)) == list(args)
+        if not isinstance(args, Verbatim):
+            assert list(json.loads(call.arguments)) == list(args)
     assert_same_everywhere(parser, text, truncated=truncated, markup=PROSE_MARKUP.get(case, MARKUP))
 
 

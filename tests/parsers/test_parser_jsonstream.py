@@ -56,8 +56,8 @@ def test_valid_objects_come_through_equal_for_any_chunking(value, layout, data):
 
 @PROFILE
 @given(value=st.dictionaries(st.text(max_size=6), json_values, min_size=1, max_size=4), layout=layouts)
-def test_every_prefix_closes_into_valid_json_and_sent_text_only_grows(value, layout):
-    """Nothing sent ever has to be taken back: every prefix, closed, is a valid object."""
+def test_every_prefix_is_kept_verbatim_and_sent_text_only_grows(value, layout):
+    """Nothing sent is ever taken back, and a call cut after any prefix keeps exactly the model's text."""
     text = json.dumps(value, **layout)
     s = JsonObjectStream()
     sent = ""
@@ -66,34 +66,33 @@ def test_every_prefix_closes_into_valid_json_and_sent_text_only_grows(value, lay
         probe = JsonObjectStream()
         closed = probe.feed(text[: i + 1]) + probe.close()
         assert closed.startswith(sent)
-        assert isinstance(json.loads(closed), dict)
+        # Unfinished: the model's text (less trailing whitespace between tokens), never repaired into an object.
+        assert text[: i + 1].startswith(closed) and not text[len(closed) : i + 1].strip()
 
 
 @FUZZ
-@given(text=st.text(st.sampled_from(list('{}[]",:\\ u0a1-.etrufalsn\n\x01x')) | st.characters(), max_size=40))
-def test_fuzz_always_a_valid_object(text):
-    assert isinstance(json.loads(_run(text)), dict)
-    assert isinstance(json.loads(_run(text, range(0, len(text), 3))), dict)
-    assert _run(text) == _run(text, range(len(text)))
+@given(text=st.text(st.sampled_from(list('{}[]",:\\ u0a1-.etrufalsn\n\x01x`')) | st.characters(), max_size=40))
+def test_fuzz_chunking_never_matters_and_objects_survive(text):
+    out = _run(text)
+    assert out == _run(text, range(0, len(text), 3)) == _run(text, range(len(text)))
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return
+    if isinstance(value, dict) and "\x01" not in text:
+        assert json.loads(out) == value  # valid objects come through (as written)
 
 
 @pytest.mark.parametrize(
     ("raw", "expected"),
     [
         ("", {}),
-        ("no object here", {}),
+        ("  \n", {}),
         ('```json\n{"a": 1}\n```', {"a": 1}),
-        ('{"a": 1, "b": oops}', {"a": 1}),
-        ('{"a": "unterminated', {"a": "unterminated"}),
-        ('{"a": [1, 2, {"b": tru', {"a": [1, 2, {}]}),
         ('{"a": 1,}', {"a": 1}),
         ('{"a": [1,],}', {"a": [1]}),
         ('{"a": "line\nbreak\ttab"}', {"a": "line\nbreak\ttab"}),
         ('{"a": "\\u00e9\\n\\"q\\"", "b": "\\ud83d\\ude00"}', {"a": 'é\n"q"', "b": "😀"}),
-        ('{"a": "bad \\x escape"}', {"a": "bad "}),
-        ('{"a": -0.5e+3, "b": 12', {"a": -500.0, "b": 12}),
-        ('{"a": 01}', {}),
-        ('{"k" "v"}', {}),
         ('{"a": 1} trailing {"b": 2}', {"a": 1}),
         ('{"a": {"b": [true, false, null]}}', {"a": {"b": [True, False, None]}}),
     ],
@@ -101,6 +100,32 @@ def test_fuzz_always_a_valid_object(text):
 def test_repair_rules(raw, expected):
     assert json.loads(object_json(raw)) == expected
     assert json.loads(_run(raw, range(len(raw)))) == expected
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("no object here", "no object here"),
+        ('["a"]', '["a"]'),
+        ("{bad json", "{bad json"),
+        ('{"a": 1, "b": oops}', '{"a": 1, "b": oops}'),
+        ('{"a": "unterminated', '{"a": "unterminated'),
+        ('{"a": [1, 2, {"b": tru', '{"a": [1, 2, {"b": tru'),
+        ('{"a": "bad \\x escape"}', '{"a": "bad \\x escape"}'),
+        ('{"a": -0.5e+3, "b": 12', '{"a": -0.5e+3, "b": 12'),
+        ('{"a": 01}', '{"a": 01}'),
+        ('{"k" "v"}', '{"k" "v"}'),
+        ('{\u3000"a": 1}', '{\u3000"a": 1}'),  # not JSON whitespace: malformed, not skipped
+        ('{"a": 1, \n', '{"a": 1,'),  # trailing whitespace of malformed text dropped
+        ("```json\n{'a': 1}\n```  \n", "{'a': 1}"),  # and the fences around it
+        ("```\nnot json\n```", "not json"),
+    ],
+)
+def test_malformed_arguments_kept_verbatim(raw, expected):
+    """Malformed arguments are the model's own text (a client's json.loads fails visibly), never {}."""
+    assert object_json(raw) == expected
+    assert _run(raw, range(len(raw))) == expected
+    assert _run(raw, range(0, len(raw), 4)) == expected
 
 
 def test_v31_arguments_stream_before_the_call_ends():

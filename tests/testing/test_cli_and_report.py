@@ -37,10 +37,13 @@ def test_cli_json_report_and_exit_0(tmp_path, capsys):
     data = json.loads(path.read_text())
     assert set(data) >= KEYS
     n = len([c for c in all_cases() if c.family == "topk"])
-    assert data["summary"] == {"passed": n, "failed": 0, "errors": 0, "not_claimed": 0}
+    assert data["summary"] == {"passed": n, "failed": 0, "errors": 0, "crashed": 0, "not_claimed": 0}
     assert data["backend"] == "reference" and data["plugin"] == "reference" and data["device"] == "cpu"
     assert data["full"] is False and len(data["cases"]) == n
-    assert set(data["cases"][0]) == {"id", "family", "status", "message", "duration_s"}
+    assert set(data["cases"][0]) == {"id", "family", "method", "needs", "status", "message", "duration_s"}
+    assert data["cases"][0]["method"] == "topk.topk" and data["cases"][0]["needs"] == {"k": 16}
+    assert data["backend_package"] == "dsa-runtime" and data["device_name"] and data["isolated"] is False
+    assert data["interrupted"] is False and data["not_run"] == 0
     assert "topk/topk/r8/l256/k16/full/randn" in out and "PASSED" in out
     assert [p.name for p in path.parent.iterdir()] == ["report.json"]  # no temp file left behind
 
@@ -87,23 +90,30 @@ def _report():
             CaseResult("topk/b", "topk", "failed", "family topk, case topk/b: slots differ", 0.2),
             CaseResult("moe/c", "moe", "error", "family moe, case moe/c: raised ValueError: x", 0.0, ValueError("x")),
             CaseResult("moe/d", "moe", "not_claimed", "family 'moe' not provided"),
+            CaseResult("moe/route/e", "moe", "crashed", "family moe, case moe/route/e: died with signal SIGSEGV",
+                       needs={"k": 8}),
         ],
+        environment={"backend_package": "vendor-kernels", "backend_package_version": "1.2", "device_name": "X"},
     )
 
 
 def test_report_summary_table_and_roundtrip(tmp_path):
     report = _report()
-    assert report.summary == {"passed": 1, "failed": 1, "errors": 1, "not_claimed": 1}
+    assert report.summary == {"passed": 1, "failed": 1, "errors": 1, "crashed": 1, "not_claimed": 1}
     assert report.by_family() == {
-        "topk": {"passed": 1, "failed": 1, "errors": 0, "not_claimed": 0},
-        "moe": {"passed": 0, "failed": 0, "errors": 1, "not_claimed": 1},
+        "topk": {"passed": 1, "failed": 1, "errors": 0, "crashed": 0, "not_claimed": 0},
+        "moe": {"passed": 0, "failed": 0, "errors": 1, "crashed": 1, "not_claimed": 1},
     }
     assert not report.ok
     table = report.format_table()
     assert "FAIL" in table and "ERROR" in table and "not claimed" in table and "slots differ" in table
+    assert "CRASHED" in table and "SIGSEGV" in table and "package vendor-kernels 1.2" in table
     path = report.write_json(tmp_path / "r.json")
-    again = Report.from_dict(json.loads(path.read_text()))
+    data = json.loads(path.read_text())
+    assert data["backend_package"] == "vendor-kernels" and data["cases"][-1]["method"] == "moe.route"
+    again = Report.from_dict(data)
     assert again.summary == report.summary and [c.id for c in again.cases] == [c.id for c in report.cases]
+    assert again.environment == report.environment and again.cases[-1].needs == {"k": 8}
 
 
 def test_report_write_is_atomic(tmp_path, monkeypatch):

@@ -65,7 +65,7 @@ def _cli(monkeypatch, capsys, backend: Backend, **kw) -> tuple[int, str, str]:
 
     monkeypatch.setattr(runner, "lookup_backend", lambda name: backend)
     args = {"name": backend.name, "full": False, "device": "cpu", "family": None, "oracle_device": None,
-            "keyword": None, "progress": False, "json": None, "failures_only": True, **kw}
+            "keyword": None, "progress": False, "json": None, "failures_only": True, "isolate": False, "case_timeout": None, **kw}
     code = conformance_cmd.run(argparse.Namespace(**args))
     out, err = capsys.readouterr()
     return code, out, err

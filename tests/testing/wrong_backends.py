@@ -195,3 +195,24 @@ class IndexerIgnoresMTPCausal(ReferenceIndexer):
             for j in range(n_q)
         ]
         return torch.stack(rows, dim=1).reshape(batch * n_q, -1)
+
+
+# --- the gaps of issue 6 item 7 and the peers' bugs (kept in their own module) -----------------------------
+from tests.testing.wrong_backends_edges import (  # noqa: E402, F401
+    IndexerBf16Rotation,
+    IndexerScaleTwiceTooCoarse,
+    IndexerTruncates,
+    IndexerZeroPastLastEnd,
+    KVQuantFloatScales,
+    KVQuantScaleTwiceTooCoarse,
+    KVQuantTruncates,
+    MoEBf16Bias,
+    MoENaNOnUnderflow,
+    MoEScaleOnlyWhenRenorm,
+    SparseAttnOffByOne,
+    SparseAttnPrefillMinusOneIsRowZero,
+    SparseAttnTop1FastPath,
+    TopKNaNFirst,
+    TopKPadsWithZero,
+)
+

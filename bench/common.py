@@ -1,0 +1,112 @@
+"""Shared helpers of the benchmark scripts: timing, ceilings measured in the same run, atomic JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+
+def time_ms(fn: Callable[[], object], *, reps: int = 20, warmup: int = 3) -> float:
+    """Median milliseconds of ``fn`` over ``reps`` runs, each bracketed by CUDA events (after ``warmup``)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def bench_ms(fn: Callable[[], object], *, slow: bool = False) -> float:
+    """``triton.testing.do_bench`` median for fast calls; a few event-timed runs for slow baselines."""
+    if slow:
+        return time_ms(fn, reps=3, warmup=1)
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
+
+
+def copy_ceiling_gbs(nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy of ``nbytes``: GB/s counting bytes read plus bytes written."""
+    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = bench_ms(lambda: dst.copy_(src))
+    return 2 * nbytes / ms / 1e6
+
+
+def fp8_matmul_ceiling_tflops(n: int = 8192) -> float:
+    """``torch._scaled_mm`` e4m3 x e4m3 -> bf16 at ``n^3`` (per-tensor scales), TFLOP/s."""
+    a = (torch.randn(n, n, device="cuda") * 8).to(torch.float8_e4m3fn)
+    b = (torch.randn(n, n, device="cuda") * 8).to(torch.float8_e4m3fn).t()  # column-major, as cuBLASLt wants
+    one = torch.ones((), device="cuda")
+    ms = bench_ms(lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
+    return 2 * n**3 / ms / 1e9
+
+
+def device_info() -> dict[str, str]:
+    import triton
+
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "gpu": props.name, "sms": str(props.multi_processor_count), "torch": torch.__version__,
+        "triton": triton.__version__, "cuda": str(torch.version.cuda),
+    }
+
+
+def write_json(path: str | os.PathLike, data: dict) -> None:
+    """Write ``data`` atomically (temp file in the same folder, then ``os.replace``)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(data, fh, indent=1)
+    os.replace(tmp, target)
+
+
+def kernel_times_us(fn: Callable[[], object], *, iters: int = 5) -> dict[str, float]:
+    """Mean device time per call of each kernel ``fn`` launches (torch profiler), microseconds by kernel name."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    out: dict[str, float] = {}
+    for evt in prof.key_averages():
+        total = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0.0)
+        if total:
+            out[evt.key[:40]] = out.get(evt.key[:40], 0.0) + total / iters
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def graph_ms(fn: Callable[[], object]) -> float:
+    """Median replay time of ``fn`` captured in a CUDA graph (launch overhead removed, as an engine runs decode)."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):  # compile and warm up outside the capture
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+    except RuntimeError as exc:  # reported, not fatal: the eager timings still stand
+        print(f"  graph capture failed: {str(exc).splitlines()[0][:200]}", flush=True)
+        return float("nan")
+    ms = bench_ms(graph.replay)
+    del graph
+    return ms

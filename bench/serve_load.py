@@ -1,0 +1,195 @@
+"""Serving load test: throughput, time to first token and inter-token latency at several concurrencies.
+
+    python bench/serve_load.py                          # embedded model, in-process server, 1/8/32 clients
+    python bench/serve_load.py --url http://127.0.0.1:30000 --model NAME --concurrency 1 8 32 64
+
+Each client sends streaming chat requests back to back (``max_tokens`` tokens each, EOS ignored, greedy)
+until the level's request count is done. TTFT is request start to the first content chunk; ITL is the gap
+between content chunks divided by the tokens they carry (one per chunk on this server); throughput is
+generated tokens (from the usage chunk) over the level's wall time. Prints a table and writes JSON
+(``--out``, written to a temporary file then renamed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"p50": float("nan"), "p90": float("nan"), "p99": float("nan"), "mean": float("nan")}
+    ordered = sorted(values)
+
+    def pick(q: float) -> float:
+        return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+    return {"p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99), "mean": statistics.fmean(ordered)}
+
+
+async def _one(client: Any, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    start = time.perf_counter()
+    first: float | None = None
+    last = start
+    gaps: list[float] = []
+    tokens = 0
+    async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread()).decode()[:200]}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise RuntimeError(chunk["error"]["message"])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                now = time.perf_counter()
+                if first is None:
+                    first = now
+                else:
+                    gaps.append(now - last)
+                last = now
+    end = time.perf_counter()
+    return {"ttft": (first or end) - start, "itl": gaps, "e2e": end - start, "tokens": tokens}
+
+
+async def run_level(url: str, model: str, concurrency: int, requests: int, max_tokens: int) -> dict[str, Any]:
+    import httpx
+
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(requests):
+        queue.put_nowait(i)
+    results: list[dict[str, Any]] = []
+
+    async def worker(client: Any) -> None:
+        while True:
+            try:
+                i = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            results.append(await _one(client, model, f"Request {i}: tell me a story about number {i}.", max_tokens))
+
+    limits = httpx.Limits(max_connections=concurrency + 4)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+        start = time.perf_counter()
+        await asyncio.gather(*[worker(client) for _ in range(concurrency)])
+        wall = time.perf_counter() - start
+    tokens = sum(r["tokens"] for r in results)
+    return {
+        "concurrency": concurrency,
+        "requests": len(results),
+        "max_tokens": max_tokens,
+        "wall_s": wall,
+        "output_tokens": tokens,
+        "throughput_tok_s": tokens / wall,
+        "requests_per_s": len(results) / wall,
+        "ttft_s": _percentiles([r["ttft"] for r in results]),
+        "itl_s": _percentiles([g for r in results for g in r["itl"]]),
+        "e2e_s": _percentiles([r["e2e"] for r in results]),
+    }
+
+
+def _start_embedded(args: argparse.Namespace) -> tuple[str, str, Any]:
+    """An in-process server on the embedded (or --model) checkpoint, on a free loopback port."""
+    from dsa_runtime.engine import Engine, EngineConfig
+    from dsa_runtime.server.app import build_app
+    from dsa_runtime.server.config import ServerConfig
+    from dsa_runtime.server.launch import bind_socket, build_state, make_uvicorn_server
+
+    engine_config = EngineConfig(model=args.model_dir, dtype=args.dtype, max_running_requests=max(args.concurrency))
+    engine = Engine(engine_config)
+    state = build_state(ServerConfig(port=0, engine=engine_config), engine)
+    sock = bind_socket("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    server = make_uvicorn_server(build_app(state), "127.0.0.1", port, 5.0, engine=state.engine)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if time.monotonic() > deadline:
+            raise RuntimeError("server did not start")
+        time.sleep(0.02)
+
+    def stop() -> None:
+        server.should_exit = True
+        thread.join(30)
+
+    return f"http://127.0.0.1:{port}", state.model_name, stop
+
+
+def _table(levels: list[dict[str, Any]]) -> str:
+    head = (f"{'clients':>7} {'reqs':>5} {'tok/s':>9} {'req/s':>7} {'TTFT p50':>9} {'TTFT p99':>9} "
+            f"{'ITL p50':>8} {'ITL p90':>8} {'ITL p99':>8} {'E2E p50':>8}")
+    rows = [head, "-" * len(head)]
+    for lv in levels:
+        ms = 1000.0
+        rows.append(
+            f"{lv['concurrency']:>7} {lv['requests']:>5} {lv['throughput_tok_s']:>9.1f} {lv['requests_per_s']:>7.2f} "
+            f"{lv['ttft_s']['p50'] * ms:>7.1f}ms {lv['ttft_s']['p99'] * ms:>7.1f}ms "
+            f"{lv['itl_s']['p50'] * ms:>6.1f}ms {lv['itl_s']['p90'] * ms:>6.1f}ms {lv['itl_s']['p99'] * ms:>6.1f}ms "
+            f"{lv['e2e_s']['p50']:>7.2f}s"
+        )
+    return "\n".join(rows)
+
+
+def _write_json(path: Path, payload: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(payload, f, indent=2)
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", help="an already running server (default: start one in-process)")
+    parser.add_argument("--model", help="model name to request (with --url; default: the server's first model)")
+    parser.add_argument("--model-dir", help="checkpoint for the in-process server (default: the embedded model)")
+    parser.add_argument("--dtype", default="bfloat16", help="in-process engine dtype")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--requests-per-client", type=int, default=4, help="requests per client at each level")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--out", type=Path, default=Path("bench/results/serve_load.json"))
+    args = parser.parse_args(argv)
+    stop = None
+    if args.url:
+        import httpx
+
+        url = args.url.rstrip("/")
+        model = args.model or httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
+    else:
+        url, model, stop = _start_embedded(args)
+    try:
+        levels = []
+        for c in args.concurrency:
+            levels.append(asyncio.run(run_level(url, model, c, c * args.requests_per_client, args.max_tokens)))
+            print(f"  {c} clients done", file=sys.stderr, flush=True)
+    finally:
+        if stop is not None:
+            stop()
+    print(f"model {model} at {url}; {args.max_tokens} output tokens per request, greedy, EOS ignored")
+    print(_table(levels))
+    payload = {"model": model, "url": url, "host": platform.node(), "python": platform.python_version(),
+               "cpu_count": os.cpu_count(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+               "levels": levels}
+    _write_json(args.out, payload)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,264 @@
+"""``POST /v1/chat/completions``: prompt encoding, sampling, tool-call and reasoning parsing, SSE streaming.
+
+Streamed and whole responses run the same :class:`~dsa_runtime.parsers.stream.StreamParser` over the same
+detokenized text, so a streamed answer's concatenated deltas equal the whole answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from dsa_runtime.server.errors import APIError, bad_request, server_error, unavailable
+from dsa_runtime.server.logprobs import chat_logprobs
+from dsa_runtime.server.protocol import ChatCompletionRequest, parse_body
+from dsa_runtime.server.state import (
+    ServerState,
+    check_n,
+    generate,
+    new_id,
+    resolve_max_tokens,
+    sampling_params,
+)
+
+logger = logging.getLogger(__name__)
+
+_EFFORT_OFF = ("none",)
+
+
+def thinking_requested(req: ChatCompletionRequest) -> bool:
+    """``chat_template_kwargs.thinking`` (or ``enable_thinking``), else ``reasoning_effort`` other than none."""
+    kwargs = req.chat_template_kwargs or {}
+    for key in ("thinking", "enable_thinking"):
+        if key in kwargs:
+            value = kwargs[key]
+            if not isinstance(value, bool):
+                raise bad_request(f"chat_template_kwargs.{key} must be a boolean", param=f"chat_template_kwargs.{key}")
+            return value
+    if req.reasoning_effort is not None:
+        return req.reasoning_effort.lower() not in _EFFORT_OFF
+    return False
+
+
+def select_tools(state: ServerState, req: ChatCompletionRequest) -> tuple[list[dict[str, Any]] | None, str | None]:
+    """The tools to show the model and the tool parser to use, from ``tools`` and ``tool_choice``.
+
+    ``none`` hides the tools and turns call parsing off; a named choice shows only that tool (there is no
+    constrained decoding yet, so ``required`` and named choices are requests to the model, not guarantees).
+    """
+    tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+    choice = req.tool_choice
+    if choice is None:
+        choice = "auto" if tools else "none"
+    if isinstance(choice, str):
+        if choice not in ("none", "auto", "required"):
+            raise bad_request(
+                f"tool_choice must be 'none', 'auto', 'required' or a named function, got {choice!r}",
+                param="tool_choice",
+            )
+        if choice == "none":
+            return None, None
+        if not tools:
+            raise bad_request(f"tool_choice '{choice}' needs 'tools'", param="tool_choice")
+        return tools, state.tool_parser
+    function = choice.get("function") if choice.get("type") == "function" else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(name, str):
+        raise bad_request(
+            "a named tool_choice must be {'type': 'function', 'function': {'name': NAME}}", param="tool_choice"
+        )
+    chosen = [t for t in tools or [] if t["function"]["name"] == name]
+    if not chosen:
+        raise bad_request(f"tool_choice names the function '{name}', which is not in 'tools'", param="tool_choice")
+    return chosen, state.tool_parser
+
+
+class ChatRun:
+    """One validated chat request, ready to generate."""
+
+    def __init__(self, state: ServerState, body: Any) -> None:
+        req = parse_body(ChatCompletionRequest, body)
+        state.check_model(req.model)
+        check_n(req.n)
+        self.state, self.req = state, req
+        self.id, self.created = new_id("chatcmpl"), int(time.time())
+        self.arrival = time.monotonic()
+        tools, self.tool_parser = select_tools(state, req)
+        self.thinking = thinking_requested(req)
+        text = state.prompts.render(req.messages, tools=tools, thinking=self.thinking)
+        self.prompt_ids = state.prompts.encode(text)
+        requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        max_tokens = resolve_max_tokens(state, requested, len(self.prompt_ids), None)
+        top = req.top_logprobs
+        if top is not None and not 0 <= top <= 20:
+            raise bad_request(f"top_logprobs must be between 0 and 20, got {top}", param="top_logprobs")
+        if top is not None and not req.logprobs:
+            raise bad_request("top_logprobs needs logprobs=true", param="top_logprobs")
+        stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+        self.params = [
+            sampling_params(
+                max_tokens=max_tokens,
+                temperature=1.0 if req.temperature is None else float(req.temperature),
+                top_p=1.0 if req.top_p is None else float(req.top_p),
+                top_k=req.top_k or 0,
+                min_p=0.0 if req.min_p is None else float(req.min_p),
+                seed=None if req.seed is None else req.seed + j,
+                stop=stop,
+                stop_token_ids=list(req.stop_token_ids or []),
+                ignore_eos=req.ignore_eos,
+                logprobs=(top or 0) if req.logprobs else None,
+                include_stop_str_in_output=req.include_stop_str_in_output,
+                # The parsers need the markup tokens (V3.1 tool-call tokens are special tokens; bug §6.14).
+                skip_special_tokens=False,
+            )
+            for j in range(req.n)
+        ]
+
+    def parser(self) -> Any:
+        from dsa_runtime.parsers import OutputParser
+
+        return OutputParser(self.tool_parser, self.state.reasoning_parser, thinking=self.thinking).stream()
+
+    def delta_dict(self, delta: Any) -> dict[str, Any]:
+        d = delta.to_dict()
+        if self.state.config.reasoning_field_alias and "reasoning_content" in d:
+            d["reasoning"] = d["reasoning_content"]
+        return d
+
+    def usage(self, completion_tokens: int) -> dict[str, int]:
+        prompt = len(self.prompt_ids) * 1
+        return {"prompt_tokens": prompt, "completion_tokens": completion_tokens,
+                "total_tokens": prompt + completion_tokens}
+
+    def outputs(self) -> AsyncIterator[tuple[int, Any]]:
+        gens = [
+            generate(self.state, self.prompt_ids, p, f"{self.id}-{j}", self.arrival) for j, p in enumerate(self.params)
+        ]
+        return merge(gens)
+
+    # -- whole response -----------------------------------------------------------------------------------
+    async def response(self) -> dict[str, Any]:
+        streams = [self.parser() for _ in self.params]
+        deltas: list[list[Any]] = [[] for _ in self.params]
+        logprobs: list[list[Any]] = [[] for _ in self.params]
+        choices: list[dict[str, Any] | None] = [None] * len(self.params)
+        completion_tokens = 0
+        async for j, out in self.outputs():
+            deltas[j] += streams[j].feed(out.new_text)
+            logprobs[j] += out.logprobs or []
+            if not out.finished:
+                continue
+            if out.finish_reason == "abort":
+                raise unavailable("the request was aborted (server shutting down)")
+            tail, reason = streams[j].finish(truncated=out.finish_reason == "length")
+            self.state.metrics.tool_call_parse_errors.inc(streams[j].parse_errors)
+            completion_tokens += len(out.token_ids)
+            choices[j] = self._choice(j, deltas[j] + tail, reason, streams[j], logprobs[j])
+        return {
+            "id": self.id, "object": "chat.completion", "created": self.created, "model": self.state.model_name,
+            "choices": choices, "usage": self.usage(completion_tokens),
+        }
+
+    def _choice(self, j: int, deltas: list[Any], reason: str, stream: Any, logprobs: list[Any]) -> dict[str, Any]:
+        from dsa_runtime.parsers.stream import collect
+
+        parsed = collect(deltas, reason, stream.completed_calls)
+        message: dict[str, Any] = {"role": "assistant", "content": parsed.content,
+                                   "reasoning_content": parsed.reasoning_content}
+        if self.state.config.reasoning_field_alias:
+            message["reasoning"] = parsed.reasoning_content
+        if parsed.tool_calls:
+            message["tool_calls"] = [call.to_dict() for call in parsed.tool_calls]
+        choice: dict[str, Any] = {"index": j, "message": message, "logprobs": None, "finish_reason": reason}
+        if self.req.logprobs:
+            choice["logprobs"] = chat_logprobs(self.state.tokenizer, logprobs)
+        return choice
+
+    # -- streamed response ----------------------------------------------------------------------------------
+    async def sse(self) -> AsyncIterator[str]:
+        include_usage = bool(self.req.stream_options and self.req.stream_options.include_usage)
+        streams = [self.parser() for _ in self.params]
+        completion_tokens = 0
+        try:
+            for j in range(len(self.params)):
+                yield self._chunk(j, {"role": "assistant", "content": ""}, None, include_usage)
+            async for j, out in self.outputs():
+                lp = chat_logprobs(self.state.tokenizer, out.logprobs) if self.req.logprobs and out.logprobs else None
+                deltas = streams[j].feed(out.new_text)
+                if out.finished:
+                    if out.finish_reason == "abort":
+                        raise unavailable("the request was aborted (server shutting down)")
+                    tail, reason = streams[j].finish(truncated=out.finish_reason == "length")
+                    deltas += tail
+                    self.state.metrics.tool_call_parse_errors.inc(streams[j].parse_errors)
+                    completion_tokens += len(out.token_ids)
+                for k, delta in enumerate(deltas):
+                    yield self._chunk(j, self.delta_dict(delta), None, include_usage, lp if k == 0 else None)
+                if lp is not None and not deltas:
+                    yield self._chunk(j, {}, None, include_usage, lp)
+                if out.finished:
+                    yield self._chunk(j, {}, reason, include_usage)
+            if include_usage:
+                yield _event({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                              "model": self.state.model_name, "choices": [],
+                              "usage": self.usage(completion_tokens)})
+        except APIError as exc:
+            yield exc.sse()
+        except Exception:  # noqa: BLE001 - the stream must end with an error event, not a cut connection
+            logger.exception("chat stream %s failed", self.id)
+            yield server_error("internal error while generating").sse()
+        yield "data: [DONE]\n\n"
+
+    def _chunk(
+        self, j: int, delta: dict[str, Any], reason: str | None, include_usage: bool, logprobs: Any = None
+    ) -> str:
+        chunk: dict[str, Any] = {
+            "id": self.id, "object": "chat.completion.chunk", "created": self.created,
+            "model": self.state.model_name,
+            "choices": [{"index": j, "delta": delta, "logprobs": logprobs, "finish_reason": reason}],
+        }
+        if include_usage:
+            chunk["usage"] = None
+        return _event(chunk)
+
+
+def _event(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+async def merge(gens: list[AsyncIterator[Any]]) -> AsyncIterator[tuple[int, Any]]:
+    """Interleave several generators' items as ``(index, item)``; an error in one ends the merge."""
+    if len(gens) == 1:
+        async for item in gens[0]:
+            yield 0, item
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(j: int, gen: AsyncIterator[Any]) -> None:
+        try:
+            async for item in gen:
+                await queue.put((j, item))
+            await queue.put((j, done))
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which re-raises it
+            await queue.put((j, exc))
+
+    tasks = [asyncio.create_task(pump(j, g)) for j, g in enumerate(gens)]
+    remaining = len(gens)
+    try:
+        while remaining:
+            j, item = await queue.get()
+            if item is done:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield j, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,47 @@
+"""``dsa-runtime conformance triton --family moe --full --device cuda`` on a Hopper GPU: every claimed case
+passes, with both FP8 scale rules and with the shared expert fused or apart."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dsa_runtime.testing import run_conformance
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9),
+        reason="needs an SM90 (Hopper) CUDA device",
+    ),
+]
+
+
+def _variant(scale_fmt: str, fuse_shared: bool):
+    from dsa_runtime.plugins.cuda_hopper import triton_backend
+    from dsa_runtime.plugins.cuda_hopper.triton.moe_experts import TritonMoE
+
+    backend = triton_backend()
+    backend.kernels = {"moe": lambda: TritonMoE(scale_fmt, fuse_shared=fuse_shared)}
+    return backend
+
+
+def _assert_all_claimed_pass(report) -> None:
+    bad = [f"{c.id}: {c.status}: {c.message[:300]}" for c in report.cases if c.status in ("failed", "error")]
+    assert not bad, "\n".join(bad)
+    claimed = [c for c in report.cases if c.status != "not_claimed"]
+    assert claimed and all(c.status == "passed" for c in claimed)
+    assert not [c for c in report.cases if c.status == "not_claimed"], "the backend claims every MoE case"
+
+
+def test_registered_backend_full_tier():
+    _assert_all_claimed_pass(run_conformance("triton", full=True, families=["moe"], device="cuda", progress=False))
+
+
+@pytest.mark.parametrize(("scale_fmt", "fuse_shared"), [("float", True), ("ue8m0", False)])
+def test_scale_rule_and_shared_variants(scale_fmt, fuse_shared):
+    report = run_conformance(
+        _variant(scale_fmt, fuse_shared), full=True, families=["moe"], device="cuda", keyword="experts",
+        progress=False,
+    )
+    _assert_all_claimed_pass(report)

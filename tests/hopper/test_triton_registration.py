@@ -1,0 +1,81 @@
+"""The cuda_hopper ``triton`` backend: registration, availability and ``auto`` on Hopper, without a GPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import subprocess
+import sys
+
+import pytest
+
+import dsa_runtime.plugins.cuda_hopper as hopper
+from dsa_runtime.plugin_manager import get_manager
+from dsa_runtime.resolve import KernelConfig, resolve_kernels
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+
+def test_registered_for_moe_only_with_lazy_factories():
+    backend = get_manager().get_backend("triton")
+    assert backend.plugin == "cuda_hopper" and backend.platform == "cuda_hopper"
+    assert set(backend.kernels) == {"moe"} and backend.capabilities.families == frozenset({"moe"})
+    assert all(isinstance(f, str) and ":" in f for f in backend.kernels.values())
+    caps = backend.capabilities
+    assert caps.devices == frozenset({"cuda"})
+    assert caps.unclaimed_reason("moe", device="cuda", weight_dtype="fp8_e4m3", scale_fmt="float") is None
+    assert caps.unclaimed_reason("moe", device="cuda", weight_dtype="bf16", scale_fmt="ue8m0") is None
+    assert "no Triton kernel yet" in caps.unclaimed_reason("topk", device="cuda")
+    assert caps.unclaimed_reason("moe", device="cpu") is not None
+
+
+def test_unavailable_without_a_hopper_gpu(no_gpu):
+    ok, why = get_manager().get_backend("triton").available()
+    assert not ok and ("triton package is not installed" in why or "CUDA_VISIBLE_DEVICES" in why)
+
+
+def test_unavailable_without_triton(monkeypatch):
+    monkeypatch.setenv("DSA_FAKE_GPU", "NVIDIA H100 80GB HBM3:9.0")
+    monkeypatch.setattr(hopper, "module_available", lambda name: False)
+    ok, why = hopper.triton_available()
+    assert not ok and "triton package is not installed" in why
+
+
+def test_unavailable_on_blackwell(monkeypatch):
+    monkeypatch.setenv("DSA_FAKE_GPU", "NVIDIA B200:10.0")
+    monkeypatch.setattr(hopper, "module_available", lambda name: True)
+    ok, why = hopper.triton_available()
+    assert not ok and "no SM90 GPU" in why
+
+
+def test_availability_check_imports_no_triton():
+    code = (
+        "import os, sys\n"
+        "os.environ['DSA_FAKE_GPU'] = 'NVIDIA H200:9.0'\n"
+        "from dsa_runtime.plugin_manager import get_manager\n"
+        "print(get_manager().get_backend('triton').available()[0], 'triton' in sys.modules, 'torch' in sys.modules)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.split() == [str(HAS_TRITON), "False", "False"]
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed: the backend cannot be chosen")
+def test_auto_on_hopper_resolves_moe_to_triton_with_a_logged_reason(monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="dsa_runtime.resolve")
+    monkeypatch.setenv("DSA_FAKE_GPU", "NVIDIA H100 80GB HBM3:9.0")
+    resolved = resolve_kernels(KernelConfig())
+    for method in ("moe.route", "moe.experts"):
+        choice = resolved.choices[method]
+        assert choice.backend == "triton"
+        assert choice.reason.startswith("cuda_hopper default: Triton fused grouped routing")
+        assert any(r.getMessage().startswith(f"{method} -> triton (cuda_hopper default: Triton") for r in caplog.records)
+    assert type(resolved.moe.experts.__self__).__name__ == "TritonMoE"
+    assert resolved.choices["topk.topk"].backend == "reference"  # other families wait for their kernels
+
+
+def test_auto_on_hopper_without_triton_falls_back_with_reason(monkeypatch):
+    monkeypatch.setenv("DSA_FAKE_GPU", "NVIDIA H100 80GB HBM3:9.0")
+    monkeypatch.setattr(hopper, "module_available", lambda name: False)
+    choice = resolve_kernels(KernelConfig()).choices["moe.experts"]
+    assert choice.backend == "reference"
+    assert "triton package is not installed" in choice.reason

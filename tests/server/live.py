@@ -1,0 +1,86 @@
+"""A live server on 127.0.0.1 (ephemeral port) in a background thread, for the server tests."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+
+from dsa_runtime.server.app import build_app
+from dsa_runtime.server.config import ServerConfig
+from dsa_runtime.server.launch import bind_socket, build_state, make_uvicorn_server
+
+
+class LiveServer:
+    """``with LiveServer(engine, **server_config) as srv:`` -- ``srv.url``, ``srv.client``, ``srv.state``."""
+
+    def __init__(self, engine: Any, *, model_dir: str | None = None, **config: Any) -> None:
+        config.setdefault("served_model_name", "test-model")
+        self.config = ServerConfig(**config)
+        self.state = build_state(self.config, engine, model_dir=model_dir)
+        self.app = build_app(self.state)
+        self._sock = bind_socket("127.0.0.1", 0)
+        self.port = self._sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._server = make_uvicorn_server(self.app, "127.0.0.1", self.port, self.config.drain_timeout)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True)
+        self.client: httpx.Client | None = None
+
+    def __enter__(self) -> LiveServer:
+        self._thread.start()
+        deadline = time.monotonic() + 20
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("test server did not start")
+            time.sleep(0.01)
+        headers = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
+        self.client = httpx.Client(base_url=self.url, timeout=30, headers=headers)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.client is not None:
+            self.client.close()
+        self._server.should_exit = True
+        self._thread.join(timeout=30)
+        self._sock.close()
+
+    def metric(self, name: str) -> float:
+        """The value of one ``dsa:`` sample in /metrics (summed over label sets)."""
+        total, found = 0.0, False
+        for line in self.client.get("/metrics").text.splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                total += float(line.rsplit(" ", 1)[1])
+                found = True
+        assert found, f"metric {name} not exported"
+        return total
+
+    def wait_idle(self, timeout: float = 20.0) -> None:
+        """Until the engine has no running or waiting request and no pages in use (bounded)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            s = self.state.engine.stats()
+            if s.num_running == 0 and s.num_waiting == 0 and s.pages_used == 0 and self.state.engine.num_streams == 0:
+                return
+            time.sleep(0.02)
+        raise AssertionError(f"engine not idle after {timeout}s: {self.state.engine.stats()}")
+
+
+def sse_events(response: httpx.Response) -> Iterator[Any]:
+    """Decoded ``data:`` payloads of an SSE response; ``"[DONE]"`` as the string."""
+    for line in response.iter_lines():
+        if not line.startswith("data: "):
+            assert line == "", f"unexpected SSE line {line!r}"
+            continue
+        data = line[len("data: "):]
+        yield data if data == "[DONE]" else json.loads(data)
+
+
+def stream_chat(client: httpx.Client, body: dict[str, Any]) -> list[Any]:
+    with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+        assert r.status_code == 200, r.read()
+        assert r.headers["content-type"].startswith("text/event-stream")
+        return list(sse_events(r))

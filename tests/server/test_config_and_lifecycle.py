@@ -1,0 +1,224 @@
+"""``dsa-runtime serve`` flags, parser defaults per model, side endpoints, and SIGTERM drain in a subprocess."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+from dsa_runtime.cli.main import main as cli_main
+from dsa_runtime.errors import ConfigError
+from dsa_runtime.server.config import (
+    ServerConfig,
+    add_server_arguments,
+    detect_flavor,
+    server_config_from_args,
+)
+from tests.server.needs import server_extra
+
+server_extra()
+
+import httpx  # noqa: E402
+
+from tests.server.live import LiveServer, sse_events  # noqa: E402
+from tests.server.scripted_engine import ScriptedEngine  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _parse(argv: list[str]) -> ServerConfig:
+    parser = argparse.ArgumentParser()
+    add_server_arguments(parser)
+    return server_config_from_args(parser.parse_args(argv))
+
+
+def test_defaults_are_loopback_on_sglang_port():
+    config = _parse([])
+    assert (config.host, config.port, config.api_key, config.tp) == ("127.0.0.1", 30000, None, 1)
+    assert config.engine.model is None and config.engine.max_running_requests == 64
+
+
+def test_sglang_flag_names_and_nsa_aliases_reach_the_configs():
+    config = _parse([
+        "--host", "0.0.0.0", "--port", "8123", "--api-key", "k", "--served-model-name", "ds",
+        "--tool-call-parser", "deepseekv31", "--reasoning-parser", "deepseek-r1", "--reasoning-field-alias",
+        "--max-running-requests", "7", "--kv-cache-dtype", "fp8_e4m3", "--page-size", "64",
+        "--mem-fraction-static", "0.5", "--chunked-prefill-size", "512", "--tp", "1",
+        "--nsa-prefill-backend", "reference", "--dsa-decode-backend", "reference", "--nsa-topk-backend", "reference",
+    ])
+    assert (config.host, config.port, config.api_key, config.served_model_name) == ("0.0.0.0", 8123, "k", "ds")
+    assert (config.tool_call_parser, config.reasoning_parser, config.reasoning_field_alias) == (
+        "deepseekv31", "deepseek-r1", True,
+    )
+    e = config.engine
+    assert (e.max_running_requests, e.kv_cache_dtype, e.page_size, e.mem_fraction_static, e.chunked_prefill_size) == (
+        7, "fp8_e4m3", 64, 0.5, 512,
+    )
+    assert (e.dsa_prefill_backend, e.dsa_decode_backend, e.dsa_topk_backend) == ("reference",) * 3
+
+
+def test_tp_other_than_one_is_a_clear_error(capsys):
+    assert cli_main(["serve", "--tp", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--tp 2" in err and "use --tp 1" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [(["--port", "70000"], "--port"), (["--kv-cache-dtype", "fp4"], "invalid choice")],
+)
+def test_bad_flag_values_are_refused(argv, message, capsys):
+    with pytest.raises((ConfigError, SystemExit)) as info:
+        _parse(argv)
+    text = str(info.value) if isinstance(info.value, ConfigError) else capsys.readouterr().err
+    assert message in text
+
+
+@pytest.mark.parametrize(
+    ("is_dsa", "name", "family", "tool", "reasoning"),
+    [
+        (True, "deepseek-ai/DeepSeek-V3.2", "v3.2", "deepseekv32", "deepseek-v3"),
+        (True, "tiny-v32", "v3.2", "deepseekv32", "deepseek-v3"),
+        (True, "DeepSeek-V3.2-Exp", "v3.2-exp", "deepseekv31", "deepseek-v3"),
+        (False, "DeepSeek-V3.1-Terminus", "v3.1", "deepseekv31", "deepseek-v3"),
+        (False, "/models/DeepSeek-R1-0528", "r1", "deepseekv3", "deepseek-r1"),
+        (False, "DeepSeek-V3-0324", "v3", "deepseekv3", None),
+    ],
+)
+def test_parser_defaults_follow_the_model(is_dsa, name, family, tool, reasoning):
+    flavor = detect_flavor(types.SimpleNamespace(is_dsa=is_dsa), name)
+    assert (flavor.family, flavor.tool_parser, flavor.reasoning_parser) == (family, tool, reasoning)
+
+
+def test_explicit_parser_flags_win_and_unknown_names_fail_at_start():
+    engine = ScriptedEngine(lambda p: "x")
+    engine.model_config = types.SimpleNamespace(is_dsa=True)
+    with LiveServer(engine, tool_call_parser="none", reasoning_parser="deepseek-r1") as srv:
+        assert (srv.state.tool_parser, srv.state.reasoning_parser) == (None, "deepseek-r1")
+    with pytest.raises(ConfigError, match="unknown tool parser 'qwen'"):
+        LiveServer(ScriptedEngine(lambda p: "x"), tool_call_parser="qwen")
+
+
+def test_binding_beyond_loopback_without_key_warns(caplog):
+    from dsa_runtime.server.launch import warn_if_exposed
+
+    with caplog.at_level(logging.WARNING, logger="dsa_runtime.server"):
+        assert warn_if_exposed(ServerConfig(host="0.0.0.0"))
+    assert "without --api-key" in caplog.text
+    assert not warn_if_exposed(ServerConfig(host="0.0.0.0", api_key="k"))
+    assert not warn_if_exposed(ServerConfig())
+
+
+def test_side_endpoints():
+    engine = ScriptedEngine(lambda p: "pong")
+    engine.model_config = types.SimpleNamespace(is_dsa=True)
+    with LiveServer(engine, served_model_name="m") as srv:
+        c = srv.client
+        assert c.get("/health").status_code == 200
+        assert c.get("/health_generate").status_code == 200
+        tok = c.post("/tokenize", json={"prompt": "héllo"}).json()
+        assert tok["count"] == 5 and tok["max_model_len"] == 4096
+        assert c.post("/detokenize", json={"tokens": tok["tokens"]}).json() == {"prompt": "héllo"}
+        chat = c.post("/tokenize", json={"messages": [{"role": "user", "content": "hi"}]}).json()
+        assert c.post("/detokenize", json={"tokens": chat["tokens"]}).json()["prompt"].endswith(
+            "<｜User｜>hi<｜Assistant｜></think>"
+        )
+        assert c.post("/detokenize", json={"tokens": [-3]}).status_code == 400
+        assert c.post("/tokenize", json={}).status_code == 400
+        card = c.get("/v1/models").json()["data"][0]
+        assert (card["id"], card["object"], card["max_model_len"]) == ("m", "model", 4096)
+        c.post("/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 3})
+        metrics = c.get("/metrics").text
+        for name in ("dsa:time_to_first_token_seconds", "dsa:inter_token_latency_seconds",
+                     "dsa:e2e_request_latency_seconds", "dsa:request_queue_time_seconds",
+                     "dsa:num_requests_running", "dsa:num_requests_waiting", "dsa:kv_cache_usage_perc",
+                     "dsa:prompt_tokens_total", "dsa:generation_tokens_total", "dsa:request_success_total",
+                     "dsa:num_aborted_requests_total", "dsa:tool_call_parse_errors_total"):
+            assert f"# TYPE {name}" in metrics or f"# TYPE {name.removesuffix('_total')}" in metrics, name
+        assert srv.metric("dsa:generation_tokens_total") == 3
+        assert 'dsa:request_success_total{finished_reason="length",model_name="m"} 1.0' in metrics
+
+
+def test_health_reports_a_dead_engine():
+    class Broken(ScriptedEngine):
+        def step(self):
+            raise RuntimeError("device lost")
+
+    with LiveServer(Broken(lambda p: "x")) as srv:
+        assert srv.client.get("/health_generate").status_code == 503
+        assert srv.client.get("/health").status_code == 503
+        r = srv.client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
+        assert r.status_code == 503 and r.json()["error"]["type"] == "server_error"
+
+
+_SERVE = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {repo!r})
+    from dsa_runtime.server.config import ServerConfig
+    from dsa_runtime.server.launch import serve
+    from tests.server.scripted_engine import ScriptedEngine
+    engine = ScriptedEngine(lambda prompt: "y" * 300, step_delay_s=0.01)
+    sys.exit(serve(ServerConfig(port=0, drain_timeout={drain}, served_model_name="m"), engine=engine))
+""")
+
+
+def _start(drain: float) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SERVE.format(repo=str(REPO), drain=drain)], stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    deadline = time.monotonic() + 60
+    for line in proc.stdout:
+        match = re.search(r"http://127\.0\.0\.1:(\d+)/v1", line)
+        if match:
+            return proc, f"http://127.0.0.1:{match.group(1)}"
+        assert time.monotonic() < deadline, "server did not print its URL"
+    raise AssertionError(f"server exited early with {proc.wait()}")
+
+
+@pytest.mark.parametrize(("drain", "max_tokens", "finish"), [(30.0, 40, "length"), (0.3, 300, None)])
+def test_sigterm_drains_then_aborts_and_exits_zero(drain, max_tokens, finish):
+    """A request shorter than the grace period completes; a longer one is cut; the process exits 0."""
+    proc, url = _start(drain)
+    events: list = []
+    try:
+        def consume():
+            body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": max_tokens,
+                    "stream": True}
+            with httpx.Client(base_url=url, timeout=60) as client, client.stream(
+                "POST", "/v1/chat/completions", json=body
+            ) as r:
+                try:
+                    events.extend(sse_events(r))
+                except httpx.HTTPError:
+                    events.append("cut")
+
+        reader = threading.Thread(target=consume)
+        reader.start()
+        time.sleep(0.15)  # generation under way
+        proc.send_signal(signal.SIGTERM)
+        reader.join(60)
+        assert proc.wait(60) == 0
+        output = proc.stdout.read()
+        assert "server stopped" in output
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    finishes = [e["choices"][0]["finish_reason"] for e in events if isinstance(e, dict) and e.get("choices")
+                and e["choices"][0]["finish_reason"]]
+    assert events[-1] == "[DONE]" and events[0]["choices"][0]["delta"]["role"] == "assistant"
+    if finish is None:  # cut short after it had started: an error event says why
+        assert finishes == [] and "shutting down" in events[-2]["error"]["message"]
+    else:
+        assert finishes == [finish]

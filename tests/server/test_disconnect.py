@@ -1,0 +1,33 @@
+"""A client that goes away aborts its request (streaming or not) and its pages are freed at once."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.server.needs import server_extra
+
+server_extra()
+
+from tests.server.live import LiveServer  # noqa: E402
+from tests.server.scripted_engine import ScriptedEngine  # noqa: E402
+
+BODY = {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 500}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_disconnect_aborts_and_frees_pages(stream):
+    engine = ScriptedEngine(lambda p: "z" * 500, step_delay_s=0.01)
+    with LiveServer(engine, served_model_name="m") as srv:
+        with pytest.raises(httpx.ReadTimeout), httpx.Client(base_url=srv.url, timeout=0.3) as impatient:
+            if stream:
+                with impatient.stream("POST", "/v1/chat/completions", json={**BODY, "stream": True}) as r:
+                    for _ in r.iter_bytes():
+                        raise httpx.ReadTimeout("leaving mid-stream")
+            else:
+                impatient.post("/v1/chat/completions", json=BODY)
+        srv.wait_idle()  # bounded: raises if pages or requests stay behind
+        assert srv.metric("dsa:num_aborted_requests_total") == 1
+        assert srv.metric("dsa:kv_cache_pages_used") == 0
+        assert engine.added == [engine.added[0]] and len(engine.added) == 1
+        assert srv.client.post("/v1/chat/completions", json={**BODY, "max_tokens": 3}).status_code == 200
