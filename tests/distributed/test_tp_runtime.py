@@ -1,0 +1,89 @@
+"""Head padding under TP, a DP attention step whose rows pad 7 -> 8, and a dead worker stopping the service."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from dsa_runtime.distributed import ParallelConfig
+from dsa_runtime.distributed.runtime import DistributedRunner, RankSpec, WorkerDiedError
+from dsa_runtime.model.runner import ForwardBatch, ForwardSeq
+from dsa_runtime.resolve import KernelConfig
+from tests.distributed.conftest import NUM_PAGES, PAGE, reference_runner
+from tests.model.helpers import tokens
+
+ATOL = 5e-2
+
+
+def _spec(path, **kw) -> RankSpec:
+    return RankSpec(model_path=str(path), dtype="float32", num_pages=NUM_PAGES, page_size=PAGE, **kw)
+
+
+def _run(runner, steps):
+    try:
+        return [runner.forward(ForwardBatch(step)) for step in steps], runner.collect(
+            "tests.distributed.hooks:sparse_reasons")
+    finally:
+        runner.shutdown()
+
+
+def test_only_64_heads_backend_under_tp2_equals_unpadded(tiny_checkpoint):
+    """tiny-v32 has 4 heads: 2 per rank on tp 2, padded to 64 for a backend claiming only 64 heads; the
+    same tp 2 run with the reference kernels (2 heads, unpadded) is the comparison."""
+    a, b = tokens(36, 21), tokens(6, 22)
+    steps = [[ForwardSeq(a, 0, [1, 2, 3], "all"), ForwardSeq(b, 0, [6, 7], "all")],
+             [ForwardSeq([a[0]], 36, [1, 2, 3], "last"), ForwardSeq([b[0]], 6, [6, 7], "last")]]
+    padded_spec = _spec(tiny_checkpoint, setup=["tests.distributed.hooks:register_only64"],
+                        kernel_config=KernelConfig(platform="cpu", sparse_attn="only64"), mha_max_keys=0)
+    padded, reasons = _run(DistributedRunner(ParallelConfig(tp=2, timeout_s=60), padded_spec), steps)
+    assert all("pads heads 2 -> 64, k 32 -> 128" in r for r in reasons), reasons
+    plain, reasons = _run(DistributedRunner(ParallelConfig(tp=2, timeout_s=60),
+                                            _spec(tiny_checkpoint, mha_max_keys=0)), steps)
+    assert not any("pads" in r for r in reasons)
+    for got_step, want_step in zip(padded, plain, strict=True):
+        for got, want in zip(got_step, want_step, strict=True):
+            # The padded call may round its bf16 output one ulp apart (fp32 sums in another order): measured
+            # max 0.007 on logits of scale ~4; a wrong head or a padded head leaking in is O(1).
+            torch.testing.assert_close(got, want, rtol=0, atol=2e-2)
+
+
+def test_dp_attention_step_padded_7_to_8(tiny_checkpoint):
+    """tp 4 dp 2: group 0 serves 7 tokens, group 1 five; both pad to 8 rows for the MoE gather."""
+    runner = DistributedRunner(ParallelConfig(tp=4, dp=2, enable_dp_attention=True, timeout_s=60),
+                               _spec(tiny_checkpoint))
+    ref = reference_runner(tiny_checkpoint)
+    try:
+        seqs = [ForwardSeq(tokens(7, 31), 0, [2], "all"), ForwardSeq(tokens(5, 32), 0, [3], "all")]
+        for got, want in zip(runner.forward(ForwardBatch(seqs)), ref.forward(ForwardBatch(seqs)), strict=True):
+            assert got.shape == want.shape and float((got - want).abs().max()) <= ATOL
+        # One group idle (every sequence on group 0): it still joins the FFN collectives.
+        one = [ForwardSeq([3], 7, [2], "last")]
+        got, want = runner.forward(ForwardBatch(one))[0], ref.forward(ForwardBatch(one))[0]
+        assert float((got - want).abs().max()) <= ATOL
+        # A malformed batch is one clear error on rank 0, and the service goes on.
+        with pytest.raises(ValueError, match="page ids must be in"):
+            runner.forward(ForwardBatch([ForwardSeq([1], 0, [0])]))
+        got = runner.forward(ForwardBatch([ForwardSeq([4], 8, [2], "last")]))[0]
+        assert torch.isfinite(got).all()
+    finally:
+        runner.shutdown()
+
+
+def test_dead_worker_stops_the_service_with_a_clear_error(tiny_checkpoint):
+    runner = DistributedRunner(ParallelConfig(tp=2, timeout_s=20), _spec(tiny_checkpoint))
+    try:
+        runner.forward(ForwardBatch([ForwardSeq(tokens(4, 41), 0, [1])]))
+        os.kill(runner.procs[0].pid, signal.SIGKILL)
+        runner.procs[0].join(timeout=10)
+        t0 = time.monotonic()
+        with pytest.raises(WorkerDiedError, match=r"worker rank 1 \(pid \d+\) exited with code -9"):
+            runner.forward(ForwardBatch([ForwardSeq([5], 4, [1])]))
+        assert time.monotonic() - t0 < 5
+        with pytest.raises(WorkerDiedError):
+            runner.forward(ForwardBatch([ForwardSeq([5], 4, [1])]))
+    finally:
+        runner.shutdown()
