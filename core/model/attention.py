@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from dsa_runtime.model.batch import SeqMeta, StepMeta
+from dsa_runtime.model.index_select import default_budget, select_topk_ragged
 
 MHA_ROW_CHUNK = 128
 DENSE_WIDTH_MULTIPLE = 64  # dense (V3) index sets are padded to this, the granularity GPU kernels claim
@@ -38,6 +39,7 @@ class AttnContext:
     index_topk: int | None  # None: dense V3 family
     mha_max_keys: int  # dense prefill with at most this many keys uses MHA (0: never)
     index_scale_fmt: str
+    index_budget_bytes: int | None = None  # indexer logits + top-k workspace per row chunk (None: default)
 
     def is_dense(self, seq: SeqMeta) -> bool:
         return self.index_topk is None or seq.end_pos <= self.index_topk
@@ -116,10 +118,11 @@ def prefill_absorbed(ctx: AttnContext, seq: SeqMeta, q: Tensor, kv_cache: Tensor
     else:
         k8, k_scale = kernels.kv_quant.gather_index_k(index_cache, ctx.step.slots_of(seq))
         starts = torch.zeros_like(ends)
-        logits = kernels.indexer.logits_ragged(iq.q8[seq.t0:seq.t1], iq.weights[seq.t0:seq.t1], k8, k_scale,
-                                               starts, ends)
+        # Logits and top-k in row chunks within the budget (never a full [len, end] matrix of a long chunk).
         # Positions relative to the row start (0) are rows of the gathered buffer: no slot transform needed.
-        indices = kernels.topk.topk(logits, starts, ends, ctx.index_topk)
+        indices = select_topk_ragged(kernels, iq.q8[seq.t0:seq.t1], iq.weights[seq.t0:seq.t1], k8, k_scale,
+                                     starts, ends, ctx.index_topk,
+                                     budget_bytes=ctx.index_budget_bytes or default_budget(device))
     out, _lse = kernels.sparse_attn.prefill(q, kv, indices, ctx.sm_scale)
     return out
 

@@ -73,6 +73,8 @@ class ModelRunner:
         device: defaults to the cache's device.
         mha_max_keys: dense prefill chunks with at most this many keys use MHA (default 2048, SGLang's
             dense-prefill threshold; 0 disables MHA). For DSA it is also capped at ``index_topk``.
+        indexer_budget_bytes: most bytes of indexer logits + top-k workspace per prefill row chunk (default:
+            256 MiB on CPU, a quarter of free memory on CUDA, at most 4 GiB).
         tp: this rank's :class:`~dsa_runtime.distributed.comm.TPContext` when ``tensors`` are one rank's
             slices (``dsa_runtime.distributed.sharding``); None on one process.
     """
@@ -88,6 +90,7 @@ class ModelRunner:
         device: torch.device | str | None = None,
         mha_max_keys: int = 2048,
         tp=None,
+        indexer_budget_bytes: int | None = None,
     ) -> None:
         self.config = config
         self.kernels = kernels
@@ -98,6 +101,7 @@ class ModelRunner:
             raise ValueError("the KV cache was built for a different model config")
         self.mha_max_keys = mha_max_keys
         self.tp = tp
+        self.indexer_budget_bytes = indexer_budget_bytes
         with torch.inference_mode():
             self.model = DeepseekModel(config, tensors, dtype=self.dtype, device=self.device, tp=tp)
 
@@ -130,6 +134,7 @@ class ModelRunner:
             index_topk=cfg.index_topk if cfg.is_dsa else None,
             mha_max_keys=mha,
             index_scale_fmt="ue8m0" if cfg.scale_fmt == "ue8m0" else "float",
+            index_budget_bytes=self.indexer_budget_bytes,
         )
 
     def forward(self, batch: ForwardBatch) -> list[Tensor | None]:

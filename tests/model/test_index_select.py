@@ -1,0 +1,76 @@
+"""Chunked indexer logits + top-k: identical indices to the unchunked call, and a 64K-token ragged prefill
+within a small memory budget (peak RSS measured in a fresh process)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import torch
+
+from dsa_runtime.model.index_select import select_topk_ragged
+from dsa_runtime.model.runner import ForwardBatch, ForwardSeq
+from tests.model.helpers import kernels, make_runner, pages, tokens
+
+
+def ragged_inputs(lengths: list[int], heads: int, seed: int):
+    """Random indexer queries / keys of a ragged batch: row t of sequence i sees its own keys up to itself."""
+    ref = kernels()
+    g = torch.Generator().manual_seed(seed)
+    total = sum(lengths)
+    q8, w = ref.indexer.quantize_q(torch.randn(total, heads, 128, generator=g),
+                                   torch.randn(total, heads, generator=g))
+    k8, k_scale = ref.indexer.quantize_k(torch.randn(total, 128, generator=g))
+    ks, ke, off = [], [], 0
+    for n in lengths:
+        ks += [off] * n
+        ke += list(range(off + 1, off + n + 1))
+        off += n
+    return ref, q8, w, k8, k_scale, torch.tensor(ks), torch.tensor(ke)
+
+
+def test_chunked_equals_unchunked_with_global_offsets():
+    ref, q8, w, k8, k_scale, ks, ke = ragged_inputs([300, 517, 1, 1000], heads=4, seed=0)
+    want = ref.topk.topk(ref.indexer.logits_ragged(q8, w, k8, k_scale, ks, ke), ks, ke, 64)
+    for budget in (1, 200_000, 3 << 20, 1 << 40):  # one row per chunk ... everything in one chunk
+        got = select_topk_ragged(ref, q8, w, k8, k_scale, ks, ke, 64, budget_bytes=budget, rows_total=1821)
+        assert got.shape == (1821, 64) and got.dtype == torch.int32
+        assert torch.equal(got[:1818], want), budget
+        assert (got[1818:] == -1).all()  # padded query rows carry -1 rows
+
+
+def test_runner_with_a_tiny_budget_gives_identical_logits():
+    big, small = make_runner("tiny-v32", mha_max_keys=0), make_runner("tiny-v32", mha_max_keys=0)
+    small.indexer_budget_bytes = 4096  # a chunk of a row or two
+    batch = ForwardBatch([ForwardSeq(tokens(45, 5), 0, pages(1, 45), "all"), ForwardSeq(tokens(38, 6), 0, pages(5, 38))])
+    for a, b in zip(big.forward(batch), small.forward(batch), strict=True):
+        assert torch.equal(a, b)
+
+
+_SCRIPT = r"""
+import json, resource, sys, torch
+torch.set_num_threads(1)
+from dsa_runtime.model.index_select import select_topk_ragged
+from tests.model.test_index_select import ragged_inputs
+lengths, budget, k = json.loads(sys.argv[1])
+ref, q8, w, k8, k_scale, ks, ke = ragged_inputs(lengths, heads=2, seed=1)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+out = select_topk_ragged(ref, q8, w, k8, k_scale, ks, ke, k, budget_bytes=budget)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps({"rows": out.shape[0], "extra": peak - before - out.numel() * 4,
+                  "valid": int((out >= 0).sum()), "sample": out[-1, :4].tolist()}))
+"""
+
+
+def test_64k_token_prefill_stays_within_a_small_budget():
+    """64 sequences x 1024 tokens = 65536 rows; unchunked logits would be 16 GiB (64K x 64K fp32)."""
+    lengths, budget, k = [1024] * 64, 32 << 20, 128
+    res = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps([lengths, budget, k])], capture_output=True,
+                         text=True, timeout=240, check=False)
+    assert res.returncode == 0, res.stderr[-2000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["rows"] == 65536
+    # Row t of a sequence selects min(t + 1, k) keys: 64 * (sum_{t<128} (t+1) + 896 * 128).
+    assert got["valid"] == 64 * (128 * 129 // 2 + 896 * 128)
+    assert got["extra"] < budget, f"peak extra memory {got['extra'] / 2**20:.1f} MiB > budget {budget >> 20} MiB"
