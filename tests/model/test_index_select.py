@@ -4,6 +4,7 @@ within a small memory budget (peak RSS measured in a fresh process)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -79,8 +80,11 @@ print(json.dumps({"rows": out.shape[0], "extra": peak - before - out.numel() * 4
 
 
 def _peak_extra(lengths: list[int], budget: int, k: int) -> dict:
+    # A fixed mmap threshold: every large buffer is its own mapping, returned on free, so the peak RSS is the
+    # peak of live tensors (glibc's dynamic threshold would keep freed chunks in the heap, varying by run).
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
     res = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps([lengths, budget, k])], capture_output=True,
-                         text=True, timeout=240, check=False)
+                         text=True, timeout=240, check=False, env=env)
     assert res.returncode == 0, res.stderr[-2000:]
     return json.loads(res.stdout.strip().splitlines()[-1])
 
