@@ -41,6 +41,8 @@ class RankSpec:
     Attributes:
         model_path: checkpoint folder (each rank reads only its slices), or None with ``tensors``.
         tensors: full HF-named tensors in memory (each rank keeps only its slices); ``config`` with them.
+        random_seed: with ``config`` and neither of the above: random bf16 weights drawn on each rank's
+            device, slices only (:mod:`dsa_runtime.distributed.random_weights`; benchmarks at real sizes).
         dtype: model dtype name; device_type: ``cpu`` or ``cuda`` (rank i -> ``cuda:<local rank>``).
         kernel_config: :class:`~dsa_runtime.resolve.KernelConfig` (resolved on every rank with the per-rank
             head count, so head padding applies to the sharded shape).
@@ -53,6 +55,7 @@ class RankSpec:
     model_path: str | None = None
     tensors: dict[str, Any] | None = None
     config: Any = None
+    random_seed: int | None = None
     dtype: str = "bfloat16"
     device_type: str = "cpu"
     kernel_config: Any = None
@@ -90,9 +93,15 @@ def build_rank_runner(spec: RankSpec, tp: Any) -> Any:
     if spec.model_path is not None:
         part = load_rank_checkpoint(spec.model_path, info, with_tokenizer=False)
         config, tensors, loaded = part.config, part.tensors, part.bytes_read
-    else:
+    elif spec.tensors is not None:
         config = spec.config
-        tensors = shard_tensors(spec.tensors or {}, info, config.num_hidden_layers)
+        tensors = shard_tensors(spec.tensors, info, config.num_hidden_layers)
+        loaded = tensor_bytes(tensors)
+    else:
+        from dsa_runtime.distributed.random_weights import rank_random_state
+
+        config = spec.config
+        tensors = rank_random_state(config, info, tp.device, spec.random_seed or 0)
         loaded = tensor_bytes(tensors)
     kcfg = spec.kernel_config or KernelConfig(platform="cpu" if spec.device_type == "cpu" else "auto")
     needs = kernel_needs(config, spec.page_size, attn_tp=info.attn_size)
@@ -327,3 +336,8 @@ def serve_worker_node(parallel: ParallelConfig, spec: RankSpec) -> int:
         p.join()
     bad = [p.exitcode for p in procs if p.exitcode]
     return 1 if bad else 0
+
+
+def loaded_bytes(runner: Any) -> int:
+    """Bytes of weights this rank loaded (for ``DistributedRunner.collect``)."""
+    return int(getattr(runner, "bytes_loaded", 0))
