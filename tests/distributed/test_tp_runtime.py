@@ -116,14 +116,14 @@ def test_random_weights_built_per_rank_equal_tp1():
         runner.shutdown()
 
 
-_NODE1 = r"""
+_NODE1 = f"""
 import sys
 from dsa_runtime.distributed import ParallelConfig
 from dsa_runtime.distributed.runtime import RankSpec, serve_worker_node
 path, addr = sys.argv[1], sys.argv[2]
-spec = RankSpec(model_path=path, dtype="float32", num_pages=%d, page_size=%d)
+spec = RankSpec(model_path=path, dtype="float32", num_pages={NUM_PAGES}, page_size={PAGE})
 sys.exit(serve_worker_node(ParallelConfig(tp=2, nnodes=2, node_rank=1, dist_init_addr=addr, timeout_s=20), spec))
-""" % (NUM_PAGES, PAGE)
+"""
 
 
 def test_two_nodes_on_localhost(tiny_checkpoint):
