@@ -19,7 +19,18 @@ from dsa_runtime.parsers.tools_prompt_v32 import (
     PARAMETER_END,
 )
 
-__all__ = ["function_schemas", "render_tool_calls"]
+__all__ = [
+    "BLOCK_SEPARATOR",
+    "function_schemas",
+    "invoke_open_tag",
+    "render_tool_calls",
+    "tool_call_opening",
+]
+
+# What an assistant turn writes between its content and its function_calls block (also when the content is
+# empty: a reply that is only a call starts with it).
+BLOCK_SEPARATOR = "\n\n"
+_BLOCK_OPEN = FUNCTION_CALLS_START + "\n"  # each invoke starts on its own line
 
 
 def render_tool_calls(tool_calls: Sequence[Mapping[str, Any]], where: str = "tool_calls") -> str:
@@ -34,8 +45,24 @@ def render_tool_calls(tool_calls: Sequence[Mapping[str, Any]], where: str = "too
     for j, call in enumerate(tool_calls):
         name, arguments = _name_and_arguments(call, f"{where} tool_calls[{j}]")
         params = "\n".join(_render_parameter(key, value) for key, value in arguments.items())
-        invokes.append(f'<{DSML}invoke name="{name}">\n{params}\n{INVOKE_END}')
-    return FUNCTION_CALLS_START + "\n" + "\n".join(invokes) + "\n" + FUNCTION_CALLS_END
+        invokes.append(f"{invoke_open_tag(name)}\n{params}\n{INVOKE_END}")
+    return _BLOCK_OPEN + "\n".join(invokes) + "\n" + FUNCTION_CALLS_END
+
+
+def invoke_open_tag(name: str) -> str:
+    """The opening ``invoke`` tag of a call to ``name`` (the function name is written as is)."""
+    return f'<{DSML}invoke name="{name}">'
+
+
+def tool_call_opening(name: str | None = None) -> str:
+    """How an assistant reply that is only a tool call begins, byte for byte as the encoder renders one.
+
+    ``"\\n\\n<｜DSML｜function_calls>\\n"``, plus ``'<｜DSML｜invoke name="NAME">\\n'`` when ``name`` is given:
+    the start of :func:`render_tool_calls` after :data:`BLOCK_SEPARATOR`, i.e. what follows the prompt's
+    ``</think>`` in a chat-mode turn with empty content. Used to force ``tool_choice`` (required / named).
+    """
+    head = BLOCK_SEPARATOR + _BLOCK_OPEN
+    return head if name is None else head + invoke_open_tag(name) + "\n"
 
 
 def function_schemas(tools: Any, where: str = "tools") -> list[Mapping[str, Any]]:

@@ -34,7 +34,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from dsa_runtime.parsers.dsml_render import function_schemas, render_tool_calls
+from dsa_runtime.parsers.dsml_render import (
+    BLOCK_SEPARATOR,
+    function_schemas,
+    render_tool_calls,
+)
 from dsa_runtime.parsers.encoding_errors import EncodingError
 from dsa_runtime.parsers.tools_prompt_v32 import (
     ASSISTANT,
@@ -369,5 +373,5 @@ def _render_assistant(msg: Message, where: str, *, show_reasoning: bool, open_en
             return reasoning
         return (reasoning + THINK_END if show_reasoning else "") + content
     head = reasoning + THINK_END if show_reasoning else ""
-    block = "\n\n" + render_tool_calls(tool_calls, where) if tool_calls else ""
+    block = BLOCK_SEPARATOR + render_tool_calls(tool_calls, where) if tool_calls else ""
     return head + content + block + EOS

@@ -15,7 +15,7 @@ arguments the model did not write): from the first syntax error on, the rest of 
 verbatim, so the arguments are the model's own text, which a client's ``json.loads`` rejects visibly. The
 same holds for text that does not start an object (``["a"]``, prose) and for an object still open when the
 call ends (:meth:`JsonObjectStream.close`). Trailing whitespace and a closing fence of malformed text are
-dropped. Only a call with no argument text at all gets ``{}``.
+dropped. Only a call with no argument text at all (nothing, whitespace, an empty fence) gets ``{}``.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ class JsonObjectStream:
         self._open_string = False  # a value string's opening quote went out, its closing one not yet
         self._pre = ""  # text before the object: whitespace or a fence opener so far
         self._tail = ""  # malformed mode: a trailing run of whitespace / backticks, held
+        self._said = False  # some argument text went out
 
     @property
     def complete(self) -> bool:
@@ -76,7 +77,9 @@ class JsonObjectStream:
                     continue
             self._step(text[i], out)
             i += 1
-        return "".join(out)
+        piece = "".join(out)
+        self._said = self._said or bool(piece)
+        return piece
 
     def close(self) -> str:
         """The rest of the arguments at the end of the call: ``""`` after a valid object, ``{}`` when there was
@@ -85,9 +88,11 @@ class JsonObjectStream:
         if state == _SEEK and not self._pre.strip():
             out = "{}"
         elif state == _SEEK:
-            out = _strip_fence_close(_FENCE_OPEN_LINE.sub("", self._pre, count=1).lstrip())
+            # A fence opener alone is no argument text either (a V3 call cut right after its fence line).
+            out = _strip_fence_close(_FENCE_OPEN_LINE.sub("", self._pre, count=1).lstrip()) or "{}"
         elif state == _RAW:
-            out = _strip_fence_close(self._tail)
+            # Only fences and whitespace (an empty ```json block) are no argument text either.
+            out = _strip_fence_close(self._tail) or ("" if self._said else "{}")
         elif state == _DONE:
             out = ""
         else:  # an object still open: the model's text as it is

@@ -45,6 +45,7 @@ class ChatResult:
     finish_reason: str
     prompt: str
     output: RequestOutput | None = field(default=None, repr=False)
+    forced: str = ""  # the forced opening of a required / named tool_choice: the end of ``prompt``, parsed before ``text``
 
 
 def chat_format(model_config: Any, checkpoint_dir: str | Path | None = None) -> ChatFormat:
@@ -79,15 +80,44 @@ def render_prompt(
     return render_chat_template(fmt.template or "", messages, tools=tools, thinking=thinking)
 
 
-def output_parser(fmt: ChatFormat, thinking: bool) -> Any:
-    """A fresh :class:`dsa_runtime.parsers.OutputParser` for one completion."""
+def prepare_chat(
+    fmt: ChatFormat,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None,
+    thinking: bool,
+    tool_choice: Any = None,
+) -> tuple[str, Any, bool]:
+    """``(prompt text, resolved ToolChoice, thinking)`` of one chat turn, as the server builds it.
+
+    The prompt shows the tools ``tool_choice`` allows and ends with its forced opening (``required`` /
+    named); a forced reply is written with thinking off (see :mod:`dsa_runtime.parsers.tool_choice`).
+    Raises ``ToolChoiceError`` (a ``DSAError``) for a bad ``tool_choice``.
+    """
+    from dsa_runtime.parsers.tool_choice import resolve_tool_choice
+
+    choice = resolve_tool_choice(tools, tool_choice, fmt.tool_parser)
+    thinking = choice.thinking(thinking)
+    return render_prompt(fmt, messages, choice.tools, thinking) + choice.forced, choice, thinking
+
+
+def output_parser(fmt: ChatFormat, thinking: bool, parse_calls: bool = True) -> Any:
+    """A fresh :class:`dsa_runtime.parsers.OutputParser` for one completion (``parse_calls=False``: none)."""
     from dsa_runtime.parsers import OutputParser
 
-    return OutputParser(fmt.tool_parser, REASONING_PARSER, thinking=thinking)
+    return OutputParser(fmt.tool_parser if parse_calls else None, REASONING_PARSER, thinking=thinking)
 
 
-def parse_completion(fmt: ChatFormat, prompt: str, output: RequestOutput, thinking: bool) -> ChatResult:
-    parsed = output_parser(fmt, thinking).parse(output.text, truncated=output.finish_reason == "length")
+def parse_completion(
+    fmt: ChatFormat,
+    prompt: str,
+    output: RequestOutput,
+    thinking: bool,
+    forced: str = "",
+    parse_calls: bool = True,
+) -> ChatResult:
+    """Parse a completion; ``forced`` (the prompt's forced opening) is read before the generated text."""
+    parser = output_parser(fmt, thinking, parse_calls)
+    parsed = parser.parse(forced + output.text, truncated=output.finish_reason == "length")
     return ChatResult(
         content=parsed.content,
         reasoning_content=parsed.reasoning_content,
@@ -96,4 +126,5 @@ def parse_completion(fmt: ChatFormat, prompt: str, output: RequestOutput, thinki
         finish_reason=parsed.finish_reason,
         prompt=prompt,
         output=output,
+        forced=forced,
     )

@@ -19,7 +19,7 @@ from dsa_runtime.engine.chat import (
     chat_format,
     output_parser,
     parse_completion,
-    render_prompt,
+    prepare_chat,
 )
 from dsa_runtime.engine.config import EngineConfig
 from dsa_runtime.engine.engine import Engine
@@ -110,10 +110,13 @@ class LLM:
 
     def chat_prompt(
         self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,
-        thinking: bool = False,
+        thinking: bool = False, tool_choice: Any = None,
     ) -> tuple[str, list[int]]:  # fmt: skip
-        """The prompt text and token ids of a conversation (V3.2 encoding or the model's chat template)."""
-        text = render_prompt(self.chat_format, messages, tools, thinking)
+        """The prompt text and token ids of a conversation (V3.2 encoding or the model's chat template).
+
+        A ``required`` / named ``tool_choice`` ends it with the forced opening of a tool call (see :meth:`chat`).
+        """
+        text, _, _ = prepare_chat(self.chat_format, messages, tools, thinking, tool_choice)
         return text, self.tokenizer.encode(text, add_special_tokens=False)
 
     def chat_parser(self, thinking: bool = False) -> Any:
@@ -126,11 +129,19 @@ class LLM:
         tools: Sequence[Mapping[str, Any]] | None = None,
         thinking: bool = False,
         sampling_params: SamplingParams | None = None,
+        tool_choice: Any = None,
     ) -> ChatResult:
-        """One assistant turn: encode, generate, then split reasoning, content and tool calls."""
-        text, ids = self.chat_prompt(messages, tools, thinking)
+        """One assistant turn: encode, generate, then split reasoning, content and tool calls.
+
+        ``tool_choice`` is OpenAI's (default ``auto`` with tools, else ``none``): ``none`` hides the tools and
+        parses no calls; ``required`` / ``{"type": "function", "function": {"name": NAME}}`` make the reply
+        open a tool call (of NAME) in the model's own format, with thinking off, exactly as the server does
+        (:mod:`dsa_runtime.parsers.tool_choice`). Raises ``ToolChoiceError`` for a bad choice.
+        """
+        text, choice, thinking = prepare_chat(self.chat_format, messages, tools, thinking, tool_choice)
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
         (output,) = self.generate([ids], sampling_params)
-        return parse_completion(self.chat_format, text, output, thinking)
+        return parse_completion(self.chat_format, text, output, thinking, choice.forced, choice.parse_calls)
 
     # --- scoring --------------------------------------------------------------------------------
     def score(self, token_ids: Sequence[int]) -> Any:

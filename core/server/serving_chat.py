@@ -44,37 +44,25 @@ def thinking_requested(req: ChatCompletionRequest) -> bool:
     return False
 
 
-def select_tools(state: ServerState, req: ChatCompletionRequest) -> tuple[list[dict[str, Any]] | None, str | None]:
-    """The tools to show the model and the tool parser to use, from ``tools`` and ``tool_choice``.
+def resolve_choice(state: ServerState, req: ChatCompletionRequest) -> Any:
+    """The request's resolved ``tool_choice`` (:class:`~dsa_runtime.parsers.tool_choice.ToolChoice`); 400 if bad.
 
-    ``none`` hides the tools and turns call parsing off; a named choice shows only that tool (there is no
-    constrained decoding yet, so ``required`` and named choices are requests to the model, not guarantees).
+    ``none`` hides the tools and turns call parsing off; ``required`` and a named choice force the reply to
+    open a tool call in the model's format (a named choice also shows only that tool).
     """
+    from dsa_runtime.parsers.tool_choice import ToolChoiceError, resolve_tool_choice
+
     tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
-    choice = req.tool_choice
-    if choice is None:
-        choice = "auto" if tools else "none"
-    if isinstance(choice, str):
-        if choice not in ("none", "auto", "required"):
-            raise bad_request(
-                f"tool_choice must be 'none', 'auto', 'required' or a named function, got {choice!r}",
-                param="tool_choice",
-            )
-        if choice == "none":
-            return None, None
-        if not tools:
-            raise bad_request(f"tool_choice '{choice}' needs 'tools'", param="tool_choice")
-        return tools, state.tool_parser
-    function = choice.get("function") if choice.get("type") == "function" else None
-    name = function.get("name") if isinstance(function, dict) else None
-    if not isinstance(name, str):
+    try:
+        choice = resolve_tool_choice(tools, req.tool_choice, state.flavor.tool_parser or "deepseekv32")
+    except ToolChoiceError as exc:
+        raise bad_request(str(exc), param="tool_choice") from None
+    if choice.forced and state.tool_parser is None:
         raise bad_request(
-            "a named tool_choice must be {'type': 'function', 'function': {'name': NAME}}", param="tool_choice"
+            f"tool_choice '{choice.mode}' needs a tool-call parser (this server runs with --tool-call-parser none)",
+            param="tool_choice",
         )
-    chosen = [t for t in tools or [] if t["function"]["name"] == name]
-    if not chosen:
-        raise bad_request(f"tool_choice names the function '{name}', which is not in 'tools'", param="tool_choice")
-    return chosen, state.tool_parser
+    return choice
 
 
 class ChatRun:
@@ -87,10 +75,14 @@ class ChatRun:
         self.state, self.req = state, req
         self.id, self.created = new_id("chatcmpl"), int(time.time())
         self.arrival = time.monotonic()
-        tools, self.tool_parser = select_tools(state, req)
-        self.thinking = thinking_requested(req)
-        text = state.prompts.render(req.messages, tools=tools, thinking=self.thinking)
-        self.prompt_ids = state.prompts.encode(text)
+        choice = resolve_choice(state, req)
+        self.tool_parser = state.tool_parser if choice.parse_calls else None
+        # A forced tool call opens the reply, so it is written without reasoning (parsers/tool_choice.py).
+        self.thinking = choice.thinking(thinking_requested(req))
+        # The forced opening is prompt (counted in prompt_tokens) and the parser's first input.
+        self.forced = choice.forced
+        text = state.prompts.render(req.messages, tools=choice.tools, thinking=self.thinking)
+        self.prompt_ids = state.prompts.encode(text + self.forced)
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_tokens = resolve_max_tokens(state, requested, len(self.prompt_ids), None)
         top = req.top_logprobs
@@ -118,10 +110,12 @@ class ChatRun:
             for j in range(req.n)
         ]
 
-    def parser(self) -> Any:
+    def parser(self) -> tuple[Any, list[Any]]:
+        """A fresh stream parser for one choice, already fed the forced opening, and the deltas that made."""
         from dsa_runtime.parsers import OutputParser
 
-        return OutputParser(self.tool_parser, self.state.reasoning_parser, thinking=self.thinking).stream()
+        stream = OutputParser(self.tool_parser, self.state.reasoning_parser, thinking=self.thinking).stream()
+        return stream, stream.feed(self.forced) if self.forced else []
 
     def delta_dict(self, delta: Any) -> dict[str, Any]:
         d = delta.to_dict()
@@ -142,8 +136,9 @@ class ChatRun:
 
     # -- whole response -----------------------------------------------------------------------------------
     async def response(self) -> dict[str, Any]:
-        streams = [self.parser() for _ in self.params]
-        deltas: list[list[Any]] = [[] for _ in self.params]
+        started = [self.parser() for _ in self.params]
+        streams = [stream for stream, _ in started]
+        deltas: list[list[Any]] = [list(first) for _, first in started]
         logprobs: list[list[Any]] = [[] for _ in self.params]
         choices: list[dict[str, Any] | None] = [None] * len(self.params)
         completion_tokens = 0
@@ -181,11 +176,14 @@ class ChatRun:
     # -- streamed response ----------------------------------------------------------------------------------
     async def sse(self) -> AsyncIterator[str]:
         include_usage = bool(self.req.stream_options and self.req.stream_options.include_usage)
-        streams = [self.parser() for _ in self.params]
+        started = [self.parser() for _ in self.params]
+        streams = [stream for stream, _ in started]
         completion_tokens = 0
         try:
             for j in range(len(self.params)):
                 yield self._chunk(j, {"role": "assistant", "content": ""}, None, include_usage)
+                for delta in started[j][1]:  # the forced opening's deltas (a named call's header)
+                    yield self._chunk(j, self.delta_dict(delta), None, include_usage)
             async for j, out in self.outputs():
                 lp = chat_logprobs(self.state.tokenizer, out.logprobs) if self.req.logprobs and out.logprobs else None
                 deltas = streams[j].feed(out.new_text)

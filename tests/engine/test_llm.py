@@ -131,3 +131,45 @@ def test_chat_format_per_model_family(is_dsa, scale_fmt, encoder, tool_parser):
     assert (fmt.encoder, fmt.tool_parser) == (encoder, tool_parser)
     prompt = render_prompt(fmt, [{"role": "user", "content": "Hi"}])
     assert prompt.startswith("<｜begin▁of▁sentence｜>") and "<｜User｜>Hi<｜Assistant｜>" in prompt
+
+
+WEATHER_TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
+                 {"type": "function", "function": {"name": "get_datetime", "parameters": {"type": "object"}}}]
+
+
+def test_chat_named_tool_choice_forces_the_call_like_the_server():
+    from dsa_runtime.parsers.tool_choice import forced_opening
+
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    model = Scripted('<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n</｜DSML｜invoke>\n'
+                     "</｜DSML｜function_calls>")
+    llm = _llm(model)
+    text, ids = llm.chat_prompt(messages, WEATHER_TOOLS, thinking=True, tool_choice=named)
+    opening = forced_opening("deepseekv32", "get_weather")
+    # Thinking is off for a forced reply: the chat-mode generation prompt, then the opening; only that tool.
+    assert text.endswith("<｜Assistant｜></think>" + opening) and ids == TOK.encode(text)
+    assert "get_datetime" not in text
+    model.prompt_len = len(ids)
+    result = llm.chat(messages, WEATHER_TOOLS, thinking=True, tool_choice=named,
+                      sampling_params=SamplingParams(temperature=0, max_tokens=400))
+    assert (result.prompt, result.forced) == (text, opening) and not result.text.startswith(opening)
+    assert result.finish_reason == "tool_calls" and result.reasoning_content is None and result.content is None
+    assert [(c.name, json.loads(c.arguments)) for c in result.tool_calls] == [("get_weather", {"city": "Paris"})]
+    assert result.output is not None and len(result.output.prompt_token_ids) == len(ids)
+
+
+def test_chat_tool_choice_none_shows_no_tools_and_keeps_markup_as_content():
+    from dsa_runtime.parsers.tool_choice import ToolChoiceError
+
+    markup = '<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_weather">\n</｜DSML｜invoke>\n</｜DSML｜function_calls>'
+    model = Scripted(markup)
+    llm = _llm(model)
+    messages = [{"role": "user", "content": "Hi"}]
+    text, ids = llm.chat_prompt(messages, WEATHER_TOOLS, tool_choice="none")
+    assert "get_weather" not in text
+    model.prompt_len = len(ids)
+    result = llm.chat(messages, WEATHER_TOOLS, tool_choice="none", sampling_params=SamplingParams(temperature=0))
+    assert (result.content, result.tool_calls, result.finish_reason) == (markup, [], "stop")
+    with pytest.raises(ToolChoiceError, match="not in 'tools'"):
+        llm.chat(messages, WEATHER_TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}})

@@ -88,6 +88,8 @@ def test_fuzz_chunking_never_matters_and_objects_survive(text):
     [
         ("", {}),
         ("  \n", {}),
+        ("```json\n", {}),  # a fence with nothing in it is no argument text (a V3 call cut after its fence)
+        ("```json\n\n```", {}),
         ('```json\n{"a": 1}\n```', {"a": 1}),
         ('{"a": 1,}', {"a": 1}),
         ('{"a": [1,],}', {"a": [1]}),

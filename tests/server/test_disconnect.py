@@ -12,6 +12,8 @@ server_extra()
 from tests.server.live import LiveServer  # noqa: E402
 from tests.server.scripted_engine import ScriptedEngine  # noqa: E402
 
+# Only the read gives up early (the scripted reply takes 5 s); connecting may be slow on a loaded CI machine.
+IMPATIENT = httpx.Timeout(10.0, read=1.0)
 BODY = {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 500}
 
 
@@ -19,7 +21,7 @@ BODY = {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_token
 def test_disconnect_aborts_and_frees_pages(stream):
     engine = ScriptedEngine(lambda p: "z" * 500, step_delay_s=0.01)
     with LiveServer(engine, served_model_name="m") as srv:
-        with pytest.raises(httpx.ReadTimeout), httpx.Client(base_url=srv.url, timeout=0.3) as impatient:
+        with pytest.raises(httpx.ReadTimeout), httpx.Client(base_url=srv.url, timeout=IMPATIENT) as impatient:
             if stream:
                 with impatient.stream("POST", "/v1/chat/completions", json={**BODY, "stream": True}) as r:
                     for _ in r.iter_bytes():

@@ -70,6 +70,29 @@ def test_tools_are_passed_through_to_the_prompt(client, real_server):
     assert r.usage.prompt_tokens == with_tools["count"]
 
 
+def test_named_tool_choice_returns_that_call_to_the_client(client, real_server):
+    """A forced call reaches the official client as a tool call, whole and streamed (random weights: the
+    arguments are anything; a stop on a quarter of the vocabulary ends generation well before max_tokens)."""
+    import random
+
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    vocab = real_server.state.tokenizer.vocab_size
+    extra = {"stop_token_ids": random.Random(3).sample(range(vocab), vocab // 4)}
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    kwargs = {"model": "tiny", "messages": messages, "tools": [WEATHER], "tool_choice": choice, "max_tokens": 64,
+              "temperature": 1.0, "seed": 5, "extra_body": extra}
+    r = client.chat.completions.create(**kwargs)
+    assert r.choices[0].finish_reason == "tool_calls" and r.choices[0].message.tool_calls[0].function.name == (
+        "get_weather")
+    # The forced opening is prompt: more prompt tokens than the same messages and tools without it.
+    counted = real_server.client.post("/tokenize", json={"messages": messages, "tools": [WEATHER]}).json()["count"]
+    assert r.usage.prompt_tokens > counted
+    chunks = list(client.chat.completions.create(**kwargs, stream=True))
+    headers = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or []) if tc.id]
+    assert [h.function.name for h in headers] == [c.function.name for c in r.choices[0].message.tool_calls]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
+
+
 def test_reasoning_content_in_thinking_mode(client):
     r = client.chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "Think first."}], max_tokens=8, temperature=0,

@@ -84,3 +84,32 @@ def test_200_streams_cut_mid_generation_leave_no_pages_and_no_running_requests(r
     # And it still serves.
     r = real_server.client.post("/v1/chat/completions", json=_greedy(1))
     assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_named_tool_choice_on_the_random_model_always_returns_that_call(real_server):
+    """Random weights write anything after the forced opening; every completion that is not cut by max_tokens
+    (a random eighth of the vocabulary stops it, so within 128 tokens all but surely) is a call of the named
+    function, streamed and whole alike (same seed, same tokens)."""
+    import random
+
+    tools = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
+             for n in ("get_weather", "get_datetime", "search")]
+    vocab = real_server.state.tokenizer.vocab_size
+    rng = random.Random(8)
+    lengths = []
+    for i in range(6):
+        name = tools[i % 3]["function"]["name"]
+        body = {"model": "tiny", "messages": [{"role": "user", "content": f"call {i}"}], "tools": tools,
+                "tool_choice": {"type": "function", "function": {"name": name}}, "max_tokens": 128,
+                "temperature": 1.0, "seed": 100 + i, "stop_token_ids": rng.sample(range(vocab), vocab // 8),
+                "chat_template_kwargs": {"thinking": i % 2 == 0}}
+        whole = real_server.client.post("/v1/chat/completions", json=body).json()
+        streamed = fold(stream_chat(real_server.client, body))
+        choice = whole["choices"][0]
+        assert choice["finish_reason"] == streamed["finish_reason"] == "tool_calls", (i, choice)
+        calls = choice["message"]["tool_calls"]
+        assert calls[0]["function"]["name"] == streamed["calls"][0]["name"] == name, i
+        assert [c["function"]["arguments"] for c in calls] == [c["arguments"] for c in streamed["calls"]], i
+        assert choice["message"]["reasoning_content"] is None and not streamed["reasoning_content"], i
+        lengths.append(whole["usage"]["completion_tokens"])
+    assert max(lengths) > 1, lengths  # the model did write after the opening (the stop set is not everything)
