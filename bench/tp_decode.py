@@ -64,6 +64,10 @@ def batches(config, batch: int, prompt: int, page: int, seed: int):
     return seqs, 1 + batch * per
 
 
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
 def sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -142,7 +146,9 @@ def bench_model(name: str, args) -> dict:
     del tensors
     result["tp1_build_s"] = time.perf_counter() - t0
     result["tp1_gpu_bytes"] = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else None
+    log(f"{name}: tp 1 built in {result['tp1_build_s']:.1f} s")
     tp1 = run(runner, seqs, args.steps)
+    log(f"{name}: tp 1 ran: {tp1['decode_tok_s']:.1f} tok/s")
     del runner, cache
     gc.collect()
     if dev.type == "cuda":
@@ -153,10 +159,12 @@ def bench_model(name: str, args) -> dict:
     dist_runner = DistributedRunner(ParallelConfig(tp=2, timeout_s=300), spec)
     try:
         result["tp2_build_s"] = time.perf_counter() - t0
+        log(f"{name}: tp 2 built in {result['tp2_build_s']:.1f} s")
         result["tp2_rank_bytes"] = dist_runner.collect("dsa_runtime.distributed.runtime:loaded_bytes")
         result["tp2_kernels"] = {m: c.backend for m, c in dist_runner.kernels.choices.items()
                                  if m.startswith("sparse_attn")}
         tp2 = run(dist_runner, seqs, args.steps)
+        log(f"{name}: tp 2 ran: {tp2['decode_tok_s']:.1f} tok/s")
     finally:
         dist_runner.shutdown()
     result["compare"] = compare(tp1, tp2)
