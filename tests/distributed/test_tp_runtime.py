@@ -162,3 +162,21 @@ def test_two_nodes_on_localhost(tiny_checkpoint):
     finally:
         if node1.poll() is None:
             node1.kill()
+
+
+def test_dense_v3_family_under_tp4_dp2_from_memory():
+    """tiny-v3 (no indexer, dense MLA through the sparse kernels) from an in-memory state dict."""
+    from tests.model.helpers import make_runner, pages, preset, weights
+
+    spec = RankSpec(tensors=weights("tiny-v3"), config=preset("tiny-v3"), dtype="float32", num_pages=48,
+                    page_size=16)
+    runner = DistributedRunner(ParallelConfig(tp=4, dp=2, enable_dp_attention=True, timeout_s=60), spec)
+    ref = make_runner("tiny-v3", poison=False)
+    try:
+        steps = [[ForwardSeq(tokens(40, 71), 0, pages(1, 48), "all"), ForwardSeq(tokens(7, 72), 0, pages(4, 48), "all")],
+                 [ForwardSeq([5], 40, pages(1, 48), "last"), ForwardSeq([6], 7, pages(4, 48), "last")]]
+        for step in steps:
+            for got, want in zip(runner.forward(ForwardBatch(step)), ref.forward(ForwardBatch(step)), strict=True):
+                assert float((got - want).abs().max()) <= ATOL
+    finally:
+        runner.shutdown()
