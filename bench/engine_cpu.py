@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                     "platform": platform.platform(), "torch": torch.__version__, "transformers": hf_version},
         "settings": {"prompt_len": args.prompt_len, "gen_tokens": args.gen_tokens, "dtype": args.dtype, "repeat": args.repeat,
-                     "backend": "auto (reference on CPU)"},
+                     "backend": "auto (torch on CPU)"},
         "rows": rows,
     }  # fmt: skip
     out = Path(args.json)

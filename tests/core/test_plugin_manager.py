@@ -179,7 +179,7 @@ def test_plugins_resolve_with_explicit_settings(capsys, no_gpu):
     assert "resolved on this machine: platform cpu, device cpu, KV fp8_656" in out
     for method in ("topk.topk", "topk.page_table_transform", "topk.topk_transform"):  # one line per method
         assert f"    {method:<28} -> reference (chosen for topk)\n" in out
-    assert "    sparse_attn.decode           -> reference (cpu default)\n" in out
+    assert "    sparse_attn.decode           -> torch (cpu default: torch first" in out
 
     assert main(["plugins", "--resolve", "--set", "moe=nope"]) == 2
     assert "unknown backend 'nope'" in capsys.readouterr().err

@@ -27,18 +27,34 @@ def manager_with(*backends) -> DSAPluginManager:
     return manager
 
 
-def test_auto_on_cpu_is_reference_everywhere(caplog):
+def test_auto_on_cpu_is_the_torch_backend_everywhere(caplog):
     caplog.set_level(logging.INFO, logger="dsa_runtime.resolve")
     resolved = resolve_kernels(manager=manager_with())
     assert (resolved.platform, resolved.device, resolved.kv_layout) == ("cpu", "cpu", "bf16")
-    assert {c.backend for c in resolved.choices.values()} == {"reference"}
+    assert {c.backend for c in resolved.choices.values()} == {"torch"}
     assert list(resolved.choices) == list(METHODS)
     # Each method's choice is logged with its reason; hot-path attributes are the kernels' own bound methods.
     for method in METHODS:
-        assert any(rec.getMessage().startswith(f"{method} -> reference") for rec in caplog.records)
+        assert any(rec.getMessage().startswith(f"{method} -> torch") and "cpu default" in rec.getMessage()
+                   for rec in caplog.records)
         family, name = method.split(".")
         bound = getattr(getattr(resolved, family), name)
-        assert type(bound.__self__).__name__.startswith("Reference") and bound.__name__ == name
+        assert type(bound.__self__).__name__.startswith("Torch") and bound.__name__ == name
+
+
+def test_cpu_falls_back_to_reference_when_torch_is_missing():
+    manager = manager_with()
+    del manager.backends["torch"]
+    resolved = resolve_kernels(manager=manager)
+    assert {c.backend for c in resolved.choices.values()} == {"reference"}
+    assert all(c.reason.startswith("cpu default") for c in resolved.choices.values())  # the next preference
+
+
+def test_reference_stays_selectable_on_cpu():
+    resolved = resolve_kernels(KernelConfig(indexer="reference", moe="reference"), manager=manager_with())
+    assert resolved.choices["indexer.logits_paged"].backend == "reference"
+    assert resolved.choices["moe.experts"].backend == "reference"
+    assert resolved.choices["topk.topk"].backend == "torch"
 
 
 @pytest.mark.parametrize(
@@ -83,7 +99,7 @@ def test_explicit_backend_without_the_family_fails_with_choices():
         resolve_kernels(KernelConfig(moe="topk_only"), manager=manager_with(backend("topk_only")))
     message = str(info.value)
     assert "does not provide moe" in message and "backends that can run moe on cpu" in message
-    assert message.endswith("reference")
+    assert message.endswith("reference, torch")
 
 
 def test_explicit_backend_on_unclaimed_device_fails():

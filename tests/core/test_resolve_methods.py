@@ -49,10 +49,10 @@ def test_prefill_and_decode_from_different_backends_keep_call_sites():
     assert type(view.decode.__self__).__name__ == "decode_only_kernels"
     assert view.backends == {"prefill": "prefill_only", "decode": "decode_only"}
     assert "prefill=prefill_only" in repr(view)
-    # the generic per-method mapping does the same, and other families stay on the reference
+    # the generic per-method mapping does the same, and other families stay on the cpu default (torch)
     same = resolve_kernels(KernelConfig(methods={"sparse_attn.prefill": "prefill_only", "sparse_attn.decode": "decode_only"}),
                            manager=manager_with(prefill_only(), decode_only()))
-    assert same.sparse_attn.backends == view.backends and same.backend_of("topk.topk_transform") == "reference"
+    assert same.sparse_attn.backends == view.backends and same.backend_of("topk.topk_transform") == "torch"
 
 
 def test_family_choice_falls_back_for_a_method_the_backend_lacks(caplog):
@@ -60,8 +60,9 @@ def test_family_choice_falls_back_for_a_method_the_backend_lacks(caplog):
     resolved = resolve_kernels(KernelConfig(sparse_attn="prefill_only"), manager=manager_with(prefill_only()))
     assert resolved.choices["sparse_attn.prefill"].reason == "chosen for sparse_attn"
     decode = resolved.choices["sparse_attn.decode"]
-    assert decode.backend == "reference" and "prefill-only library" in decode.reason and "fallback" in decode.reason
-    assert any(r.getMessage().startswith("sparse_attn.decode -> reference (fallback: ") for r in caplog.records)
+    # the method falls back along the cpu platform's preference list: torch first
+    assert decode.backend == "torch" and "prefill-only library" in decode.reason and "fallback" in decode.reason
+    assert any(r.getMessage().startswith("sparse_attn.decode -> torch (fallback: ") for r in caplog.records)
 
 
 def test_explicit_method_the_backend_lacks_fails_with_reason_and_valid_names():
@@ -70,7 +71,7 @@ def test_explicit_method_the_backend_lacks_fails_with_reason_and_valid_names():
         resolve_kernels(KernelConfig(sparse_attn_decode="prefill_only"), manager=manager)
     msg = str(info.value)
     assert msg.startswith("sparse_attn.decode: backend 'prefill_only': sparse_attn.decode: prefill-only library")
-    assert msg.endswith("backends that can run sparse_attn.decode on cpu with bf16 KV: reference, decode_only")
+    assert msg.endswith("backends that can run sparse_attn.decode on cpu with bf16 KV: reference, torch, decode_only")
     with pytest.raises(ConfigError, match="KV layout 'fp8_656' not claimed: claims one of \\['bf16'\\]"):
         resolve_kernels(KernelConfig(sparse_attn_decode="decode_only", kv_layout="fp8_656"),
                         manager=manager_with(decode_only(layouts=("bf16",))))

@@ -1,0 +1,135 @@
+"""DeepSeek MoE for the ``torch`` backend: ``torch.topk`` routing and expert GEMMs grouped by expert.
+
+Routing is fp32 like the reference; ``torch.topk`` replaces the stable full sorts, and only rows where a
+tie straddles the cut (the k-th and (k+1)-th values equal, where ``topk``'s choice is arbitrary) are ranked
+with a stable sort, which keeps the contract's rule that the lower index wins.
+
+Experts: the (token, slot) pairs are sorted by expert once, each active expert runs two GEMMs over its
+tokens (weights from ``expert_cache``, dequantised once) in bf16 for bf16 activations (fp32 for a float32
+model), the SwiGLU activation is computed in fp32, and the weighted results are accumulated in fp32 with one
+``index_add_``. An expert with at most ``FEW_ROWS`` tokens runs in fp32 when the experts are small enough
+to keep an fp32 copy too (``expert_cache.small_fp32``): a bf16 GEMM has a fixed cost of ~15 us on CPU, which
+dominates a decode step's few-token experts. Output bf16.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from dsa_runtime.families import ExpertWeights
+from dsa_runtime.torch_kernels.expert_cache import compute_weights, small_fp32
+
+FEW_ROWS = 8
+
+
+def top_lower_first(x: Tensor, k: int) -> Tensor:
+    """Indices ``[..., k]`` of the k largest entries of each row of ``x`` ``[R, n]``; lower index wins ties."""
+    n = x.shape[-1]
+    if k >= n:
+        return torch.arange(n, device=x.device).expand(*x.shape[:-1], n)
+    values, idx = torch.topk(x, k + 1, dim=-1)  # sorted, best first
+    idx = idx[..., :k]
+    tie = values[..., k - 1] == values[..., k]
+    if bool(tie.any()):
+        exact = torch.sort(x[tie], dim=-1, descending=True, stable=True).indices[..., :k]
+        idx = idx.clone()
+        idx[tie] = exact
+    return idx
+
+
+def _swiglu(x: Tensor, w13: Tensor, w2: Tensor) -> Tensor:
+    """Rows ``x`` ``[n, D]`` bf16 through one expert (``w13`` ``[2I, D]``, ``w2`` ``[D, I]``) -> ``[n, D]`` fp32."""
+    inter = w13.shape[0] // 2
+    h = (x @ w13.T).float()
+    act = torch.nn.functional.silu(h[:, :inter]).mul_(h[:, inter:])
+    return (act.to(w2.dtype) @ w2.T).float()
+
+
+class TorchMoE:
+    """:class:`dsa_runtime.families.MoEKernels` for CPU."""
+
+    def route(
+        self,
+        router_logits: Tensor,
+        correction_bias: Tensor,
+        *,
+        top_k: int,
+        n_group: int,
+        topk_group: int,
+        routed_scaling_factor: float,
+        renormalize: bool = True,
+    ) -> tuple[Tensor, Tensor]:
+        """Grouped ``noaux_tc`` routing: ``weights`` ``[T, top_k]`` fp32 and ``ids`` ``[T, top_k]`` int32."""
+        tokens, n_exp = router_logits.shape
+        if n_exp % n_group or not 1 <= topk_group <= n_group:
+            raise ValueError(f"bad grouping: E={n_exp}, n_group={n_group}, topk_group={topk_group}")
+        group_size = n_exp // n_group
+        if not 1 <= top_k <= topk_group * group_size:
+            raise ValueError(
+                f"top_k={top_k} exceeds the {topk_group * group_size} experts of the kept groups"
+            )
+        p = torch.sigmoid(router_logits.float())
+        biased = p + correction_bias.float().to(p.device)  # for choosing only
+        if topk_group < n_group:
+            grouped = biased.view(tokens, n_group, group_size)
+            group_scores = grouped.topk(min(2, group_size), dim=-1).values.sum(dim=-1)  # [T, G]
+            kept = top_lower_first(group_scores, topk_group)
+            dropped = torch.ones(tokens, n_group, dtype=torch.bool, device=p.device).scatter_(1, kept, False)
+            choose = grouped.masked_fill(dropped[:, :, None], float("-inf")).view(tokens, n_exp)
+        else:
+            choose = biased
+        ids = top_lower_first(choose, top_k)
+        weights = torch.gather(p, 1, ids)  # the unbiased sigmoid of the chosen experts
+        if renormalize:
+            total = weights.sum(dim=-1, keepdim=True)
+            weights = torch.where(total > 0, weights / total, 0.0)
+        return weights * routed_scaling_factor, ids.to(torch.int32)
+
+    def experts(
+        self,
+        x: Tensor,
+        topk_weights: Tensor,
+        topk_ids: Tensor,
+        experts: ExpertWeights,
+        shared: ExpertWeights | None = None,
+    ) -> Tensor:
+        """``out[t] = sum_j w[t, j] * E_{ids[t, j]}(x[t]) + shared(x[t])``: ``[T, D]`` bf16, fp32 accumulation."""
+        n_exp = experts.w13.shape[0]
+        ids = topk_ids.to(device=x.device, dtype=torch.int64)
+        if ids.numel() and (int(ids.min()) < -1 or int(ids.max()) >= n_exp):
+            raise ValueError(f"expert ids must be -1 or in [0, {n_exp})")
+        dtype = torch.float32 if x.dtype == torch.float32 else torch.bfloat16
+        xc = x.to(dtype)
+        out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
+        flat = ids.reshape(-1)
+        pairs = torch.nonzero(flat >= 0).squeeze(1)
+        few = dtype != torch.float32 and small_fp32(experts)
+        if pairs.numel():
+            w13, w2 = compute_weights(experts, dtype)
+            w13_f, w2_f = compute_weights(experts, torch.float32) if few else (w13, w2)
+            by_expert, order = torch.sort(flat[pairs], stable=True)
+            pairs = pairs[order]
+            tok = pairs // ids.shape[1]
+            xs = xc.index_select(0, tok)
+            xs_f = xs.float() if few else xs
+            ys = torch.empty(pairs.numel(), x.shape[1], dtype=torch.float32, device=x.device)
+            start = 0
+            for e, count in enumerate(torch.bincount(by_expert, minlength=n_exp).tolist()):
+                if count:
+                    end = start + count
+                    if few and count <= FEW_ROWS:
+                        ys[start:end] = _swiglu(xs_f[start:end], w13_f[e], w2_f[e])
+                    else:
+                        ys[start:end] = _swiglu(xs[start:end], w13[e], w2[e])
+                    start = end
+            ys.mul_(topk_weights.to(device=x.device, dtype=torch.float32).reshape(-1)[pairs, None])
+            out.index_add_(0, tok, ys)
+        if shared is not None:
+            if dtype != torch.float32 and x.shape[0] <= FEW_ROWS and small_fp32(shared):
+                s13, s2 = compute_weights(shared, torch.float32)
+                out += _swiglu(xc.float(), s13[0], s2[0])
+            else:
+                s13, s2 = compute_weights(shared, dtype)
+                out += _swiglu(xc, s13[0], s2[0])
+        return out.to(torch.bfloat16)
