@@ -41,8 +41,10 @@ def test_only_64_heads_backend_under_tp2_equals_unpadded(tiny_checkpoint):
                         kernel_config=KernelConfig(platform="cpu", sparse_attn="only64"), mha_max_keys=0)
     padded, reasons = _run(DistributedRunner(ParallelConfig(tp=2, timeout_s=60), padded_spec), steps)
     assert all("pads heads 2 -> 64, k 32 -> 128" in r for r in reasons), reasons
-    plain, reasons = _run(DistributedRunner(ParallelConfig(tp=2, timeout_s=60),
-                                            _spec(tiny_checkpoint, mha_max_keys=0)), steps)
+    # The same kernel unpadded: the reference (only64 is the reference behind a 64-heads-only claim).
+    plain_spec = _spec(tiny_checkpoint, mha_max_keys=0,
+                       kernel_config=KernelConfig(platform="cpu", sparse_attn="reference"))
+    plain, reasons = _run(DistributedRunner(ParallelConfig(tp=2, timeout_s=60), plain_spec), steps)
     assert not any("pads" in r for r in reasons)
     for got_step, want_step in zip(padded, plain, strict=True):
         for got, want in zip(got_step, want_step, strict=True):

@@ -17,7 +17,7 @@ from dsa_runtime.padding import PaddedSparseAttn
 from dsa_runtime.reference.sparse_attn import ReferenceSparseAttn
 from dsa_runtime.resolve import KernelConfig, resolve_kernels
 from tests.core.test_resolve import manager_with
-from tests.model.helpers import PAGE_SIZE, make_runner, pages, preset, tokens, weights
+from tests.model.helpers import PAGE_SIZE, pages, preset, tokens, weights
 
 CALLS: list[tuple[str, int, int]] = []
 
@@ -47,9 +47,10 @@ def only64_backend() -> Backend:
     )
 
 
-def _padded_runner(name: str, kv_layout: str = "bf16") -> ModelRunner:
+def _padded_runner(name: str, kv_layout: str = "bf16", sparse_attn: str = "only64") -> ModelRunner:
+    """only64 (the reference kernel behind a 64-heads-only claim), or the same kernel unpadded."""
     config = preset(name)
-    kernels = resolve_kernels(KernelConfig(platform="cpu", kv_layout=kv_layout, sparse_attn="only64"),
+    kernels = resolve_kernels(KernelConfig(platform="cpu", kv_layout=kv_layout, sparse_attn=sparse_attn),
                               manager=manager_with(only64_backend()), needs=kernel_needs(config, PAGE_SIZE))
     cache = KVCache(config, 48, PAGE_SIZE, kv_layout, "cpu", torch.float32)
     cache.poison()
@@ -75,7 +76,7 @@ def test_resolution_accepts_and_logs_the_padding(caplog):
 def test_only_64_heads_backend_equals_unpadded_reference(name, kv_layout):
     """Prefill (absorbed, sparse past index_topk), a continued chunk and decodes, batched and ragged."""
     padded = _padded_runner(name, kv_layout)
-    plain = make_runner(name, kv_layout=kv_layout, mha_max_keys=0)
+    plain = _padded_runner(name, kv_layout, sparse_attn="reference")
     a, b = tokens(45, seed=3), tokens(9, seed=4)
     ta, tb = pages(1, 64), pages(10, 64)
     steps = [
