@@ -141,8 +141,9 @@ def bench_model(name: str, args) -> dict:
     kcfg = KernelConfig() if args.device == "cuda" else KernelConfig(platform="cpu")
     kernels = resolve_kernels(kcfg, needs=kernel_needs(config, page))
     result["kernels"] = {m: c.backend for m, c in kernels.choices.items()}
-    cache = KVCache(config, num_pages, page, kernels.kv_layout, dev, torch.bfloat16)
-    runner = ModelRunner(config, tensors, kernels=kernels, cache=cache, dtype=torch.bfloat16, device=dev)
+    dtype = getattr(torch, args.dtype)
+    cache = KVCache(config, num_pages, page, kernels.kv_layout, dev, dtype)
+    runner = ModelRunner(config, tensors, kernels=kernels, cache=cache, dtype=dtype, device=dev)
     del tensors
     result["tp1_build_s"] = time.perf_counter() - t0
     result["tp1_gpu_bytes"] = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else None
@@ -154,7 +155,7 @@ def bench_model(name: str, args) -> dict:
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     t0 = time.perf_counter()
-    spec = RankSpec(config=config, random_seed=args.seed, dtype="bfloat16", device_type=dev.type,
+    spec = RankSpec(config=config, random_seed=args.seed, dtype=args.dtype, device_type=dev.type,
                     kernel_config=kcfg, num_pages=num_pages, page_size=page, cpu_threads=None)
     dist_runner = DistributedRunner(ParallelConfig(tp=2, timeout_s=300), spec)
     try:
@@ -181,6 +182,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--moe-layers", type=int, default=1, choices=(0, 1))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     p.add_argument("--out", default=None)
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a dry run of the script (gloo)")
     args = p.parse_args()
