@@ -1,7 +1,7 @@
 """``dsa-runtime generate``: stream one completion (or one chat turn) to the terminal.
 
-Without ``--model`` it runs the embedded tiny V3.2 model (random weights, created on first use), so the
-text is noise; the point is the whole path: checkpoint, kernels, paged cache, scheduler, sampler, detokenizer.
+Without ``--model`` it runs the embedded trained tiny V3.2 model (``docs/tiny-model.md``) through the whole
+path: checkpoint, kernels, paged cache, scheduler, sampler, detokenizer.
 """
 
 from __future__ import annotations
@@ -96,19 +96,27 @@ def _stream_chat(llm, message: str, thinking: bool, params, out):
     parser = llm.chat_parser(thinking).stream()
     dim, reset = ("\x1b[2m", "\x1b[0m") if out.isatty() else ("", "")
     final = None
+    shown: list[str] = []  # which parts have started, so reasoning and answer are labelled apart
     for final in llm.stream(ids, params):
-        _show(parser.feed(final.new_text), out, dim, reset)
+        _show(parser.feed(final.new_text), out, dim, reset, shown)
     deltas, _reason = parser.finish(truncated=final is not None and final.finish_reason == "length")
-    _show(deltas, out, dim, reset)
+    _show(deltas, out, dim, reset, shown)
     out.write("\n")
     return final
 
 
-def _show(deltas, out, dim: str, reset: str) -> None:
+def _show(deltas, out, dim: str, reset: str, shown: list[str]) -> None:
     for delta in deltas:
         if delta.reasoning_content:
+            if "reasoning" not in shown:
+                shown.append("reasoning")
+                out.write("[thinking] ")
             out.write(dim + delta.reasoning_content + reset)
         if delta.content:
+            if "reasoning" in shown and "content" not in shown:
+                out.write("\n[answer] ")
+            if "content" not in shown:
+                shown.append("content")
             out.write(delta.content)
         for call in delta.tool_calls:
             if call.name:

@@ -22,6 +22,8 @@ _EXPORTS = {
     "Tokenizer": "dsa_runtime.loader.tokenizer",
     "make_checkpoint": "dsa_runtime.loader.make_checkpoint",
     "default_model_path": "dsa_runtime.loader.default_model",
+    "embedded_model_path": "dsa_runtime.loader.default_model",
+    "random_model_path": "dsa_runtime.loader.default_model",
     "load_checkpoint": "dsa_runtime.loader.checkpoint",
     "Checkpoint": "dsa_runtime.loader.checkpoint",
     "LoadError": "dsa_runtime.loader.errors",

@@ -1,4 +1,9 @@
-"""The embedded default model: the tiny-v32 preset (seed 0), created on first use in the user cache folder.
+"""The embedded default model and the random tiny-v32 model.
+
+:func:`default_model_path` is the trained ``tiny-chat`` checkpoint shipped inside the package
+(``dsa_runtime/loader/data/tiny-chat``, FP8, ~14 MB; ``docs/tiny-model.md``): it answers, thinks and calls
+tools. :func:`random_model_path` is the tiny-v32 preset (seed 0) with random weights, created on first use
+in the user cache folder (tests and kernel work that need a model but no sensible text).
 
 Location: ``$XDG_CACHE_HOME/dsa-runtime/tiny-v32-<hash>`` (``~/.cache`` when unset), where the hash covers
 everything the files depend on (package and ``tokenizers`` versions, the preset, the corpus, the generator
@@ -70,8 +75,28 @@ def _complete(path: Path) -> bool:
     return (path / "config.json").is_file() and (path / "model.safetensors.index.json").is_file()
 
 
+EMBEDDED_MODEL = "tiny-chat"
+
+
+def embedded_model_path() -> Path:
+    """Folder of the trained checkpoint shipped with the package (``LoadError`` if it is missing)."""
+    from importlib import resources
+
+    from dsa_runtime.loader.errors import LoadError
+
+    path = Path(str(resources.files("dsa_runtime.loader").joinpath("data", EMBEDDED_MODEL)))
+    if not _complete(path):
+        raise LoadError(f"{path}: the embedded {EMBEDDED_MODEL} checkpoint is missing from this installation")
+    return path
+
+
 def default_model_path() -> Path:
-    """Path of the embedded default checkpoint, generating it (a few seconds, ~8 MB) the first time."""
+    """The checkpoint ``generate`` / ``serve`` / ``LLM()`` use without ``--model``: the embedded trained model."""
+    return embedded_model_path()
+
+
+def random_model_path() -> Path:
+    """Path of the random tiny-v32 checkpoint, generating it (a few seconds, ~8 MB) the first time."""
     from dsa_runtime.loader.make_checkpoint import make_checkpoint
 
     root = cache_root()
@@ -83,7 +108,7 @@ def default_model_path() -> Path:
         if _complete(target):  # another process made it while we waited
             return target
         print(
-            f"dsa-runtime: creating the embedded default model ({DEFAULT_PRESET}, random weights) in {target}",
+            f"dsa-runtime: creating the random test model ({DEFAULT_PRESET}, random weights) in {target}",
             file=sys.stderr,
         )
         try:

@@ -104,7 +104,12 @@ def make_checkpoint(out_dir: str | Path, preset: str = DEFAULT_PRESET, seed: int
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise ConfigError(f"{target}: already exists and is not an empty folder")
     config = parse_hf_config(raw)
-    tokenizer = train_tokenizer(config.vocab_size)
+    if preset == "tiny-chat":  # its 3072 ids need the generated chats on top of the shipped corpus
+        from dsa_runtime.tinychat.tokenizer import train_chat_tokenizer
+
+        tokenizer = train_chat_tokenizer(config.vocab_size)
+    else:
+        tokenizer = train_tokenizer(config.vocab_size)
     tensors = random_state_dict(config, seed=seed)
 
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -109,7 +109,19 @@ _TINY_V3: dict[str, Any] = {
     },
 }
 
-PRESETS: dict[str, dict[str, Any]] = {"tiny-v32": _TINY_V32, "tiny-v3": _TINY_V3}
+# The trained embedded chat model (issue 13, docs/tiny-model.md): the tiny-v32 widths with 5 layers, larger
+# experts, no MTP layer, a 3072-id tokenizer and index_topk 128, well below the 1024-token training context.
+_TINY_CHAT: dict[str, Any] = {
+    **_TINY_V32,
+    "num_hidden_layers": 5,
+    "intermediate_size": 768,
+    "moe_intermediate_size": 256,
+    "num_nextn_predict_layers": 0,
+    "index_topk": 128,
+    "vocab_size": 3072,
+}
+
+PRESETS: dict[str, dict[str, Any]] = {"tiny-v32": _TINY_V32, "tiny-v3": _TINY_V3, "tiny-chat": _TINY_CHAT}
 DEFAULT_PRESET = "tiny-v32"
 
 

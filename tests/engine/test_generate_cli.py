@@ -65,7 +65,7 @@ def test_chat_thinking_shows_reasoning_then_content(monkeypatch, capsys):
     _fake_engine(monkeypatch, reply="let me think</think>Bonjour")
     assert main(["generate", "--chat", "Salut", "--thinking", "--temperature", "0"]) == 0
     out = capsys.readouterr().out
-    assert out == "let me thinkBonjour\n"  # not a TTY: no dimming codes, markers removed
+    assert out == "[thinking] let me think\n[answer] Bonjour\n"  # not a TTY: no dimming codes, markers removed
 
 
 def test_bad_values_are_one_line_errors(monkeypatch, capsys):

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from dsa_runtime.errors import ConfigError
-from dsa_runtime.loader.presets import PRESETS, preset_config
+from dsa_runtime.loader.presets import preset_config
 from dsa_runtime.model.config import ModelConfig
 from dsa_runtime.model.config_parse import parse_hf_config
 from tests.loader.real_configs import v3_671b, v32_671b
@@ -66,7 +66,7 @@ def test_unquantized_and_no_rope_scaling_and_no_q_lora():
     assert math.isclose(cfg.softmax_scale, 192**-0.5)
 
 
-@pytest.mark.parametrize("name", list(PRESETS))
+@pytest.mark.parametrize("name", ["tiny-v32", "tiny-v3"])
 def test_presets_parse_with_real_kernel_widths(name):
     cfg = parse_hf_config(preset_config(name))
     assert (cfg.kv_lora_rank, cfg.qk_rope_head_dim) == (512, 64)
@@ -77,6 +77,14 @@ def test_presets_parse_with_real_kernel_widths(name):
         assert cfg.index_topk is not None and cfg.index_topk * 16 <= cfg.max_position_embeddings
     else:
         assert not cfg.is_dsa and cfg.scale_fmt == "float"
+
+
+def test_tiny_chat_preset_is_v32_with_sparsity_well_below_the_training_context():
+    cfg = parse_hf_config(preset_config("tiny-chat"))
+    assert (cfg.kv_lora_rank, cfg.qk_rope_head_dim, cfg.index_head_dim) == (512, 64, 128)
+    assert cfg.is_dsa and cfg.scale_fmt == "ue8m0" and cfg.num_nextn_predict_layers == 0
+    assert [cfg.is_moe_layer(layer) for layer in range(cfg.num_hidden_layers)] == [False] + [True] * 4
+    assert cfg.index_topk * 8 <= 1024  # the training context (train/train_tiny.py --ctx)
 
 
 def test_preset_config_is_a_fresh_copy_and_unknown_name_fails():

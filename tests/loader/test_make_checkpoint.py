@@ -110,10 +110,10 @@ def test_cli(tmp_path, capsys):
     assert err.startswith("dsa-runtime: error:") and "already exists" in err and "\n" not in err
 
 
-def test_default_model_created_once_with_one_notice(tmp_path, monkeypatch, capsys, tiny_v32_dir):
+def test_random_model_created_once_with_one_notice(tmp_path, monkeypatch, capsys, tiny_v32_dir):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     results: list = []
-    threads = [threading.Thread(target=lambda: results.append(default_model.default_model_path())) for _ in range(3)]
+    threads = [threading.Thread(target=lambda: results.append(default_model.random_model_path())) for _ in range(3)]
     for t in threads:
         t.start()
     for t in threads:
@@ -123,11 +123,11 @@ def test_default_model_created_once_with_one_notice(tmp_path, monkeypatch, capsy
     assert path.parent == tmp_path / "dsa-runtime"
     assert path.name == f"tiny-v32-{default_model.version_hash()}"
     err = capsys.readouterr().err
-    assert err.count("creating the embedded default model") == 1 and err.count("\n") == 1
+    assert err.count("creating the random test model") == 1 and err.count("\n") == 1
     assert _digest(path) == _digest(tiny_v32_dir)  # deterministic: preset tiny-v32, seed 0
     assert sorted(p.name for p in path.parent.iterdir() if not p.name.startswith(".")) == [path.name]
     assert not [p for p in path.parent.iterdir() if ".tmp-" in p.name]
-    assert default_model.default_model_path() == path
+    assert default_model.random_model_path() == path
     assert capsys.readouterr().err == ""
 
 
