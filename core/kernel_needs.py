@@ -10,6 +10,7 @@ from collections.abc import Mapping
 
 from dsa_runtime.backend import Backend
 from dsa_runtime.families import FAMILIES, FAMILY_METHODS
+from dsa_runtime.padding import padded_needs
 
 # Methods that read or write the MLA cache in the configured KV layout. Prefill always reads bf16 rows
 # (FlashMLA's sparse prefill takes a bf16 buffer; an FP8 cache is dequantized for it).
@@ -62,13 +63,16 @@ def why_not(
     """Why ``backend`` cannot run ``method`` (``"family.method"``; a bare family = all its methods), or None.
 
     ``needs``: model/engine values (``heads=128, k=2048, page_size=64``...) checked where the method uses them.
+    Sparse attention's ``heads`` and ``k`` count as claimed when they pad to a claimed value (the caller pads).
     """
     family = method.split(".")[0]
     if family not in backend.kernels:
         return f"backend {backend.name!r} does not provide {family}"
     todo = [f"{family}.{m}" for m in FAMILY_METHODS[family]] if method in FAMILIES else [method]
     for m in todo:
-        reason = backend.capabilities.unclaimed_reason(m, **method_needs(m, device, kv_layout, needs))
+        # Heads and k of sparse attention are padded by the caller (dsa_runtime.padding): check the padded values.
+        m_needs = padded_needs(m, backend.capabilities.claim(m), method_needs(m, device, kv_layout, needs))
+        reason = backend.capabilities.unclaimed_reason(m, **m_needs)
         if reason is not None:
             return f"backend {backend.name!r}: {m}: {reason}"
     ok, detail = backend.available()

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 from dsa_runtime.backend import Backend
 from dsa_runtime.errors import ConfigError, PluginError
 from dsa_runtime.families import FAMILIES, FAMILY_METHODS, METHODS, MLA_LAYOUTS
-from dsa_runtime.kernel_needs import NEED_KEYS, why_not
+from dsa_runtime.kernel_needs import NEED_KEYS, method_needs, why_not
+from dsa_runtime.padding import PaddedSparseAttn, needs_wrapper, padding_note
 from dsa_runtime.platform import Detection, Platform, PlatformDefaults
 from dsa_runtime.plugin_manager import DSAPluginManager, get_manager
 
@@ -196,7 +197,9 @@ def resolve_kernels(
         needs: what the model and engine will ask of the kernels, checked against each backend's claims where
             a method uses the key: ``heads`` (attention heads), ``index_heads``, ``k`` (index top-k),
             ``page_size`` (default: the platform's), ``decode_queries`` (1, or 2 with MTP), ``scale_fmt``,
-            ``weight_dtype``. A backend whose claims exclude them is skipped (auto) or refused (explicit).
+            ``weight_dtype``. A backend whose claims exclude them is skipped (auto) or refused (explicit),
+            except sparse attention's ``heads`` and ``k``, which the caller pads to the smallest claimed value
+            that fits (:mod:`dsa_runtime.padding`; the choice's reason says ``pads heads 4 -> 64``).
     """
     config = config or KernelConfig()
     manager = manager or get_manager()
@@ -218,13 +221,23 @@ def resolve_kernels(
     checked: dict[str, object] = {"page_size": defaults.page_size, **(needs or {})}
     choices: dict[str, Choice] = {}
     for method in METHODS:
-        choices[method] = _resolve_method(manager, platform, defaults, config, method, device, kv_layout, checked)
-        logger.info("%s -> %s (%s)", method, choices[method].backend, choices[method].reason)
+        choice = _resolve_method(manager, platform, defaults, config, method, device, kv_layout, checked)
+        claim = manager.backends[choice.backend].capabilities.claim(method)
+        note = padding_note(method, claim, method_needs(method, device, kv_layout, checked))
+        if note:
+            choice = replace(choice, reason=f"{choice.reason}; {note}")
+        choices[method] = choice
+        logger.info("%s -> %s (%s)", method, choice.backend, choice.reason)
 
     kernels: dict[str, FamilyKernels] = {}
     for family in FAMILIES:
         names = FAMILY_METHODS[family]
         bound = {m: _bind(manager.backends[choices[f"{family}.{m}"].backend], family, m) for m in names}
+        for m, fn in bound.items():
+            claim = manager.backends[choices[f"{family}.{m}"].backend].capabilities.claim(f"{family}.{m}")
+            if needs_wrapper(f"{family}.{m}", claim):
+                # The backend narrows heads or k: every call pads to a claimed shape and trims back.
+                bound[m] = PaddedSparseAttn(fn, f"{family}.{m}", claim)  # type: ignore[arg-type]
         kernels[family] = FamilyKernels(family, bound, {m: choices[f"{family}.{m}"].backend for m in names})
     return ResolvedKernels(platform.name, device, kv_layout, defaults, choices, kernels, checked)
 

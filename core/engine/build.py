@@ -30,6 +30,12 @@ def build_parts(config: EngineConfig) -> EngineParts:
     from dsa_runtime.loader import default_model_path, load_checkpoint
 
     path = Path(config.model) if config.model else default_model_path()
+    if config.tp > 1:
+        from dsa_runtime.distributed.engine_build import build_distributed_parts, run_worker_node
+
+        if config.node_rank > 0:  # this node only runs ranks; node 0 owns the scheduler
+            raise SystemExit(run_worker_node(config, path))
+        return build_distributed_parts(config, path, _eos_ids(path))
     checkpoint = load_checkpoint(path, device="cpu", progress=True)
     parts = build_parts_from_weights(
         config, checkpoint.config, _all_tensors(checkpoint), checkpoint.tokenizer, _eos_ids(path)

@@ -110,6 +110,30 @@ class EngineConfig:
             "--dsa-topk-backend", "top-k (+ page-table transform) backend", aliases=["--nsa-topk-backend"]
         ),
     )
+    tp: int = field(
+        default=1, metadata=_opt("--tp", "tensor-parallel ranks (worker processes; gloo on CPU, NCCL on GPUs)",
+                                 aliases=["--tp-size", "--tensor-parallel-size"]),
+    )
+    dp: int = field(
+        default=1, metadata=_opt("--dp", "data-parallel attention groups (needs --enable-dp-attention)",
+                                 aliases=["--dp-size"]),
+    )
+    enable_dp_attention: bool = field(
+        default=False,
+        metadata=_opt("--enable-dp-attention", "split the --tp ranks into --dp attention groups, each with its "
+                      "own requests and KV cache; tokens of all groups meet in the FFN / MoE"),
+    )
+    nnodes: int = field(default=1, metadata=_opt("--nnodes", "nodes of a multi-node --tp run"))
+    node_rank: int = field(
+        default=0, metadata=_opt("--node-rank", "this node's index (0 runs the scheduler; others only ranks)")
+    )
+    dist_init_addr: str | None = field(
+        default=None, metadata=_opt("--dist-init-addr", "HOST:PORT of node 0's rendezvous (multi-node)")
+    )
+    dist_timeout: float = field(
+        default=300.0,
+        metadata=_opt("--dist-timeout", "seconds before a stuck collective is an error (a dead rank stops the service)"),
+    )
     indexer_backend: str = field(
         default=AUTO, metadata=_opt("--indexer-backend", "lightning-indexer backend")
     )
@@ -135,8 +159,20 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ConfigError(f"{flag_of(name)} must be an integer >= 1, got {value!r}")
+        try:
+            self.parallel()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         if not 0.0 < float(self.mem_fraction_static) <= 1.0:
             raise ConfigError(f"--mem-fraction-static must be in (0, 1], got {self.mem_fraction_static!r}")
+
+    def parallel(self) -> Any:
+        """The :class:`~dsa_runtime.distributed.ParallelConfig` of ``--tp`` / ``--dp`` / the node flags."""
+        from dsa_runtime.distributed.parallel import ParallelConfig
+
+        return ParallelConfig(tp=self.tp, dp=self.dp, enable_dp_attention=self.enable_dp_attention,
+                              nnodes=self.nnodes, node_rank=self.node_rank, dist_init_addr=self.dist_init_addr,
+                              timeout_s=self.dist_timeout)
 
     @property
     def kv_layout(self) -> str:

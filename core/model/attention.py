@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from dsa_runtime.model.batch import SeqMeta, StepMeta
+from dsa_runtime.model.index_select import default_budget, select_topk_ragged
 
 DENSE_WIDTH_MULTIPLE = 64  # dense (V3) index sets are padded to this, the granularity GPU kernels claim
 
@@ -37,6 +38,7 @@ class AttnContext:
     index_topk: int | None  # None: dense V3 family
     mha_max_keys: int  # dense prefill with at most this many keys uses MHA (0: never)
     index_scale_fmt: str
+    index_budget_bytes: int | None = None  # indexer logits + top-k workspace per row chunk (None: default)
     # Sparse prefill chunks with at most this many keys run MHA over the indexer's selected keys (0: never).
     # On CPU at few heads the per-head form costs a third of the absorbed (576-wide) scores.
     sparse_mha_max_keys: int = 0
@@ -149,10 +151,11 @@ def prefill_absorbed(ctx: AttnContext, seq: SeqMeta, q: Tensor, kv_cache: Tensor
     else:
         k8, k_scale = kernels.kv_quant.gather_index_k(index_cache, ctx.step.slots_of(seq))
         starts = torch.zeros_like(ends)
-        logits = kernels.indexer.logits_ragged(iq.q8[seq.t0:seq.t1], iq.weights[seq.t0:seq.t1], k8, k_scale,
-                                               starts, ends)
+        # Logits and top-k in row chunks within the budget (never a full [len, end] matrix of a long chunk).
         # Positions relative to the row start (0) are rows of the gathered buffer: no slot transform needed.
-        indices = kernels.topk.topk(logits, starts, ends, ctx.index_topk)
+        indices = select_topk_ragged(kernels, iq.q8[seq.t0:seq.t1], iq.weights[seq.t0:seq.t1], k8, k_scale,
+                                     starts, ends, ctx.index_topk,
+                                     budget_bytes=ctx.index_budget_bytes or default_budget(device))
     out, _lse = kernels.sparse_attn.prefill(q, kv, indices, ctx.sm_scale)
     return out
 
@@ -195,10 +198,11 @@ def _selected(ctx: AttnContext, group: list[SeqMeta], rows: Tensor, slots: Tenso
     ends = (ctx.step.positions[group[0].t0:group[0].t1] + 1).to(torch.int32)
     starts = torch.zeros_like(ends)
     picked = torch.zeros(n_seq, length, end + 1, dtype=torch.bool, device=rows.device)
+    budget = ctx.index_budget_bytes or default_budget(rows.device)
     for g in range(n_seq):
         r, seg = rows[g], slice(g * end, (g + 1) * end)
-        logits = kernels.indexer.logits_ragged(iq.q8[r], iq.weights[r], k8[seg], k_scale[seg], starts, ends)
-        idx = kernels.topk.topk(logits, starts, ends, ctx.index_topk).long()
+        idx = select_topk_ragged(kernels, iq.q8[r], iq.weights[r], k8[seg], k_scale[seg], starts, ends,
+                                 ctx.index_topk, budget_bytes=budget).long()
         picked[g].scatter_(1, torch.where(idx >= 0, idx, end), True)  # -1 marks a column past the keys
     return picked[..., :end]
 

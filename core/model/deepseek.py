@@ -8,9 +8,12 @@ The dense V3 family attends through the same absorbed kernels with every visible
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 from torch import Tensor
 
+from dsa_runtime.distributed.dp import run_ffn
 from dsa_runtime.model.attention import AttnContext
 from dsa_runtime.model.config import ModelConfig
 from dsa_runtime.model.mla import MLA
@@ -21,35 +24,42 @@ from dsa_runtime.model.weights import WeightSource
 
 
 class DecoderLayer:
-    def __init__(self, ws: WeightSource, layer: int, config: ModelConfig):
+    def __init__(self, ws: WeightSource, layer: int, config: ModelConfig, tp=None):
         p = f"model.layers.{layer}"
+        self.tp = tp
         self.index = layer
         self.eps = config.rms_norm_eps
         self.attn_norm = ws.plain(f"{p}.input_layernorm.weight")
         self.ffn_norm = ws.plain(f"{p}.post_attention_layernorm.weight")
-        self.attn = MLA(ws, f"{p}.self_attn", config)
+        self.attn = MLA(ws, f"{p}.self_attn", config, tp)
         self.ffn = MoE(ws, f"{p}.mlp", config) if config.is_moe_layer(layer) else DenseFFN(ws, f"{p}.mlp")
 
     def __call__(self, h: Tensor, cos: Tensor, sin: Tensor, ctx: AttnContext, kv_cache: Tensor,
                  index_cache: Tensor | None) -> Tensor:
-        """h ``[T, D]`` residual stream (model dtype) -> ``[T, D]``."""
-        h = h + self.attn(rms_norm(h, self.attn_norm, self.eps), cos, sin, ctx, kv_cache, index_cache)
-        return h + self.ffn(rms_norm(h, self.ffn_norm, self.eps), ctx.kernels)
+        """h ``[T, D]`` residual stream (model dtype) -> ``[T, D]``. Under TP the FFN / MoE weights are
+        intermediate-split: :func:`run_ffn` all-reduces (and, with DP attention, gathers the groups' rows)."""
+        if h.shape[0]:  # an idle DP attention group still joins the FFN collectives, with no rows
+            h = h + self.attn(rms_norm(h, self.attn_norm, self.eps), cos, sin, ctx, kv_cache, index_cache)
+        return h + run_ffn(self.ffn, rms_norm(h, self.ffn_norm, self.eps), ctx.kernels, self.tp)
 
 
 class DeepseekModel:
-    """The main stack. ``layers[l]`` is callable (tests may wrap it to observe a layer's input/output)."""
+    """The main stack. ``layers[l]`` is callable (tests may wrap it to observe a layer's input/output).
+
+    ``tp`` (a :class:`~dsa_runtime.distributed.comm.TPContext`, None on one process): the tensors are this
+    rank's slices (``dsa_runtime.distributed.sharding``): local heads, intermediate and vocabulary rows.
+    """
 
     def __init__(self, config: ModelConfig, tensors: dict[str, Tensor], *, dtype: torch.dtype,
-                 device: torch.device):
-        self.config, self.dtype, self.device = config, dtype, device
+                 device: torch.device, tp=None):
+        self.config, self.dtype, self.device, self.tp = config, dtype, device, tp
         n = config.num_hidden_layers
         mtp_prefix = f"model.layers.{n}."
         self.mtp_tensors = {k: v for k, v in tensors.items() if k.startswith(mtp_prefix)}
         main = {k: v for k, v in tensors.items() if not k.startswith(mtp_prefix)}
         ws = WeightSource(main, device, dtype)
         self.embed = ws.plain("model.embed_tokens.weight")
-        self.layers = [DecoderLayer(ws, layer, config) for layer in range(n)]
+        self.layers = [DecoderLayer(ws, layer, config, tp) for layer in range(n)]
         self.norm = ws.plain("model.norm.weight")
         if ws.has("lm_head.weight"):
             self.head = ws.plain("lm_head.weight")
@@ -61,16 +71,45 @@ class DeepseekModel:
         if unused:
             raise ValueError(f"unexpected checkpoint tensor {unused[0]!r} ({len(unused)} unused in all)")
         self.rope = Rope(config, device)
+        # Vocab-parallel embedding / head: this rank's rows [v0, v0 + rows); the head is padded to the
+        # common part size so every rank's logits slice has one shape for the all-gather.
+        self.vocab_start, self.vocab_part = 0, self.embed.shape[0]
+        if tp is not None and tp.info.attn_size > 1:
+            self.vocab_part = -(-config.vocab_size // tp.info.attn_size)
+            self.vocab_start = min(tp.info.attn_rank * self.vocab_part, config.vocab_size)
+            if self.head.shape[0] < self.vocab_part:
+                pad = torch.zeros(self.vocab_part - self.head.shape[0], self.head.shape[1], dtype=self.head.dtype,
+                                  device=device)
+                self.head = torch.cat([self.head, pad])
+
+    def embed_tokens(self, ids: Tensor) -> Tensor:
+        """Token ids ``[T]`` -> ``[T, D]``; vocab-parallel: this rank's rows, zeros elsewhere, summed."""
+        if self.tp is None or self.tp.info.attn_size == 1:
+            return self.embed[ids]
+        local = ids - self.vocab_start
+        mine = (local >= 0) & (local < self.embed.shape[0])
+        h = self.embed[local.clamp(0, max(self.embed.shape[0] - 1, 0))] * mine[:, None].to(self.embed.dtype)
+        return self.tp.all_reduce_attn(h)
+
+    def idle_layers(self, kernels) -> None:
+        """An attention group with no tokens this step: join each layer's FFN collectives with zero rows."""
+        h = torch.zeros(0, self.config.hidden_size, dtype=self.dtype, device=self.device)
+        ctx = SimpleNamespace(kernels=kernels)
+        for layer in self.layers:
+            layer(h, None, None, ctx, None, None)  # type: ignore[arg-type]
 
     def hidden_states(self, ctx: AttnContext, kv_pools: list[Tensor], index_pools: list[Tensor]) -> Tensor:
         """Run every layer over the step's tokens; returns the post-final-norm hidden ``[T, D]``."""
         step = ctx.step
-        h = self.embed[step.token_ids]
+        h = self.embed_tokens(step.token_ids)
         cos, sin = self.rope.cos_sin(step.positions)
         for i, layer in enumerate(self.layers):
             h = layer(h, cos, sin, ctx, kv_pools[i], index_pools[i] if index_pools else None)
         return rms_norm(h, self.norm, self.config.rms_norm_eps)
 
     def logits(self, hidden: Tensor) -> Tensor:
-        """``[n, D]`` -> float32 ``[n, vocab]``."""
-        return linear(hidden, self.head).float()
+        """``[n, D]`` -> float32 ``[n, vocab]`` (vocab-parallel: local slices all-gathered, then trimmed)."""
+        logits = linear(hidden, self.head).float()
+        if self.tp is None or self.tp.info.attn_size == 1:
+            return logits
+        return self.tp.all_gather_attn(logits, dim=-1)[:, : self.config.vocab_size]

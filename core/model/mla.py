@@ -62,9 +62,11 @@ class MLA:
     """Weights (model dtype unless noted): wq_a / q_norm / wq_b (or wq without q-LoRA), wkv_a, kv_norm,
     w_uk ``[H, nope, 512]`` and w_uv ``[H, v, 512]`` split from kv_b_proj, wo ``[D, H * v]``."""
 
-    def __init__(self, ws: WeightSource, prefix: str, config: ModelConfig):
-        self.cfg = config
-        self.heads, self.nope, self.rope = config.num_attention_heads, config.qk_nope_head_dim, config.qk_rope_head_dim
+    def __init__(self, ws: WeightSource, prefix: str, config: ModelConfig, tp=None):
+        self.cfg, self.tp = config, tp
+        # Local heads: all of them on one process, H / attn_size under TP (sliced by dsa_runtime.distributed).
+        attn_size = tp.info.attn_size if tp is not None else 1
+        self.heads, self.nope, self.rope = config.num_attention_heads // attn_size, config.qk_nope_head_dim, config.qk_rope_head_dim
         self.v_dim, self.lora = config.v_head_dim, config.kv_lora_rank
         eps = config.rms_norm_eps
         self.eps = eps
@@ -124,7 +126,9 @@ class MLA:
             for group in groups:
                 rows, y = prefill_mha(ctx, group, q_nope, q_pe, kv_cache, self._w_kv(), self.v_dim, index_cache, iq)
                 out[rows] = y.to(out.dtype)
-        return linear(out.reshape(t, self.heads * self.v_dim), self.wo)
+        y = linear(out.reshape(t, self.heads * self.v_dim), self.wo)
+        # Row-parallel o_proj under TP: each rank holds its heads' columns; the partial sums add up.
+        return self.tp.all_reduce_attn(y) if self.tp is not None else y
 
     def _absorbed(self, ctx: AttnContext, seqs: list[SeqMeta], q_nope: Tensor, q_pe: Tensor, kv_cache: Tensor,
                   index_cache: Tensor | None, iq) -> Tensor:

@@ -39,7 +39,8 @@ def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
     return dtype
 
 
-def kernel_needs(config: ModelConfig, page_size: int, *, fp8_experts: bool | None = None) -> dict[str, object]:
+def kernel_needs(config: ModelConfig, page_size: int, *, fp8_experts: bool | None = None,
+                 attn_tp: int = 1) -> dict[str, object]:
     """What this model asks of the kernels, for ``resolve_kernels(..., needs=...)``.
 
     heads (MLA query heads), page_size, decode_queries (1: no MTP drafting), weight_dtype of the routed
@@ -48,7 +49,7 @@ def kernel_needs(config: ModelConfig, page_size: int, *, fp8_experts: bool | Non
     """
     fp8 = config.quantization is not None if fp8_experts is None else fp8_experts
     needs: dict[str, object] = {
-        "heads": config.num_attention_heads,
+        "heads": config.num_attention_heads // attn_tp,  # per rank under tensor parallelism
         "page_size": page_size,
         "decode_queries": 1,
         "weight_dtype": "fp8_e4m3" if fp8 else "bf16",
@@ -72,6 +73,10 @@ class ModelRunner:
         device: defaults to the cache's device.
         mha_max_keys: dense prefill chunks with at most this many keys use MHA (default 2048, SGLang's
             dense-prefill threshold; 0 disables MHA). For DSA it is also capped at ``index_topk``.
+        indexer_budget_bytes: most bytes of indexer logits + top-k workspace per prefill row chunk (default:
+            256 MiB on CPU, a quarter of free memory on CUDA, at most 4 GiB).
+        tp: this rank's :class:`~dsa_runtime.distributed.comm.TPContext` when ``tensors`` are one rank's
+            slices (``dsa_runtime.distributed.sharding``); None on one process.
     """
 
     def __init__(
@@ -84,6 +89,8 @@ class ModelRunner:
         dtype: torch.dtype | str = torch.bfloat16,
         device: torch.device | str | None = None,
         mha_max_keys: int = 2048,
+        tp=None,
+        indexer_budget_bytes: int | None = None,
     ) -> None:
         self.config = config
         self.kernels = kernels
@@ -93,8 +100,10 @@ class ModelRunner:
         if cache.config.num_hidden_layers != config.num_hidden_layers or cache.config.is_dsa != config.is_dsa:
             raise ValueError("the KV cache was built for a different model config")
         self.mha_max_keys = mha_max_keys
+        self.tp = tp
+        self.indexer_budget_bytes = indexer_budget_bytes
         with torch.inference_mode():
-            self.model = DeepseekModel(config, tensors, dtype=self.dtype, device=self.device)
+            self.model = DeepseekModel(config, tensors, dtype=self.dtype, device=self.device, tp=tp)
 
     @classmethod
     def from_checkpoint(cls, checkpoint, **kwargs) -> ModelRunner:
@@ -106,7 +115,7 @@ class ModelRunner:
     def load_weights(self, tensors: dict[str, Tensor]) -> None:
         """Replace every weight from a new HF-named tensor dict (same config); the cache is kept."""
         with torch.inference_mode():
-            self.model = DeepseekModel(self.config, tensors, dtype=self.dtype, device=self.device)
+            self.model = DeepseekModel(self.config, tensors, dtype=self.dtype, device=self.device, tp=self.tp)
 
     @property
     def mtp_tensors(self) -> dict[str, Tensor]:
@@ -125,6 +134,7 @@ class ModelRunner:
             index_topk=cfg.index_topk if cfg.is_dsa else None,
             mha_max_keys=mha,
             index_scale_fmt="ue8m0" if cfg.scale_fmt == "ue8m0" else "float",
+            index_budget_bytes=self.indexer_budget_bytes,
             # CPU only: GPU kernels are the point of the absorbed sparse path (and at V3.2's 128 heads and
             # index_topk 2048 the dense cap above already covers every chunk this could take).
             sparse_mha_max_keys=self.mha_max_keys if cfg.is_dsa and self.device.type == "cpu" else 0,

@@ -1,7 +1,7 @@
 """``ServerConfig``: the server's own settings; engine settings come from ``EngineConfig``'s fields.
 
 Flag names follow SGLang where it has them (``--host``, ``--port``, ``--api-key``, ``--served-model-name``,
-``--tool-call-parser``, ``--reasoning-parser``, ``--tp``); the engine's (``--kv-cache-dtype``,
+``--tool-call-parser``, ``--reasoning-parser``); the engine's (``--tp``, ``--dp``, ``--kv-cache-dtype``,
 ``--page-size``, ``--mem-fraction-static``, ``--chunked-prefill-size``, ``--max-running-requests``,
 ``--dsa-*-backend``, with the ``--nsa-*`` spellings of SGLang's V3.2 documentation as aliases) are
 generated from ``EngineConfig``, by the engine's one dataclass-to-flags helper.
@@ -43,7 +43,6 @@ class ServerConfig:
     reasoning_field_alias: bool = field(
         default=False, metadata=_meta("also send reasoning text as 'reasoning' (vLLM's newer field name)")
     )
-    tp: int = field(default=1, metadata=_meta("tensor-parallel size (only 1 is supported so far)"))
     max_request_bytes: int = field(default=8 * 1024 * 1024, metadata=_meta("largest request body accepted"))
     drain_timeout: float = field(
         default=10.0, metadata=_meta("seconds SIGINT/SIGTERM lets running requests finish before aborting")
@@ -51,8 +50,6 @@ class ServerConfig:
     engine: Any = field(default=None)  # the EngineConfig (not a flag: its fields are the engine flags)
 
     def __post_init__(self) -> None:
-        if self.tp != 1:
-            raise ConfigError(f"--tp {self.tp}: tensor parallelism is not supported yet; use --tp 1")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"--port {self.port}: must be in 0..65535")
         if self.max_request_bytes < 1024:

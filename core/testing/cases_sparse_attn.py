@@ -136,6 +136,9 @@ def cases() -> list[Case]:
             (96, 3, 64, 16, "pad"),
             (128, 4, 160, 64, "pad"),
             (128, 3, 40, 64, "short"),
+            # per-rank head counts under tensor parallelism: tiny presets on tp 2, 128 heads on tp 4
+            (2, 5, 64, 32, "pad"),
+            (32, 4, 96, 64, "pad"),
             # FlashMLA's prefill shapes: 64 / 128 heads, k a multiple of 128
             (64, 4, 300, 128, "pad"),
             (128, 3, 200, 128, "empty"),
@@ -161,6 +164,8 @@ def cases() -> list[Case]:
                 (1, 1, 16, 16, 3, 100, "empty_query"),
                 (96, 1, 1, 16, 2, 40, "partial_pages"),
                 (64, 2, 16, 64, 2, 120, "partial_pages"),
+                (2, 1, 16, 32, 2, 80, "partial_pages"),  # per-rank heads under TP (tiny on tp 2, 128 on tp 4)
+                (32, 1, 64, 64, 2, 150, "partial_pages"),
             ]
         ]
         out += [

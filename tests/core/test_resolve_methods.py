@@ -156,8 +156,13 @@ def test_model_needs_decide_whether_a_backend_fits():
                            needs={"heads": 128, "k": 2048, "decode_queries": 2})
     assert fits.backend_of("sparse_attn.decode") == "flashmla_sparse"
     assert fits.needs == {"page_size": 64, "heads": 128, "k": 2048, "decode_queries": 2}
-    with pytest.raises(ConfigError, match="head count 4 not claimed: claims one of \\[64, 128\\]"):
-        resolve_kernels(KernelConfig(sparse_attn="flashmla_sparse"), manager=manager, needs={"heads": 4})
+    # 4 heads pad to 64 (the caller pads: dsa_runtime.padding); 200 heads fit no claimed count.
+    padded = resolve_kernels(KernelConfig(sparse_attn="flashmla_sparse"), manager=manager,
+                             needs={"heads": 4, "k": 32, "page_size": 64})
+    assert padded.choices["sparse_attn.prefill"].reason == "chosen for sparse_attn; pads heads 4 -> 64, k 32 -> 128"
+    assert padded.choices["sparse_attn.decode"].reason == "chosen for sparse_attn; pads heads 4 -> 64, k 32 -> 64"
+    with pytest.raises(ConfigError, match="head count 200 not claimed: claims one of \\[64, 128\\]"):
+        resolve_kernels(KernelConfig(sparse_attn="flashmla_sparse"), manager=manager, needs={"heads": 200})
     with pytest.raises(ConfigError, match="page size 16 not claimed: claims one of \\[64\\]"):
         resolve_kernels(KernelConfig(sparse_attn_decode="flashmla_sparse"), manager=manager, needs={"page_size": 16})
     # prefill does not use the page size, so only decode is refused
@@ -171,9 +176,12 @@ def test_auto_skips_a_preferred_backend_the_model_does_not_fit(monkeypatch):
     monkeypatch.setenv("DSA_FAKE_GPU", "NVIDIA H100 80GB HBM3:9.0")
     manager = manager_with(method_backend("flashmla_sparse", {
         "sparse_attn.prefill": MethodClaim(heads={64, 128}, k=ValueSet.multiples(128, 128, 16384))}, ("cuda",)))
-    tiny = resolve_kernels(manager=manager, needs={"heads": 4, "k": 32})
-    prefill = tiny.choices["sparse_attn.prefill"]
-    assert prefill.backend == "reference" and "head count 4 not claimed" in prefill.reason
+    huge = resolve_kernels(manager=manager, needs={"heads": 256, "k": 2048})
+    prefill = huge.choices["sparse_attn.prefill"]
+    assert prefill.backend == "reference" and "head count 256 not claimed" in prefill.reason
+    tiny = resolve_kernels(manager=manager, needs={"heads": 4, "k": 32})  # padded, not skipped
+    assert tiny.backend_of("sparse_attn.prefill") == "flashmla_sparse"
+    assert tiny.choices["sparse_attn.prefill"].reason.endswith("pads heads 4 -> 64, k 32 -> 128")
     real = resolve_kernels(manager=manager, needs={"heads": 128, "k": 2048})
     assert real.backend_of("sparse_attn.prefill") == "flashmla_sparse"
 

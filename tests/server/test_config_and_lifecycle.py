@@ -45,7 +45,7 @@ def _parse(argv: list[str]) -> ServerConfig:
 
 def test_defaults_are_loopback_on_sglang_port():
     config = _parse([])
-    assert (config.host, config.port, config.api_key, config.tp) == ("127.0.0.1", 30000, None, 1)
+    assert (config.host, config.port, config.api_key, config.engine.tp) == ("127.0.0.1", 30000, None, 1)
     assert config.engine.model is None and config.engine.max_running_requests == 64
 
 
@@ -68,10 +68,14 @@ def test_sglang_flag_names_and_nsa_aliases_reach_the_configs():
     assert (e.dsa_prefill_backend, e.dsa_decode_backend, e.dsa_topk_backend) == ("reference",) * 3
 
 
-def test_tp_other_than_one_is_a_clear_error(capsys):
-    assert cli_main(["serve", "--tp", "2"]) == 2
+def test_bad_parallel_layout_is_a_clear_error(capsys):
+    """--tp / --dp are engine flags (tensor parallelism, issue 12); a layout that cannot split is one line."""
+    assert cli_main(["serve", "--tp", "4", "--dp", "2"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--tp 2" in err and "use --tp 1" in err
+    assert err.count("\n") == 1 and "--enable-dp-attention" in err
+    config = _parse(["--tp", "4", "--dp", "2", "--enable-dp-attention", "--nnodes", "2", "--node-rank", "1",
+                     "--dist-init-addr", "10.0.0.1:5000"])
+    assert config.engine.parallel().attn_size == 2 and config.engine.parallel().ranks_per_node == 2
 
 
 @pytest.mark.parametrize(

@@ -41,6 +41,8 @@ class PrefillOnly:
     """Sparse prefill over a flat bf16 buffer; ``-1`` entries masked before the gather is used."""
 
     def prefill(self, q, kv, indices, sm_scale, d_v=512):
+        # What FlashMLA would crash on: the caller must have padded to a claimed shape.
+        assert q.shape[1] in (64, 128) and indices.shape[-1] % 128 == 0, (q.shape, indices.shape)
         idx = indices.long()
         valid = idx >= 0
         rows = kv[idx.clamp(min=0)].float()  # [T, K, 576]
@@ -55,6 +57,7 @@ class FP8DecodeOnly:
     def decode(self, q, kv_cache, indices, sm_scale, *, layout, d_v=512):
         assert layout == "fp8_656", "claims fp8_656 only"
         b, n_q, heads, _ = q.shape
+        assert heads in (64, 128) and indices.shape[-1] % 64 == 0, (q.shape, indices.shape)
         flat = kv_cache.reshape(-1, 656)
         idx = indices.reshape(b * n_q, -1).long()
         valid = idx >= 0

@@ -1,0 +1,213 @@
+"""Tensor parallelism on GPUs (issue 12): tp 2 equals tp 1, and decode tokens/s at tp 1 and tp 2, in one run.
+
+Two models, random bf16 weights built in memory on each rank's GPU (every rank draws the same full tensors
+and keeps its slices, so tp 2 is exactly the tp 1 model split):
+
+* ``tiny``: the tiny V3.2 preset (4 heads -> 2 per rank);
+* ``real``: 2 layers at DeepSeek-V3.2's real dimensions (hidden 7168, 128 heads -> 64 per rank, MLA ranks
+  1536 / 512, indexer 64 x 128, vocab 129280; layer 0 dense FFN 18432, layer 1 MoE with 256 experts of
+  2048, top 8, 1 shared expert), ``--moe-layers 0`` for two dense layers.
+
+For each model: tp 1 runs in this process on cuda:0, then tp 2 (rank 0 here, rank 1 spawned, NCCL). Both run
+the same ragged prefill and ``--steps`` greedy-fed decode steps of ``--batch`` requests; logits of the
+prefill's last rows and of the first decode step are compared (max |diff|, top-1 agreement), then decode
+steps are timed (CUDA-synchronised wall clock, median-free: total tokens / total seconds).
+
+Usage: ``python bench/tp_decode.py [--models tiny,real] [--batch 32] [--prompt 256] [--steps 32]
+[--out tp_decode.json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def model_config(name: str, moe_layers: int):
+    from dsa_runtime.loader.presets import preset_config
+    from dsa_runtime.model.config import ModelConfig
+
+    if name == "tiny":
+        cfg = preset_config("tiny-v32")
+    else:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+        from tests.loader.real_configs import v32_671b
+
+        cfg = copy.deepcopy(v32_671b())
+        cfg["num_hidden_layers"] = 2
+        cfg["first_k_dense_replace"] = 2 - moe_layers
+    cfg.pop("quantization_config", None)  # bf16 weights built in memory
+    cfg["num_nextn_predict_layers"] = 0
+    return ModelConfig.from_hf(cfg)
+
+
+def batches(config, batch: int, prompt: int, page: int, seed: int):
+    """Prompts of ragged lengths (prompt/2 .. prompt) and page tables (disjoint, never page 0)."""
+    from dsa_runtime.model.runner import ForwardSeq
+
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(prompt // 2, prompt + 1, (batch,), generator=g).tolist()
+    per = -(-(prompt + 512) // page)
+    seqs = []
+    for i, n in enumerate(lens):
+        ids = torch.randint(0, config.vocab_size, (n,), generator=g).tolist()
+        seqs.append(ForwardSeq(ids, 0, list(range(1 + i * per, 1 + (i + 1) * per)), "last"))
+    return seqs, 1 + batch * per
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def run(runner, seqs, steps: int) -> dict:
+    """Prefill, then ``steps`` decodes fed with tp-independent tokens; returns logits and timings."""
+    from dsa_runtime.model.runner import ForwardBatch, ForwardSeq
+
+    sync()
+    t0 = time.perf_counter()
+    pre = runner.forward(ForwardBatch(seqs))
+    sync()
+    t_pre = time.perf_counter() - t0
+    lengths = [len(s.token_ids) for s in seqs]
+    feed = torch.Generator().manual_seed(99)
+    first = None
+    times = []
+    for step in range(steps):
+        # Fixed random next tokens (not argmax): both tp degrees decode exactly the same sequence.
+        nxt = torch.randint(0, pre[0].shape[-1], (len(seqs),), generator=feed).tolist()
+        batch = [ForwardSeq([t], n, s.page_table, "last") for t, n, s in zip(nxt, lengths, seqs, strict=True)]
+        sync()
+        t1 = time.perf_counter()
+        out = runner.forward(ForwardBatch(batch))
+        sync()
+        times.append(time.perf_counter() - t1)
+        if step == 0:
+            first = torch.stack([o.float().cpu() for o in out])
+        lengths = [n + 1 for n in lengths]
+    timed = times[2:] if len(times) > 4 else times  # first steps warm up kernels / caches
+    return {
+        "prefill": torch.stack([o.float().cpu() for o in pre]),
+        "decode0": first,
+        "prefill_s": t_pre,
+        "decode_step_ms": 1e3 * sum(timed) / len(timed),
+        "decode_tok_s": len(seqs) * len(timed) / sum(timed),
+    }
+
+
+def compare(a: dict, b: dict) -> dict:
+    out = {}
+    for key in ("prefill", "decode0"):
+        x, y = a[key], b[key]
+        out[key] = {
+            "max_abs_diff": float((x - y).abs().max()),
+            "mean_abs_diff": float((x - y).abs().mean()),
+            "logit_scale": float(x.abs().mean()),
+            "top1_agree": float((x.argmax(-1) == y.argmax(-1)).float().mean()),
+        }
+    return out
+
+
+def bench_model(name: str, args) -> dict:
+    from dsa_runtime.cache import KVCache
+    from dsa_runtime.distributed import ParallelConfig, RankInfo
+    from dsa_runtime.distributed.random_weights import rank_random_state
+    from dsa_runtime.distributed.runtime import DistributedRunner, RankSpec
+    from dsa_runtime.model.runner import ModelRunner, kernel_needs
+    from dsa_runtime.resolve import KernelConfig, resolve_kernels
+
+    config = model_config(name, args.moe_layers)
+    page = 64
+    seqs, num_pages = batches(config, args.batch, args.prompt, page, seed=1)
+    dev = torch.device("cuda:0" if args.device == "cuda" else "cpu")
+    result: dict = {"model": name, "layers": config.num_hidden_layers, "heads": config.num_attention_heads,
+                    "hidden": config.hidden_size, "batch": args.batch, "prompt_max": args.prompt,
+                    "steps": args.steps}
+    t0 = time.perf_counter()
+    tensors = rank_random_state(config, RankInfo(0, 1, 1, 1), dev, seed=args.seed)
+    kcfg = KernelConfig() if args.device == "cuda" else KernelConfig(platform="cpu")
+    kernels = resolve_kernels(kcfg, needs=kernel_needs(config, page))
+    result["kernels"] = {m: c.backend for m, c in kernels.choices.items()}
+    dtype = getattr(torch, args.dtype)
+    cache = KVCache(config, num_pages, page, kernels.kv_layout, dev, dtype)
+    runner = ModelRunner(config, tensors, kernels=kernels, cache=cache, dtype=dtype, device=dev)
+    del tensors
+    result["tp1_build_s"] = time.perf_counter() - t0
+    result["tp1_gpu_bytes"] = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else None
+    log(f"{name}: tp 1 built in {result['tp1_build_s']:.1f} s")
+    tp1 = run(runner, seqs, args.steps)
+    log(f"{name}: tp 1 ran: {tp1['decode_tok_s']:.1f} tok/s")
+    del runner, cache
+    gc.collect()
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    t0 = time.perf_counter()
+    spec = RankSpec(config=config, random_seed=args.seed, dtype=args.dtype, device_type=dev.type,
+                    kernel_config=kcfg, num_pages=num_pages, page_size=page, cpu_threads=None)
+    dist_runner = DistributedRunner(ParallelConfig(tp=2, timeout_s=300), spec)
+    try:
+        result["tp2_build_s"] = time.perf_counter() - t0
+        log(f"{name}: tp 2 built in {result['tp2_build_s']:.1f} s")
+        result["tp2_rank_bytes"] = dist_runner.collect("dsa_runtime.distributed.runtime:loaded_bytes")
+        result["tp2_kernels"] = {m: c.backend for m, c in dist_runner.kernels.choices.items()
+                                 if m.startswith("sparse_attn")}
+        tp2 = run(dist_runner, seqs, args.steps)
+        log(f"{name}: tp 2 ran: {tp2['decode_tok_s']:.1f} tok/s")
+    finally:
+        dist_runner.shutdown()
+    result["compare"] = compare(tp1, tp2)
+    for tag, r in (("tp1", tp1), ("tp2", tp2)):
+        result[tag] = {k: r[k] for k in ("prefill_s", "decode_step_ms", "decode_tok_s")}
+    return result
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default="tiny,real")
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--prompt", type=int, default=256)
+    p.add_argument("--steps", type=int, default=32)
+    p.add_argument("--moe-layers", type=int, default=1, choices=(0, 1))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    p.add_argument("--out", default=None)
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a dry run of the script (gloo)")
+    args = p.parse_args()
+    if args.device == "cuda" and torch.cuda.device_count() < 2:
+        print("bench/tp_decode.py needs 2 CUDA devices", file=sys.stderr)
+        return 2
+    name0 = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
+    results = {"device": name0, "torch": torch.__version__,
+               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "models": []}
+    for name in args.models.split(","):
+        res = bench_model(name, args)
+        results["models"].append(res)
+        print(json.dumps(res, indent=1), flush=True)
+    if args.out:
+        from common import write_json
+
+        write_json(args.out, results)
+    for r in results["models"]:
+        c = r["compare"]
+        print(f"{r['model']}: tp1 {r['tp1']['decode_tok_s']:.0f} tok/s ({r['tp1']['decode_step_ms']:.1f} ms/step), "
+              f"tp2 {r['tp2']['decode_tok_s']:.0f} tok/s ({r['tp2']['decode_step_ms']:.1f} ms/step); "
+              f"prefill max|diff| {c['prefill']['max_abs_diff']:.4f} top1 {c['prefill']['top1_agree']:.3f}; "
+              f"decode0 max|diff| {c['decode0']['max_abs_diff']:.4f} top1 {c['decode0']['top1_agree']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

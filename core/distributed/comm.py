@@ -1,0 +1,92 @@
+"""Process groups and the few collectives the sharded model calls.
+
+:class:`TPContext` is what the model sees: its :class:`RankInfo`, and ``all_reduce_attn`` (after the
+row-parallel ``o_proj`` and the vocab-parallel embedding), ``all_gather_attn`` (vocab-parallel logits),
+``all_reduce_world`` (after the FFN / MoE down projections). Every collective runs under the process
+group's timeout (``ParallelConfig.timeout_s``), so a dead or stuck peer raises instead of hanging.
+A ``ctrl`` gloo group carries the step's batch (Python objects) from rank 0, also on NCCL runs.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from dsa_runtime.distributed.parallel import ParallelConfig, RankInfo
+
+
+@dataclass
+class TPContext:
+    """One rank's groups. ``attn_group`` None when the attention group is one rank (nothing to reduce)."""
+
+    info: RankInfo
+    world_group: Any = None
+    attn_group: Any = None
+    ctrl_group: Any = None
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    # Per step, set by the runtime under DP attention: token rows of every attention group (for the FFN gather).
+    group_tokens: list[int] | None = None
+
+    @property
+    def world(self) -> int:
+        return self.info.world
+
+    def all_reduce_attn(self, x: Tensor) -> Tensor:
+        return _all_reduce(x, self.attn_group) if self.info.attn_size > 1 else x
+
+    def all_reduce_world(self, x: Tensor) -> Tensor:
+        return _all_reduce(x, self.world_group) if self.info.world > 1 else x
+
+    def all_gather_attn(self, x: Tensor, dim: int) -> Tensor:
+        """Concatenate every attention rank's ``x`` (same shape on each) along ``dim``, in rank order."""
+        if self.info.attn_size == 1:
+            return x
+        parts = [torch.empty_like(x) for _ in range(self.info.attn_size)]
+        torch.distributed.all_gather(parts, x.contiguous(), group=self.attn_group)
+        return torch.cat(parts, dim=dim)
+
+    def all_gather_world(self, x: Tensor) -> list[Tensor]:
+        """Every rank's ``x`` (same shape on each), in rank order."""
+        parts = [torch.empty_like(x) for _ in range(self.info.world)]
+        torch.distributed.all_gather(parts, x.contiguous(), group=self.world_group)
+        return parts
+
+
+def _all_reduce(x: Tensor, group: Any) -> Tensor:
+    """Sum over ``group``; bf16 partials are summed in fp32 on CPU (gloo) and rounded once."""
+    if x.device.type == "cpu" and x.dtype == torch.bfloat16:
+        y = x.float()
+        torch.distributed.all_reduce(y, group=group)
+        return y.to(x.dtype)
+    torch.distributed.all_reduce(x, group=group)
+    return x
+
+
+def init_groups(parallel: ParallelConfig, rank: int, device: torch.device, init_method: str) -> TPContext:
+    """``init_process_group`` (NCCL on CUDA, gloo on CPU) plus the attention groups and the gloo ctrl group.
+
+    Every rank creates every attention group in the same order (``new_group`` is collective).
+    """
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=parallel.timeout_s)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=parallel.tp, timeout=timeout)
+    info = parallel.rank_info(rank)
+    attn_group = None
+    for g in range(parallel.dp):
+        ranks = list(range(g * parallel.attn_size, (g + 1) * parallel.attn_size))
+        group = dist.new_group(ranks, timeout=timeout, backend=backend) if parallel.attn_size > 1 else None
+        if rank in ranks:
+            attn_group = group
+    # The step's batch travels as pickled objects: a CPU (gloo) group even when the math runs on NCCL. Idle
+    # workers wait on it between steps, so its timeout is long; liveness is the watchdog's job.
+    ctrl = dist.new_group(list(range(parallel.tp)), backend="gloo", timeout=datetime.timedelta(days=7))
+    world_group = dist.group.WORLD
+    return TPContext(info, world_group, attn_group, ctrl, device)

@@ -1,0 +1,62 @@
+"""Partial DP attention: which attention group serves a sequence, and the token gather / scatter around the FFN.
+
+With ``--dp D --enable-dp-attention`` each of the D attention groups runs attention (and holds KV cache
+rows) for its own sequences only. A sequence belongs to group ``first_page % D``: stable for the request's
+life (its first page never changes; after a preemption it is re-prefilled from scratch anyway).
+
+Around every FFN / MoE, the groups' token rows meet: each group's rows are padded to a common row count
+``pad`` (a multiple of ``tp``, e.g. 7 -> 8 on tp 8) with zero rows, all-gathered, run through the
+TP-split FFN (partial sums all-reduced over every rank) and the group's own rows taken back. Padded rows
+are never attention queries; any top-k buffer sized to the padded count carries ``-1`` rows for them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from dsa_runtime.distributed.comm import TPContext
+    from dsa_runtime.model.batch import ForwardBatch
+
+
+def group_of(page_table: list[int], dp: int) -> int:
+    """The attention group serving a sequence with this page table."""
+    return page_table[0] % dp if dp > 1 else 0
+
+
+def split_batch(batch: ForwardBatch, dp: int) -> list[list[int]]:
+    """Indices of ``batch.seqs`` per attention group (batch order kept inside each group)."""
+    groups: list[list[int]] = [[] for _ in range(dp)]
+    for i, seq in enumerate(batch.seqs):
+        groups[group_of(seq.page_table, dp)].append(i)
+    return groups
+
+
+def padded_rows(counts: list[int], multiple: int) -> int:
+    """The common row count: the largest group's tokens rounded up to ``multiple`` (at least ``multiple``)."""
+    top = max(max(counts), 1)
+    return -(-top // multiple) * multiple
+
+
+def run_ffn(ffn, x: Tensor, kernels, tp: TPContext | None) -> Tensor:
+    """``ffn(x, kernels)`` with TP-split weights: partial sums all-reduced over every rank; under DP
+    attention the groups' rows are gathered first and this group's rows returned. x ``[T, D]`` -> ``[T, D]``."""
+    if tp is None or tp.world == 1:
+        return ffn(x, kernels)
+    if tp.info.dp == 1:
+        return tp.all_reduce_world(ffn(x, kernels))
+    counts = tp.group_tokens
+    assert counts is not None, "DP attention step without group token counts"
+    pad = padded_rows(counts, tp.world)
+    mine = x.shape[0]
+    xp = torch.zeros(pad, x.shape[1], dtype=x.dtype, device=x.device)
+    xp[:mine] = x
+    parts = tp.all_gather_world(xp)
+    a = tp.info.attn_size
+    rows = torch.cat([parts[g * a] for g in range(tp.info.dp)])
+    y = tp.all_reduce_world(ffn(rows, kernels))
+    off = tp.info.dp_rank * pad
+    return y[off:off + mine]

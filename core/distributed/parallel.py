@@ -1,0 +1,99 @@
+"""The parallel layout: ``tp`` ranks in all, ``dp`` attention groups of ``tp // dp`` ranks when DP attention is on.
+
+Rank ``r`` is in attention group ``r // attn_size`` at attention rank ``r % attn_size``. Attention heads and
+the vocabulary are split over the attention group; the FFN / MoE intermediate dimension over all ``tp`` ranks.
+Without DP attention there is one attention group of all ``tp`` ranks (pure TP).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """``--tp``, ``--dp``, ``--enable-dp-attention`` and the multi-node flags (SGLang's names).
+
+    Attributes:
+        tp: ranks in all (tensor-parallel size of the FFN / MoE).
+        dp: attention data-parallel groups; > 1 only with ``enable_dp_attention``.
+        enable_dp_attention: split the ranks into ``dp`` attention groups, each with its own requests and KV
+            cache; tokens of all groups meet in the FFN / MoE.
+        nnodes, node_rank: nodes in all and this node's index; each node runs ``tp // nnodes`` ranks.
+        dist_init_addr: ``host:port`` of node 0's rendezvous (default ``127.0.0.1:<free port>`` on one node).
+        timeout_s: collective timeout; a stuck or dead peer becomes an error after this long, never a hang.
+    """
+
+    tp: int = 1
+    dp: int = 1
+    enable_dp_attention: bool = False
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None
+    timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.tp < 1 or self.dp < 1:
+            raise ValueError(f"--tp and --dp must be >= 1, got tp {self.tp}, dp {self.dp}")
+        if self.dp > 1 and not self.enable_dp_attention:
+            raise ValueError("--dp > 1 needs --enable-dp-attention (data-parallel attention groups)")
+        if self.tp % self.dp:
+            raise ValueError(f"--tp {self.tp} must be a multiple of --dp {self.dp}")
+        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"--node-rank {self.node_rank} must be in [0, --nnodes {self.nnodes})")
+        if self.tp % self.nnodes:
+            raise ValueError(f"--tp {self.tp} must be a multiple of --nnodes {self.nnodes}")
+        if self.nnodes > 1 and not self.dist_init_addr:
+            raise ValueError("multi-node runs need --dist-init-addr HOST:PORT (node 0's address)")
+        if self.timeout_s <= 0:
+            raise ValueError("the collective timeout must be > 0")
+
+    @property
+    def attn_size(self) -> int:
+        """Ranks per attention group (heads and vocabulary are split over these)."""
+        return self.tp // self.dp
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.tp // self.nnodes
+
+    @property
+    def enabled(self) -> bool:
+        return self.tp > 1
+
+    def rank_info(self, rank: int) -> RankInfo:
+        if not 0 <= rank < self.tp:
+            raise ValueError(f"rank {rank} outside [0, {self.tp})")
+        return RankInfo(rank=rank, world=self.tp, attn_size=self.attn_size, dp=self.dp)
+
+    def check_model(self, num_heads: int, intermediate: int, moe_intermediate: int | None) -> None:
+        """One clear error when the model's dimensions do not split over this layout."""
+        if num_heads % self.attn_size:
+            raise ValueError(f"{num_heads} attention heads do not split over {self.attn_size} ranks per attention group")
+        for what, n in (("intermediate_size", intermediate), ("moe_intermediate_size", moe_intermediate)):
+            if n is not None and n % self.tp:
+                raise ValueError(f"{what} {n} does not split over --tp {self.tp}")
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """One rank's place: world rank, attention group (``dp_rank``) and rank inside it (``attn_rank``)."""
+
+    rank: int
+    world: int
+    attn_size: int
+    dp: int
+
+    @property
+    def dp_rank(self) -> int:
+        return self.rank // self.attn_size
+
+    @property
+    def attn_rank(self) -> int:
+        return self.rank % self.attn_size
+
+    @property
+    def attn_ranks(self) -> list[int]:
+        """World ranks of this rank's attention group."""
+        start = self.dp_rank * self.attn_size
+        return list(range(start, start + self.attn_size))
