@@ -4,7 +4,7 @@ Layout (one concept per file): ``config.py`` / ``config_parse.py`` (ModelConfig)
 ForwardBatch and the flat per-step metadata), ``runner.py`` (ModelRunner, kernel_needs), ``deepseek.py``
 (decoder stack), ``mla.py`` (projections, cache writes), ``attention.py`` (absorbed sparse / dense and MHA
 paths), ``indexer.py`` (lightning indexer), ``moe.py`` (dense FFN and MoE), ``rope.py`` (YaRN), ``ops.py``
-(norms), ``weights.py`` (what stays FP8). Kernels are reached only through the resolved kernels.
+(norms, ``linear``), ``weights.py`` (what stays FP8). Kernels are reached only through the resolved kernels.
 
 Design choices where the spec leaves room:
 
@@ -12,8 +12,11 @@ Design choices where the spec leaves room:
   chunked prefill and decode use the same stored values (the fp8_656 cache's ue8m0 scales make its bf16
   dequantisation exact).
 * Dense prefill (DSA: at most ``index_topk`` keys; V3: at most ``mha_max_keys``, default 2048) runs MHA
-  with per-head ``k_nope``/``v`` from the cached latents, in fp32; everything else runs the absorbed
-  576-d form through ``kernels.sparse_attn``. The dense V3 family uses the sparse kernels with every
+  with per-head ``k_nope``/``v`` from the cached latents (one ``kv_b_proj`` GEMM in the model dtype,
+  scores and softmax in fp32), chunks of equal start and length batched; on CPU a sparse DSA chunk of at
+  most ``mha_max_keys`` keys runs the same MHA over the indexer's top-k selection (a third of the absorbed
+  form's score FLOPs at few heads); everything else runs the absorbed 576-d form through
+  ``kernels.sparse_attn``. The dense V3 family uses the sparse kernels with every
   visible slot as its index set (padded to a multiple of 64) -- one code path for both families.
 * Prefill top-k uses ``kernels.topk.topk`` (positions index the gathered per-sequence buffer directly);
   decode uses ``kernels.topk.topk_transform`` to physical slots over the paged cache.

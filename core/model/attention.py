@@ -10,8 +10,9 @@ bf16 dequantisation exact) and agree with each other.
 * prefill chunk, absorbed: the sequence's rows ``0 .. end-1`` gathered and dequantised to a flat bf16 buffer
   (``kernels.kv_quant.dequantize_mla``), ``kernels.sparse_attn.prefill`` with indices into it: top-k of
   ``logits_ragged`` over the sequence's cached index keys (``gather_index_k``), or every causal position.
-* prefill chunk, dense MHA (DSA: ``end <= index_topk``; V3: ``end <= mha_max_keys``): per-head
-  ``k_nope = W_UK c`` and ``v = W_UV c`` from the cached latents, causal softmax in fp32.
+* prefill chunk, MHA (dense: DSA ``end <= index_topk``, V3 ``end <= mha_max_keys``; on CPU also a sparse
+  DSA chunk with ``end <= mha_max_keys``, over the indexer's top-k selection): per-head ``k_nope = W_UK c``
+  and ``v = W_UV c`` from the cached latents, softmax in fp32; chunks of equal start and length batched.
 """
 
 from __future__ import annotations
