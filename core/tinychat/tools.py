@@ -15,9 +15,11 @@ from typing import Any
 from dsa_runtime.tinychat import world as W
 
 _ONSETS = ("b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "z", "br",
-           "ch", "dr", "gr", "kr", "pl", "sh", "st", "tr", "th", "", "")
-_VOWELS = ("a", "e", "i", "o", "u", "a", "e", "o", "ai", "ou", "ia", "y")
-_CODAS = ("", "", "", "n", "r", "s", "l", "m", "t", "k", "sh", "nd")
+           "ch", "dr", "gr", "kr", "pl", "sh", "st", "tr", "th", "y", "q", "x", "bl", "fr", "sk", "sl", "sp",
+           "gl", "kh", "ts", "zh", "", "")
+_VOWELS = ("a", "e", "i", "o", "u", "a", "e", "o", "ai", "ou", "ia", "y", "ee", "oo", "ei", "au", "ua", "io")
+_CODAS = ("", "", "", "n", "r", "s", "l", "m", "t", "k", "sh", "nd", "nt", "st", "x", "ck", "rg", "ng")
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
 _HELDOUT_WORDS = frozenset(w.lower() for group in (W.HELDOUT_CITIES, W.HELDOUT_NAMES, W.HELDOUT_TOPICS,
                                                     W.HELDOUT_ITEMS, W.HELDOUT_TICKERS, W.HELDOUT_PHRASES)
                            for v in group for w in (v, *v.split()))
@@ -47,7 +49,10 @@ class Pick:
         """An invented lowercase word of ``lo``..``hi`` syllables, never a held-out entity word."""
         r = self.rng
         while True:
-            w = "".join(r.choice(_ONSETS) + r.choice(_VOWELS) for _ in range(r.randint(lo, hi))) + r.choice(_CODAS)
+            if r.random() < 0.15:  # any letters: the model must copy what it cannot pronounce too
+                w = "".join(r.choice(_LETTERS) for _ in range(r.randint(2 * lo + 1, 3 * hi + 1)))
+            else:
+                w = "".join(r.choice(_ONSETS) + r.choice(_VOWELS) for _ in range(r.randint(lo, hi))) + r.choice(_CODAS)
             if len(w) >= 2 and w not in _HELDOUT_WORDS:
                 return w
 
