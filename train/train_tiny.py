@@ -10,7 +10,11 @@ Stages (DeepSeek-V3.2's recipe, preceded by the dense training a from-scratch mo
    learn the LM loss through the sparse attention, the indexer the KL on its selected keys (its inputs are
    detached, so the two losses train disjoint weights).
 
-Usage: ``python train/train_tiny.py --out OUT [--time-budget 380] [--steps N] [--device cuda]``.
+Usage: ``python train/train_tiny.py --out OUT [--time-budget 380] [--steps N] [--device cuda]``; go on from a
+run (``--resume RUN``) or from a released FP8 checkpoint (``--init-checkpoint DIR``); ``--invent`` is the share
+of request entities replaced by invented words (copying), ``--dense-every N`` makes every Nth sparse-stage step
+dense (sparse output = dense), ``--shares`` sets the stage lengths. The commands of the released weights are
+in docs/tiny-model.md.
 Writes ``OUT/checkpoint`` (the FP8 release layout), ``OUT/state-*.safetensors`` (bf16 training state, for
 resuming with ``--resume``), ``OUT/loss.jsonl`` and prints a summary table last.
 """
