@@ -10,7 +10,11 @@ Stages (DeepSeek-V3.2's recipe, preceded by the dense training a from-scratch mo
    learn the LM loss through the sparse attention, the indexer the KL on its selected keys (its inputs are
    detached, so the two losses train disjoint weights).
 
-Usage: ``python train/train_tiny.py --out OUT [--time-budget 380] [--steps N] [--device cuda]``.
+Usage: ``python train/train_tiny.py --out OUT [--time-budget 380] [--steps N] [--device cuda]``; go on from a
+run (``--resume RUN``) or from a released FP8 checkpoint (``--init-checkpoint DIR``); ``--invent`` is the share
+of request entities replaced by invented words (copying), ``--dense-every N`` makes every Nth sparse-stage step
+dense (sparse output = dense), ``--shares`` sets the stage lengths. The commands of the released weights are
+in docs/tiny-model.md.
 Writes ``OUT/checkpoint`` (the FP8 release layout), ``OUT/state-*.safetensors`` (bf16 training state, for
 resuming with ``--resume``), ``OUT/loss.jsonl`` and prints a summary table last.
 """
@@ -35,19 +39,21 @@ PRESET = "tiny-chat"
 STAGE_SHARES = {"dense": 0.62, "warmup": 0.06, "sparse": 0.32}
 
 
-def _gen_chunk(args: tuple[int, int, str]) -> list[tuple[list[int], list[int]]]:
+def _gen_chunk(args: tuple[int, int, str, float]) -> list[tuple[list[int], list[int]]]:
     from tokenizers import Tokenizer
 
     from dsa_runtime.tinychat.dataset import conversations, render, tokenize
 
-    seed, n, tok_json = args
+    seed, n, tok_json, invent = args
     tok = Tokenizer.from_str(tok_json)
-    return [tokenize(tok, render(c)) for c in conversations(n, heldout=False, seed=seed)]
+    return [tokenize(tok, render(c)) for c in conversations(n, heldout=False, seed=seed, invent=invent)]
 
 
-def make_data(tok_json: str, n_conv: int, seed: int, workers: int) -> list[tuple[list[int], list[int]]]:
+def make_data(tok_json: str, n_conv: int, seed: int, workers: int,
+              invent: float = 0.0) -> list[tuple[list[int], list[int]]]:
     chunk = 2000
-    jobs = [(seed * 1_000_003 + i, min(chunk, n_conv - i * chunk), tok_json) for i in range(-(-n_conv // chunk))]
+    jobs = [(seed * 1_000_003 + i, min(chunk, n_conv - i * chunk), tok_json, invent)
+            for i in range(-(-n_conv // chunk))]
     if workers <= 1:
         parts = [_gen_chunk(j) for j in jobs]
     else:
@@ -110,6 +116,23 @@ def init_state(cfg, seed: int) -> dict[str, torch.Tensor]:
     return state
 
 
+def load_checkpoint_state(folder: str) -> dict[str, torch.Tensor]:
+    """fp32 HF-named weights of an FP8 release checkpoint (block scales applied), to start training from."""
+    from safetensors.torch import load_file
+
+    from dsa_runtime.reference.fp8 import block_dequant_weight
+
+    raw: dict[str, torch.Tensor] = {}
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        raw.update(load_file(str(f)))
+    state = {}
+    for k, v in raw.items():
+        if k.endswith("_scale_inv"):
+            continue
+        state[k] = block_dequant_weight(v, raw[f"{k}_scale_inv"]) if v.dtype == torch.float8_e4m3fn else v.float()
+    return state
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -123,7 +146,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--workers", type=int, default=max(1, (mp.cpu_count() or 2) - 2))
     ap.add_argument("--resume", default=None, help="folder with state-*.safetensors to start from")
+    ap.add_argument("--init-checkpoint", default=None, help="FP8 release checkpoint folder to start from")
     ap.add_argument("--stages", default="dense,warmup,sparse")
+    ap.add_argument("--shares", default=None, help="stage shares of the steps, e.g. 0.45,0.15,0.4")
+    ap.add_argument("--dense-every", type=int, default=0,
+                    help="in the sparse stage, every Nth step runs dense attention (the indexer learns the full "
+                         "KL): keeps greedy sparse output equal to dense (0: never)")
+    ap.add_argument("--invent", type=float, default=0.35,
+                    help="share of entity slots filled with invented words (teaches copying)")
     ap.add_argument("--no-checkpoint", action="store_true", help="write only the bf16 state and tokenizer.json")
     args = ap.parse_args(argv)
     from tqdm import tqdm
@@ -139,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse_hf_config(raw)
     t0 = time.time()
     tok_json = train_chat_tokenizer(cfg.vocab_size).to_str(pretty=True) + "\n"
-    docs = make_data(tok_json, args.conversations, args.seed, args.workers)
+    docs = make_data(tok_json, args.conversations, args.seed, args.workers, args.invent)
     data = pack(docs, args.ctx, args.seed)
     n_rows = data["ids"].shape[0]
     n_tokens = sum(len(d[0]) for d in docs)
@@ -152,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         state = {}
         for f in sorted(Path(args.resume).glob("state-*.safetensors")):
             state.update({k: v.float() for k, v in load_file(str(f)).items()})
+    elif args.init_checkpoint:
+        state = load_checkpoint_state(args.init_checkpoint)
     else:
         state = init_state(cfg, args.seed)
     dev = torch.device(args.device)
@@ -172,8 +204,9 @@ def main(argv: list[str] | None = None) -> int:
         for o in (opt_main, opt_idx):
             for g in o.param_groups:
                 g["lr"] = lr
+        sparse = stage == "sparse" and not (args.dense_every and step % args.dense_every == args.dense_every - 1)
         with autocast:
-            res = model(b["ids"], b["pos"], b["doc"], sparse=stage == "sparse", index_loss=stage != "dense")
+            res = model(b["ids"], b["pos"], b["doc"], sparse=sparse, index_loss=stage != "dense")
         logits = res.logits
         m = b["mask"]
         ce = torch.nn.functional.cross_entropy(logits[m].float(), b["tgt"][m])
@@ -210,7 +243,10 @@ def main(argv: list[str] | None = None) -> int:
         per = (time.time() - t1) / probe
         total = max(len(stages), int(args.time_budget / per))
         print(f"{per * 1000:.0f} ms/step -> {total} steps", flush=True)
-    shares = {s: STAGE_SHARES[s] for s in stages}
+    given = [float(x) for x in args.shares.split(",")] if args.shares else None
+    if given and len(given) != len(stages):
+        raise SystemExit(f"--shares has {len(given)} values for {len(stages)} stages")
+    shares = dict(zip(stages, given, strict=True)) if given else {s: STAGE_SHARES[s] for s in stages}
     norm = sum(shares.values())
     step = 0
     for stage in stages:

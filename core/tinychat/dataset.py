@@ -42,11 +42,12 @@ def render(conv: Conversation) -> Rendered:
     return Rendered(full, spans)
 
 
-def conversations(n: int, *, heldout: bool, seed: int | None = None) -> Iterator[Conversation]:
-    """``n`` conversations of the training mixture (or of the held-out split), deterministic per seed."""
+def conversations(n: int, *, heldout: bool, seed: int | None = None, invent: float = 0.0) -> Iterator[Conversation]:
+    """``n`` conversations of the training mixture (or of the held-out split), deterministic per seed;
+    ``invent``: share of entity slots filled with invented words (training only)."""
     rng = random.Random(seed if seed is not None else (HELDOUT_SEED if heldout else TRAIN_SEED))
     for _ in range(n):
-        yield sample(rng, heldout)
+        yield sample(rng, heldout, invent=invent)
 
 
 def tokenize(tokenizer, rendered: Rendered) -> tuple[list[int], list[int]]:

@@ -214,9 +214,11 @@ BUILDERS = {"greeting": greeting, "fact": fact, "arith": arith, "convert": conve
 MIXTURE = {"greeting": 0.05, "fact": 0.12, "arith": 0.2, "convert": 0.1, "tool": 0.46, "notool": 0.07}
 
 
-def sample(rng: random.Random, heldout: bool, kind: str | None = None, mode: str | None = None) -> Conversation:
-    """One conversation of ``kind`` (drawn from :data:`MIXTURE` when None) in ``mode`` (random when None)."""
-    p = Pick(rng, heldout)
+def sample(rng: random.Random, heldout: bool, kind: str | None = None, mode: str | None = None,
+           invent: float = 0.0) -> Conversation:
+    """One conversation of ``kind`` (drawn from :data:`MIXTURE` when None) in ``mode`` (random when None);
+    ``invent``: share of entity slots filled with invented words (training only, see :class:`Pick`)."""
+    p = Pick(rng, heldout, invent)
     if kind is None:
         kind = rng.choices(list(MIXTURE), weights=list(MIXTURE.values()))[0]
     if mode is None:

@@ -81,3 +81,26 @@ def test_reasoning_traces_end_in_the_answer(kind):
         reply = conv.messages[-1]
         assert reply["reasoning_content"].rstrip(".").endswith(conv.expect["answer"])
         assert conv.expect["answer"] in reply["content"]
+
+
+def test_invented_values_fill_argument_slots_and_never_hold_held_out_entities():
+    convs = [c for c in conversations(300, heldout=False, seed=5, invent=0.5) if c.kind == "tool"]
+    known = {v.lower() for group in (world.CITIES, world.FIRST_NAMES, world.TICKERS, world.TOPICS, world.ITEMS,
+                                     world.PHRASES) for v in group}
+    invented = set()
+    for conv in convs:
+        for call in conv.expect["calls"]:
+            for key in ("city", "origin", "destination", "name", "ticker", "query", "topic", "text"):
+                value = call["arguments"].get(key)
+                if isinstance(value, str) and value.lower() not in known:
+                    invented.add(value)
+                    # the argument is copied from the request, never recalled from a list
+                    assert value in conv.messages[0]["content"], (value, conv.messages[0])
+    assert len(invented) > 30
+    held = {h.lower() for group in (world.HELDOUT_CITIES, world.HELDOUT_NAMES, world.HELDOUT_TICKERS)
+            for h in group}
+    texts = [render(c).text.lower() for c in convs]
+    assert not any(h in t for t in texts for h in held)
+    again = [render(c).text.lower() for c in conversations(300, heldout=False, seed=5, invent=0.5)
+             if c.kind == "tool"]
+    assert texts == again
