@@ -21,6 +21,17 @@ def _spec(config: Any, path: Path, kernels: Any, num_pages: int, page_size: int,
     from dsa_runtime.distributed.runtime import RankSpec
 
     device_type = "cuda" if str(kernels.device).startswith("cuda") else "cpu"
+    if device_type == "cuda":
+        import torch
+
+        need, have = config.parallel().ranks_per_node, torch.cuda.device_count()
+        if have < need:
+            from dsa_runtime.errors import ConfigError
+
+            raise ConfigError(
+                f"--tp {config.tp} needs {need} GPUs on this node (one per rank), torch sees {have}; "
+                "lower --tp, add --nnodes, or run on the CPU with --device cpu"
+            )
     threads = config.cpu_threads or (1 if hidden <= 1024 else None)
     return RankSpec(model_path=str(path), dtype=config.dtype, device_type=device_type,
                     kernel_config=config.kernel_config(), num_pages=num_pages, page_size=page_size,

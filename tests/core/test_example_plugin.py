@@ -46,8 +46,11 @@ def test_example_backend_passes_the_conformance_kit():
 def test_example_conformance_through_the_cli(tmp_path: Path):
     out = tmp_path / "example.json"
     cli = Path(sys.executable).with_name("dsa-runtime")
+    # The console script when pip installed one beside the interpreter, else the same entry point as a module
+    # (a --target install, as on the GPU machine, writes no scripts).
+    command = [str(cli)] if cli.exists() else [sys.executable, "-m", "dsa_runtime.cli.main"]
     run = subprocess.run(
-        [str(cli), "conformance", "example_topk", "--family", "topk", "--json", str(out)],
+        [*command, "conformance", "example_topk", "--family", "topk", "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=300,

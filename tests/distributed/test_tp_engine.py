@@ -17,7 +17,8 @@ def greedy_tp1():
     from dsa_runtime import LLM
     from dsa_runtime.engine import SamplingParams
 
-    return [o.token_ids for o in LLM(dtype="float32").generate(PROMPTS, SamplingParams(max_tokens=8, temperature=0))]
+    # gloo on the CPU: a GPU host must not send these ranks to its (possibly single) GPU
+    return [o.token_ids for o in LLM(dtype="float32", device="cpu").generate(PROMPTS, SamplingParams(max_tokens=8, temperature=0))]
 
 
 @pytest.mark.parametrize("layout", [{"tp": 2}, {"tp": 4, "dp": 2, "enable_dp_attention": True}])
@@ -25,7 +26,7 @@ def test_llm_tp_generates_the_tp1_tokens(greedy_tp1, layout):
     from dsa_runtime import LLM
     from dsa_runtime.engine import SamplingParams
 
-    llm = LLM(dtype="float32", **layout)
+    llm = LLM(dtype="float32", device="cpu", **layout)
     try:
         out = llm.generate(PROMPTS, SamplingParams(max_tokens=8, temperature=0))
         assert [o.token_ids for o in out] == greedy_tp1
@@ -45,3 +46,17 @@ def test_layouts_that_cannot_split_are_clear_errors(capsys):
         EngineConfig(tp=4, nnodes=2)
     assert main(["generate", "--tp", "3", "--prompt", "hi", "--max-tokens", "1"]) != 0
     assert "4 attention heads do not split over 3 ranks" in capsys.readouterr().err
+
+
+def test_tp_on_too_few_gpus_is_a_clear_error(monkeypatch, tmp_path):
+    import types
+
+    import torch
+
+    from dsa_runtime.distributed.engine_build import _spec
+    from dsa_runtime.engine.config import EngineConfig
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    kernels = types.SimpleNamespace(device="cuda")
+    with pytest.raises(ConfigError, match=r"--tp 2 needs 2 GPUs on this node .* torch sees 1"):
+        _spec(EngineConfig(tp=2), tmp_path, kernels, num_pages=8, page_size=64, hidden=256)
