@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dsa_runtime.tinychat import world as W
-from dsa_runtime.tinychat.tools import HELDOUT_PAIRS, TOOLS, Pick, Task
+from dsa_runtime.tinychat.pick import Pick
+from dsa_runtime.tinychat.tools import HELDOUT_PAIRS, TOOLS, Task
 
 Message = dict[str, Any]
 
