@@ -20,6 +20,8 @@ from torch import Tensor
 from dsa_runtime.families import ExpertWeights, ScaleFmt
 from dsa_runtime.plugins.cuda_hopper.triton import moe_gemm
 from dsa_runtime.plugins.cuda_hopper.triton.moe_align import align_pairs
+from dsa_runtime.plugins.cuda_hopper.triton.moe_align_small import align_pairs_small
+from dsa_runtime.plugins.cuda_hopper.triton.moe_align_small import fits as small_align_fits
 from dsa_runtime.plugins.cuda_hopper.triton.moe_quant import INTERPRET, quantize_rows
 from dsa_runtime.plugins.cuda_hopper.triton.moe_route import route as fused_route
 
@@ -36,6 +38,8 @@ class TileConfig:
     stages_up: int = 3
     warps_down: int = 4
     stages_down: int = 3
+    group_m: int = 1
+    split_n: bool = False
 
 
 def default_config(rows_per_expert: float, fp8: bool) -> TileConfig:
@@ -52,7 +56,7 @@ def default_config(rows_per_expert: float, fp8: bool) -> TileConfig:
         return TileConfig(16, stages_up=3, stages_down=3)
     if rows_per_expert <= 32:
         return TileConfig(32, stages_up=3, stages_down=3)
-    return TileConfig(64, warps_up=8, stages_up=3, warps_down=4, stages_down=4)
+    return TileConfig(64, warps_up=4, stages_up=3, warps_down=4, stages_down=4, group_m=16, split_n=True)
 
 
 class TritonMoE:
@@ -62,8 +66,10 @@ class TritonMoE:
         scale_fmt: FP8 activation scale rule, ``"ue8m0"`` (V3.1/V3.2) or ``"float"`` (V3/R1). The contract's
             ``experts`` call carries no scale rule, so the model sets it here (or per call, ``scale_fmt=``).
         fuse_shared: run the shared expert inside the routed launches (one more expert, weight 1).
-        check_ids: raise ``ValueError`` on ids outside ``[-1, E)`` (one host sync after the launches; skipped
-            while a CUDA graph is being captured). Bad ids are skipped like ``-1`` either way, never dereferenced.
+        check_ids: raise ``ValueError`` on ids outside ``[-1, E)``. Off by default: the check costs a host
+            sync per call (per MoE layer in eager decode, where it stalls the launch queue), and ids come from
+            :meth:`route`. Bad ids are skipped like ``-1`` either way, never dereferenced. Skipped while a CUDA
+            graph is being captured.
         config: fixed tiles (default: chosen per call by :func:`default_config`).
     """
 
@@ -72,7 +78,7 @@ class TritonMoE:
         scale_fmt: ScaleFmt = "ue8m0",
         *,
         fuse_shared: bool = True,
-        check_ids: bool = True,
+        check_ids: bool = False,
         config: TileConfig | None = None,
     ) -> None:
         if scale_fmt not in ("ue8m0", "float"):
@@ -121,9 +127,8 @@ class TritonMoE:
             )
         if topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != tokens:
             raise ValueError(f"topk ids {tuple(topk_ids.shape)} / weights {tuple(topk_weights.shape)} vs {tokens} tokens")
+        # Ids outside [0, E) are dropped by the alignment and skipped by the combine: never dereferenced.
         ids = topk_ids.to(device=x.device, dtype=torch.int32).contiguous()
-        bad = (ids < -1) | (ids >= n_exp)
-        ids = torch.where(bad, -1, ids)  # never dereferenced, whatever the check below decides
         out = torch.empty(tokens, dim, dtype=torch.bfloat16, device=x.device)
         if tokens == 0:
             return out
@@ -137,7 +142,7 @@ class TritonMoE:
         # Checked after every launch is queued: the one host sync then waits on finished work instead of
         # leaving the GPU idle while the rest is launched (bad ids were already skipped like -1).
         capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
-        if self.check_ids and not capturing and bool(bad.any()):
+        if self.check_ids and not capturing and bool(((ids < -1) | (ids >= n_exp)).any()):
             raise ValueError(f"expert ids must be -1 or in [0, {n_exp})")
         return out
 
@@ -158,12 +163,16 @@ class TritonMoE:
         if fp8 and cfg.block_k != 128:
             raise ValueError("FP8 experts need block_k == 128 (one weight scale block per K step)")
         quant_h = fp8 and cfg.block_n_up == 128  # else h goes out in bf16 and is quantized apart
-        expert_of_pair = ids.reshape(-1)
-        if shared is not None:
-            expert_of_pair = torch.cat(
-                [expert_of_pair, torch.full((tokens,), n_exp, dtype=torch.int32, device=x.device)]
-            )
-        blocks = align_pairs(expert_of_pair, n_addr, cfg.block_m)
+        if small_align_fits(pairs, n_addr) and (x.is_cuda or INTERPRET):
+            blocks = align_pairs_small(ids, n_exp, cfg.block_m, shared=shared is not None)
+        else:
+            expert_of_pair = ids.reshape(-1)
+            expert_of_pair = torch.where((expert_of_pair >= 0) & (expert_of_pair < n_exp), expert_of_pair, -1)
+            if shared is not None:
+                expert_of_pair = torch.cat(
+                    [expert_of_pair, torch.full((tokens,), n_exp, dtype=torch.int32, device=x.device)]
+                )
+            blocks = align_pairs(expert_of_pair, n_addr, cfg.block_m)
         rows = blocks.sorted_pairs.shape[0]
         w13 = experts.w13.contiguous()
         w2 = experts.w2.contiguous()
@@ -183,14 +192,15 @@ class TritonMoE:
             a_scale = s13 = s2 = ss13 = ss2 = h_scale = torch.empty(1, 1, dtype=torch.float32, device=x.device)
             h = torch.empty(rows, inter, dtype=torch.bfloat16, device=x.device)
         common = (blocks.sorted_pairs, blocks.block_expert, blocks.num_padded, pairs, tokens * top_k, top_k)
+        n_blocks = blocks.max_blocks
         grid_up = (blocks.max_blocks * triton.cdiv(inter, cfg.block_n_up),)
         moe_gemm.gemm_up[grid_up](
-            a, a_scale, w13, s13, sw13, ss13, h, h_scale, *common, dim, inter, n_exp,
+            a, a_scale, w13, s13, sw13, ss13, h, h_scale, *common, dim, inter, n_exp, n_blocks,
             a.stride(0), a_scale.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(-2),
             h.stride(0), h_scale.stride(0),
             FP8=fp8, UE8M0=fmt == "ue8m0", HAS_SHARED=shared is not None, UPCAST=INTERPRET,
-            QUANT_H=quant_h, EVEN_K=dim % cfg.block_k == 0,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n_up, BLOCK_K=cfg.block_k,
+            QUANT_H=quant_h, EVEN_K=dim % cfg.block_k == 0, SPLIT_N=cfg.split_n,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n_up, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
             num_warps=cfg.warps_up, num_stages=cfg.stages_up,
         )
         if fp8 and not quant_h:
@@ -199,17 +209,17 @@ class TritonMoE:
         wts = topk_weights.to(device=x.device, dtype=torch.float32).contiguous()
         grid_down = (blocks.max_blocks * triton.cdiv(dim, cfg.block_n_down),)
         moe_gemm.gemm_down[grid_down](
-            h, h_scale, w2, s2, sw2, ss2, y, wts, *common, inter, dim, n_exp,
+            h, h_scale, w2, s2, sw2, ss2, y, wts, *common, inter, dim, n_exp, n_blocks,
             h.stride(0), h_scale.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(-2), y.stride(0),
             FP8=fp8, HAS_SHARED=shared is not None, UPCAST=INTERPRET, EVEN_K=inter % cfg.block_k == 0,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n_down, BLOCK_K=cfg.block_k,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n_down, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
             num_warps=cfg.warps_down, num_stages=cfg.stages_down,
         )
         if out is None:
             out = torch.empty(tokens, dim, dtype=torch.bfloat16, device=x.device)
         block = 1024
         moe_gemm.combine[(tokens, triton.cdiv(dim, block))](
-            y, ids, out, extra if extra is not None else out, tokens, dim, y.stride(0), out.stride(0),
+            y, ids, out, extra if extra is not None else out, tokens, dim, n_exp, y.stride(0), out.stride(0),
             extra.stride(0) if extra is not None else 0,
             TOPK=top_k, SHARED_ROWS=shared is not None, HAS_EXTRA=extra is not None, BLOCK_N=block, num_warps=4,
         )

@@ -40,19 +40,64 @@ def _pair_rows(sorted_pairs_ptr, block_expert_ptr, num_padded_ptr, pid_m, NUM_PA
 
 
 @triton.jit
+def _tile(pid, num_n, num_blocks, GROUP_M: tl.constexpr):
+    """Program -> (row block, column strip). Programs run in groups of ``GROUP_M`` row blocks that sweep the
+    column strips together, so a weight strip is fetched from DRAM once per group and served from L2 to the
+    group's other row blocks (most blocks of a group belong to one expert); ``GROUP_M`` 1 keeps the plain
+    row-major order (a row block's strips side by side, its activations in L2)."""
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    size = tl.minimum(num_blocks - first_m, GROUP_M)
+    local = pid % per_group
+    return first_m + local % size, local // size
+
+
+@triton.jit
+def _swiglu_cols(a_rows, a_scale_ptr, token, row_ok, stride_as, wbase, sbase, stride_wn, stride_wsn, offs_n, K,
+                 INTER, FP8: tl.constexpr, UPCAST: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``silu(x @ w1[offs_n].T) * (x @ w3[offs_n].T)`` for the gathered rows, fp32, zero past ``INTER``."""
+    n_ok = offs_n < INTER
+    offs_k = tl.arange(0, BLOCK_K)
+    g_cols = wbase + offs_n.to(tl.int64)[None, :] * stride_wn
+    u_cols = wbase + (offs_n + INTER).to(tl.int64)[None, :] * stride_wn
+    acc_g = tl.zeros((a_rows.shape[0], offs_n.shape[0]), tl.float32)
+    acc_u = tl.zeros((a_rows.shape[0], offs_n.shape[0]), tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kb = k0 // BLOCK_K
+        kk = k0 + offs_k
+        k_ok = (kk < K) | EVEN_K  # EVEN_K: K % BLOCK_K == 0, the mask folds away
+        a = tl.load(a_rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        bg = tl.load(g_cols + kk[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+        bu = tl.load(u_cols + kk[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+        if FP8:  # BLOCK_K == 128: step kb is scale block kb
+            sa = tl.load(a_scale_ptr + token * stride_as + kb, mask=row_ok, other=0.0)
+            sg = tl.load(sbase + (offs_n // 128) * stride_wsn + kb, mask=n_ok, other=0.0)
+            su = tl.load(sbase + ((offs_n + INTER) // 128) * stride_wsn + kb, mask=n_ok, other=0.0)
+            acc_g += tl.dot(a, bg) * (sa[:, None] * sg[None, :])
+            acc_u += tl.dot(a, bu) * (sa[:, None] * su[None, :])
+        elif UPCAST:
+            acc_g = tl.dot(a.to(tl.float32), bg.to(tl.float32), acc_g)
+            acc_u = tl.dot(a.to(tl.float32), bu.to(tl.float32), acc_u)
+        else:
+            acc_g = tl.dot(a, bg, acc_g)
+            acc_u = tl.dot(a, bu, acc_u)
+    h = acc_g * tl.sigmoid(acc_g) * acc_u
+    return tl.where(n_ok[None, :], h, 0.0)
+
+
+@triton.jit
 def gemm_up(
     a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, ws_ptr, ws_scale_ptr, h_ptr, h_scale_ptr,
     sorted_pairs_ptr, block_expert_ptr, num_padded_ptr,
-    NUM_PAIRS, TK, TOPK, K, INTER, NUM_EXPERTS,
+    NUM_PAIRS, TK, TOPK, K, INTER, NUM_EXPERTS, NUM_BLOCKS,
     stride_a, stride_as, stride_we, stride_wn, stride_wse, stride_wsn, stride_h, stride_hs,
     FP8: tl.constexpr, UE8M0: tl.constexpr, HAS_SHARED: tl.constexpr, UPCAST: tl.constexpr,
-    QUANT_H: tl.constexpr, EVEN_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    QUANT_H: tl.constexpr, EVEN_K: tl.constexpr, SPLIT_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    num_n = tl.cdiv(INTER, BLOCK_N)
-    pid_m = pid // num_n  # column strips of one row block run next to each other: its rows stay in L2
-    pid_n = pid % num_n
+    """``SPLIT_N``: the program's ``BLOCK_N`` columns are computed in two half-width passes over K (half the
+    accumulator registers per pass, so more warps' worth of pipelining fits), then quantized together."""
+    pid_m, pid_n = _tile(tl.program_id(0), tl.cdiv(INTER, BLOCK_N), NUM_BLOCKS, GROUP_M)
     live, e, offs_m, pair, row_ok, token = _pair_rows(
         sorted_pairs_ptr, block_expert_ptr, num_padded_ptr, pid_m, NUM_PAIRS, TK, TOPK, BLOCK_M)
     if live:
@@ -62,57 +107,46 @@ def gemm_up(
         else:
             wbase = w_ptr + e.to(tl.int64) * stride_we
             sbase = w_scale_ptr + e.to(tl.int64) * stride_wse
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < INTER
-        offs_k = tl.arange(0, BLOCK_K)
         a_rows = a_ptr + token.to(tl.int64)[:, None] * stride_a
-        g_cols = wbase + offs_n.to(tl.int64)[None, :] * stride_wn
-        u_cols = wbase + (offs_n + INTER).to(tl.int64)[None, :] * stride_wn
-        acc_g = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-        acc_u = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            kb = k0 // BLOCK_K
-            kk = k0 + offs_k
-            k_ok = (kk < K) | EVEN_K  # EVEN_K: K % BLOCK_K == 0, the mask folds away
-            a = tl.load(a_rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            bg = tl.load(g_cols + kk[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
-            bu = tl.load(u_cols + kk[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
-            if FP8:  # BLOCK_K == 128: step kb is scale block kb
-                sa = tl.load(a_scale_ptr + token * stride_as + kb, mask=row_ok, other=0.0)
-                sg = tl.load(sbase + (offs_n // 128) * stride_wsn + kb, mask=n_ok, other=0.0)
-                su = tl.load(sbase + ((offs_n + INTER) // 128) * stride_wsn + kb, mask=n_ok, other=0.0)
-                acc_g += tl.dot(a, bg) * (sa[:, None] * sg[None, :])
-                acc_u += tl.dot(a, bu) * (sa[:, None] * su[None, :])
-            elif UPCAST:
-                acc_g = tl.dot(a.to(tl.float32), bg.to(tl.float32), acc_g)
-                acc_u = tl.dot(a.to(tl.float32), bu.to(tl.float32), acc_u)
-            else:
-                acc_g = tl.dot(a, bg, acc_g)
-                acc_u = tl.dot(a, bu, acc_u)
-        h = acc_g * tl.sigmoid(acc_g) * acc_u
-        h = tl.where(n_ok[None, :], h, 0.0)
         out_rows = offs_m.to(tl.int64)[:, None] * stride_h
-        if QUANT_H:  # BLOCK_N == 128: this program owns scale block pid_n of every row
-            s = fp8_scale(tl.max(tl.abs(h), axis=1), UE8M0)
-            tl.store(h_ptr + out_rows + offs_n[None, :], fp8_quantize(h, s[:, None], UPCAST), mask=n_ok[None, :])
-            tl.store(h_scale_ptr + offs_m * stride_hs + pid_n, s)
+        if SPLIT_N:
+            offs0 = pid_n * BLOCK_N + tl.arange(0, BLOCK_N // 2)
+            offs1 = offs0 + BLOCK_N // 2
+            h0 = _swiglu_cols(a_rows, a_scale_ptr, token, row_ok, stride_as, wbase, sbase, stride_wn, stride_wsn,
+                              offs0, K, INTER, FP8, UPCAST, EVEN_K, BLOCK_K)
+            h1 = _swiglu_cols(a_rows, a_scale_ptr, token, row_ok, stride_as, wbase, sbase, stride_wn, stride_wsn,
+                              offs1, K, INTER, FP8, UPCAST, EVEN_K, BLOCK_K)
+            if QUANT_H:  # BLOCK_N == 128: this program owns scale block pid_n of every row
+                s = fp8_scale(tl.maximum(tl.max(tl.abs(h0), axis=1), tl.max(tl.abs(h1), axis=1)), UE8M0)
+                h0 = fp8_quantize(h0, s[:, None], UPCAST)
+                h1 = fp8_quantize(h1, s[:, None], UPCAST)
+                tl.store(h_scale_ptr + offs_m * stride_hs + pid_n, s)
+            tl.store(h_ptr + out_rows + offs0[None, :], h0.to(h_ptr.dtype.element_ty), mask=(offs0 < INTER)[None, :])
+            tl.store(h_ptr + out_rows + offs1[None, :], h1.to(h_ptr.dtype.element_ty), mask=(offs1 < INTER)[None, :])
         else:
-            tl.store(h_ptr + out_rows + offs_n[None, :], h.to(h_ptr.dtype.element_ty), mask=n_ok[None, :])
+            offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            n_ok = offs_n < INTER
+            h = _swiglu_cols(a_rows, a_scale_ptr, token, row_ok, stride_as, wbase, sbase, stride_wn, stride_wsn,
+                             offs_n, K, INTER, FP8, UPCAST, EVEN_K, BLOCK_K)
+            if QUANT_H:  # BLOCK_N == 128: this program owns scale block pid_n of every row
+                s = fp8_scale(tl.max(tl.abs(h), axis=1), UE8M0)
+                tl.store(h_ptr + out_rows + offs_n[None, :], fp8_quantize(h, s[:, None], UPCAST),
+                         mask=n_ok[None, :])
+                tl.store(h_scale_ptr + offs_m * stride_hs + pid_n, s)
+            else:
+                tl.store(h_ptr + out_rows + offs_n[None, :], h.to(h_ptr.dtype.element_ty), mask=n_ok[None, :])
 
 
 @triton.jit
 def gemm_down(
     h_ptr, h_scale_ptr, w_ptr, w_scale_ptr, ws_ptr, ws_scale_ptr, y_ptr, topk_w_ptr,
     sorted_pairs_ptr, block_expert_ptr, num_padded_ptr,
-    NUM_PAIRS, TK, TOPK, K, N, NUM_EXPERTS,
+    NUM_PAIRS, TK, TOPK, K, N, NUM_EXPERTS, NUM_BLOCKS,
     stride_h, stride_hs, stride_we, stride_wn, stride_wse, stride_wsn, stride_y,
     FP8: tl.constexpr, HAS_SHARED: tl.constexpr, UPCAST: tl.constexpr, EVEN_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    num_n = tl.cdiv(N, BLOCK_N)
-    pid_m = pid // num_n
-    pid_n = pid % num_n
+    pid_m, pid_n = _tile(tl.program_id(0), tl.cdiv(N, BLOCK_N), NUM_BLOCKS, GROUP_M)
     live, e, offs_m, pair, row_ok, token = _pair_rows(
         sorted_pairs_ptr, block_expert_ptr, num_padded_ptr, pid_m, NUM_PAIRS, TK, TOPK, BLOCK_M)
     if live:
@@ -149,17 +183,18 @@ def gemm_down(
 
 
 @triton.jit
-def combine(y_ptr, ids_ptr, out_ptr, extra_ptr, T, N, stride_y, stride_out, stride_extra,
+def combine(y_ptr, ids_ptr, out_ptr, extra_ptr, T, N, NUM_EXPERTS, stride_y, stride_out, stride_extra,
             TOPK: tl.constexpr, SHARED_ROWS: tl.constexpr, HAS_EXTRA: tl.constexpr, BLOCK_N: tl.constexpr):
-    """``out[t] = sum_j [ids[t, j] >= 0] y[t*k + j] (+ y[T*k + t] when the shared expert rode along)
-    (+ extra[t] when it ran apart)``, fp32 sums, bf16 out."""
+    """``out[t] = sum_j [0 <= ids[t, j] < E] y[t*k + j] (+ y[T*k + t] when the shared expert rode along)
+    (+ extra[t] when it ran apart)``, fp32 sums, bf16 out. Pairs with an id outside ``[0, E)`` were never
+    computed, so their ``y`` rows are never read."""
     t = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     ok = offs < N
     acc = tl.zeros((BLOCK_N,), tl.float32)
     for j in tl.static_range(TOPK):
         e = tl.load(ids_ptr + t * TOPK + j)
-        if e >= 0:
+        if (e >= 0) & (e < NUM_EXPERTS):
             acc += tl.load(y_ptr + (t * TOPK + j).to(tl.int64) * stride_y + offs, mask=ok, other=0.0).to(tl.float32)
     if SHARED_ROWS:
         acc += tl.load(y_ptr + (T * TOPK + t).to(tl.int64) * stride_y + offs, mask=ok, other=0.0).to(tl.float32)
