@@ -30,7 +30,7 @@ from dsa_runtime.testing.compare import out_and_lse  # noqa: E402
 from dsa_runtime.testing.tolerances import tolerance  # noqa: E402
 
 SUBJECTS = ("triton", "torch", "flaggems", "flashmla")
-SLOW_REF_S = 2.0  # a reference call slower than this is not timed (said in the table)
+SLOW_REF_S = 10.0  # a reference call slower than this is not timed (said in the table)
 
 
 def bf16_ceiling_tflops(n: int = 8192) -> float:
