@@ -8,7 +8,9 @@ available when the ``triton`` package is installed and an SM90 GPU is visible (c
 triton or initialising CUDA). Families without a Hopper kernel yet resolve to the reference backend on CUDA
 (logged), and ``dsa-runtime plugins`` says so.
 FlashMLA and DeepGEMM have no usable PyPI release; when a user has built them (``pip install -e`` of their
-repositories), their modules ``flash_mla`` / ``deep_gemm`` are detected and reported here.
+repositories), their modules ``flash_mla`` / ``deep_gemm`` are detected and reported here. The FlashMLA adapters
+``flashmla_sparse`` (prefill) and ``flashmla_kv`` (FP8 decode) of :mod:`.flashmla` are always registered and
+available only with a built ``flash_mla`` on an SM90 GPU (``dsa-runtime plugins`` says why not otherwise).
 """
 
 from __future__ import annotations
@@ -47,18 +49,22 @@ def defaults(_: Detection) -> PlatformDefaults:
         backends={
             "indexer": ("deepgemm", "triton"),
             "topk": ("triton",),
-            "sparse_attn": ("flashmla_sparse", "triton"),
+            "sparse_attn": ("flashmla_sparse", "flashmla_kv", "triton"),
             "kv_quant": ("triton",),
             "moe": ("deepgemm", "triton"),
         },
         methods={
             "sparse_attn.prefill": ("flashmla_sparse", "triton"),
-            "sparse_attn.decode": ("fa3", "flashmla_sparse", "triton"),
+            # fa3 (SGLang's Hopper decode) is not registered here: it falls through, logged. flashmla_kv claims
+            # only the fp8_656 cache, so a bf16-KV engine skips it (the KV layout is part of the decode needs).
+            "sparse_attn.decode": ("fa3", "flashmla_kv", "triton"),
         },
         reasons={
             "kv_layout": "SGLang's Hopper default: bf16 KV (FP8 KV is the default only on SM>=100)",
             "prefill_attn": "SGLang's Hopper default: flashmla_sparse prefill",
             "decode_attn": "SGLang's Hopper default: fa3 decode over gathered bf16 pages",
+            "sparse_attn": "SGLang's Hopper choices: flashmla_sparse prefill, fa3 decode (not provided here), "
+            "flashmla_kv for an FP8 cache, else Triton",
             "moe": "Triton fused grouped routing + FP8 block-scaled grouped GEMMs (DeepGEMM first when registered)",
             **NVIDIA_REASONS,
         },
@@ -117,4 +123,8 @@ def dsa_register_platforms(register):
 
 @hookimpl
 def dsa_register_backends(register):
+    from dsa_runtime.plugins.cuda_hopper.flashmla import flashmla_backends
+
     register(triton_backend())
+    for backend in flashmla_backends():
+        register(backend)

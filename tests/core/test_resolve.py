@@ -62,13 +62,17 @@ def test_reference_stays_selectable_on_cpu():
     [("NVIDIA H100 80GB HBM3:9.0", "cuda_hopper", "bf16"), ("NVIDIA B200:10.0", "cuda_blackwell", "fp8_656")],
 )
 def test_auto_follows_platform_defaults(monkeypatch, gpu, platform, layout):
+    from dsa_runtime.plugins.cuda_hopper import flashmla
+
     monkeypatch.setenv("DSA_FAKE_GPU", gpu)
+    monkeypatch.setattr(flashmla, "flashmla_library", lambda: (False, "flash_mla is not installed"))
     resolved = resolve_kernels(manager=manager_with())
     assert (resolved.platform, resolved.device, resolved.kv_layout) == (platform, "cuda", layout)
     prefill, decode = resolved.choices["sparse_attn.prefill"], resolved.choices["sparse_attn.decode"]
     assert prefill.backend == decode.backend == "reference"
-    assert "no 'flashmla_sparse' backend registered" in prefill.reason
-    assert ("no 'fa3' backend registered" if layout == "bf16" else "no 'flashmla_kv' backend registered") in decode.reason
+    # The FlashMLA adapters are registered (cuda_hopper) but unavailable without a built flash_mla.
+    assert "backend 'flashmla_sparse' unavailable" in prefill.reason
+    assert ("no 'fa3' backend registered" if layout == "bf16" else "backend 'flashmla_kv' unavailable") in decode.reason
 
 
 def test_auto_prefers_the_platform_backend_when_registered(monkeypatch):

@@ -89,19 +89,24 @@ def test_prefill_always_reads_bf16_so_an_fp8_cache_does_not_block_it():
 
 
 def test_auto_uses_the_platform_preference_per_method(monkeypatch):
+    # The real FlashMLA adapters (cuda_hopper), made available by a stand-in flash_mla; fa3 is a fake.
+    import sys
+
+    from tests.hopper import fake_flash_mla
+
+    monkeypatch.setitem(sys.modules, "flash_mla", fake_flash_mla.make())
     monkeypatch.setenv("DSA_FAKE_GPU", "NVIDIA H200:9.0")
-    flashmla = prefill_only("flashmla_sparse", devices=("cuda",))
     fa3 = decode_only("fa3", layouts=("bf16",), devices=("cuda",))
-    resolved = resolve_kernels(manager=manager_with(flashmla, fa3))
+    resolved = resolve_kernels(manager=manager_with(fa3))
     assert (resolved.platform, resolved.kv_layout) == ("cuda_hopper", "bf16")
     assert resolved.choices["sparse_attn.prefill"].backend == "flashmla_sparse"
-    assert resolved.choices["sparse_attn.prefill"].reason == "cuda_hopper default"
+    assert resolved.choices["sparse_attn.prefill"].reason.startswith("cuda_hopper default")
     assert resolved.choices["sparse_attn.decode"].backend == "fa3"
-    # without fa3, decode skips flashmla_sparse (prefill only) with its reason and lands on the reference
-    resolved = resolve_kernels(manager=manager_with(flashmla))
+    # without fa3, decode skips flashmla_kv (FP8 cache only) with its reason and lands on the reference
+    resolved = resolve_kernels(manager=manager_with())
     decode = resolved.choices["sparse_attn.decode"]
     assert decode.backend == "reference"
-    assert "no 'fa3' backend registered" in decode.reason and "prefill-only library" in decode.reason
+    assert "no 'fa3' backend registered" in decode.reason and "KV layout 'bf16' not claimed" in decode.reason
 
 
 def test_bound_method_missing_from_the_kernel_object_is_a_plugin_error():
@@ -142,7 +147,7 @@ def test_cli_sets_prefill_and_decode_separately(capsys, monkeypatch):
     assert "    checked against: page_size 16, decode_queries 2\n" in capsys.readouterr().out
 
 
-def flashmla_shaped(name="flashmla_sparse"):
+def flashmla_shaped(name="flashmla_like"):
     heads = ValueSet.one_of(64, 128)
     return method_backend(name, {
         "sparse_attn.prefill": MethodClaim(heads=heads, k=ValueSet.multiples(128, 128, 16384)),
@@ -152,30 +157,35 @@ def flashmla_shaped(name="flashmla_sparse"):
 
 def test_model_needs_decide_whether_a_backend_fits():
     manager = manager_with(flashmla_shaped())
-    fits = resolve_kernels(KernelConfig(sparse_attn="flashmla_sparse"), manager=manager,
+    fits = resolve_kernels(KernelConfig(sparse_attn="flashmla_like"), manager=manager,
                            needs={"heads": 128, "k": 2048, "decode_queries": 2})
-    assert fits.backend_of("sparse_attn.decode") == "flashmla_sparse"
+    assert fits.backend_of("sparse_attn.decode") == "flashmla_like"
     assert fits.needs == {"page_size": 64, "heads": 128, "k": 2048, "decode_queries": 2}
     # 4 heads pad to 64 (the caller pads: dsa_runtime.padding); 200 heads fit no claimed count.
-    padded = resolve_kernels(KernelConfig(sparse_attn="flashmla_sparse"), manager=manager,
+    padded = resolve_kernels(KernelConfig(sparse_attn="flashmla_like"), manager=manager,
                              needs={"heads": 4, "k": 32, "page_size": 64})
     assert padded.choices["sparse_attn.prefill"].reason == "chosen for sparse_attn; pads heads 4 -> 64, k 32 -> 128"
     assert padded.choices["sparse_attn.decode"].reason == "chosen for sparse_attn; pads heads 4 -> 64, k 32 -> 64"
     with pytest.raises(ConfigError, match="head count 200 not claimed: claims one of \\[64, 128\\]"):
-        resolve_kernels(KernelConfig(sparse_attn="flashmla_sparse"), manager=manager, needs={"heads": 200})
+        resolve_kernels(KernelConfig(sparse_attn="flashmla_like"), manager=manager, needs={"heads": 200})
     with pytest.raises(ConfigError, match="page size 16 not claimed: claims one of \\[64\\]"):
-        resolve_kernels(KernelConfig(sparse_attn_decode="flashmla_sparse"), manager=manager, needs={"page_size": 16})
+        resolve_kernels(KernelConfig(sparse_attn_decode="flashmla_like"), manager=manager, needs={"page_size": 16})
     # prefill does not use the page size, so only decode is refused
-    ok = resolve_kernels(KernelConfig(sparse_attn_prefill="flashmla_sparse"), manager=manager, needs={"page_size": 16})
-    assert ok.backend_of("sparse_attn.prefill") == "flashmla_sparse"
+    ok = resolve_kernels(KernelConfig(sparse_attn_prefill="flashmla_like"), manager=manager, needs={"page_size": 16})
+    assert ok.backend_of("sparse_attn.prefill") == "flashmla_like"
     with pytest.raises(ConfigError, match="unknown kernel needs head_count"):
         resolve_kernels(manager=manager, needs={"head_count": 4})
 
 
 def test_auto_skips_a_preferred_backend_the_model_does_not_fit(monkeypatch):
+    # The real flashmla_sparse adapter (64/128 heads, k % 128), available through a stand-in flash_mla.
+    import sys
+
+    from tests.hopper import fake_flash_mla
+
+    monkeypatch.setitem(sys.modules, "flash_mla", fake_flash_mla.make())
     monkeypatch.setenv("DSA_FAKE_GPU", "NVIDIA H100 80GB HBM3:9.0")
-    manager = manager_with(method_backend("flashmla_sparse", {
-        "sparse_attn.prefill": MethodClaim(heads={64, 128}, k=ValueSet.multiples(128, 128, 16384))}, ("cuda",)))
+    manager = manager_with()
     huge = resolve_kernels(manager=manager, needs={"heads": 256, "k": 2048})
     prefill = huge.choices["sparse_attn.prefill"]
     assert prefill.backend == "reference" and "head count 256 not claimed" in prefill.reason
