@@ -120,7 +120,8 @@ def measure(args) -> dict:
     if args.dp > 1:  # group 0 serves only its sequences: its top-k calls line up with a run of those alone
         mine = split_batch(ForwardBatch([ForwardSeq(p, 0, t) for p, t in zip(ps, tabs, strict=True)]), args.dp)[0]
         ref0 = reference()
-        drive(ref0, [ps[i] for i in mine], [tabs[i] for i in mine], [fed[i] for i in mine], args.decode_steps)
+        g0_pre, g0_dec, _ = drive(ref0, [ps[i] for i in mine], [tabs[i] for i in mine], [fed[i] for i in mine],
+                                  args.decode_steps)
         ref_log = ref0.topk_log
     t_ref = time.perf_counter() - t0
     spec = RankSpec(config=cfg, random_seed=0, dtype=args.dtype, num_pages=num_pages, page_size=PAGE,
@@ -146,7 +147,19 @@ def measure(args) -> dict:
         diffs.append((want_dec - got_dec).abs().flatten(0, 1))
     agree = torch.cat(nxt_a) == torch.cat(nxt_b)
     d = torch.cat(diffs)
-    return {
+    extra = {}
+    if args.dp > 1:
+        # Control: tp 1 itself on group 0's sequences alone vs in the whole batch (CPU paths depend on row
+        # counts, e.g. few-row fp32 GEMMs), and tp N's group 0 against that same-batch tp 1 run.
+        def nxt(pre, dec, idx):
+            last = torch.stack([pre[i][-1] for i in idx]).argmax(-1)
+            return torch.cat([last, dec[:, idx].argmax(-1).flatten()]) if dec is not None else last
+
+        g = list(range(len(mine)))
+        whole, alone, tpn = nxt(want_pre, want_dec, mine), nxt(g0_pre, g0_dec, g), nxt(got_pre, got_dec, mine)
+        extra = {"group0_tp1_alone_vs_whole_top1": float((whole == alone).float().mean()),
+                 "group0_tpN_vs_tp1_alone_top1": float((tpn == alone).float().mean())}
+    return {**extra,
         "tp": args.tp, "dp": args.dp, "dtype": args.dtype, "reduce_dtype": args.reduce_dtype,
         "tp1_moe_fp32": bool(args.tp1_moe_fp32),
         "index_topk": args.index_topk, "prompts": args.prompts, "lengths": [len(p) for p in ps],

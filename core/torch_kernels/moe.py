@@ -9,7 +9,9 @@ tokens (weights from ``expert_cache``, dequantised once) in bf16 for bf16 activa
 model), the SwiGLU activation is computed in fp32, and the weighted results are accumulated in fp32 with one
 ``index_add_``. An expert with at most ``FEW_ROWS`` tokens runs in fp32 when the experts are small enough
 to keep an fp32 copy too (``expert_cache.small_fp32``): a bf16 GEMM has a fixed cost of ~15 us on CPU, which
-dominates a decode step's few-token experts. Output bf16.
+dominates a decode step's few-token experts; it rounds ``h`` and the activation to bf16 as the bf16 path
+does, so a token's result does not depend on its expert's token count. Output bf16, or fp32 with
+``out_dtype`` (each expert's down projection unrounded: TP partial sums, ``moe_fp32_sum``).
 """
 
 from __future__ import annotations
@@ -50,6 +52,17 @@ def _swiglu(x: Tensor, w13: Tensor, w2: Tensor, w2_f32: Tensor | None = None) ->
     if w2_f32 is not None:
         return act.to(w2.dtype).float() @ w2_f32.T
     return (act.to(w2.dtype) @ w2.T).float()
+
+
+def _swiglu_few(x: Tensor, w13: Tensor, w2: Tensor, exact: bool) -> Tensor:
+    """:func:`_swiglu` of a bf16 model through fp32 copies (few rows: fp32 GEMVs are faster on CPU), with the
+    bf16 path's roundings (``h`` and the activation to bf16; the output too unless ``exact``), so a token's
+    result does not depend on how many tokens its expert got in the step (batch composition, DP groups)."""
+    inter = w13.shape[0] // 2
+    h = (x @ w13.T).to(torch.bfloat16).float()
+    act = torch.nn.functional.silu(h[:, :inter]).mul_(h[:, inter:]).to(torch.bfloat16).float()
+    y = act @ w2.T
+    return y if exact else y.to(torch.bfloat16).float()
 
 
 class TorchMoE:
@@ -130,7 +143,7 @@ class TorchMoE:
                 if count:
                     end = start + count
                     if few and count <= FEW_ROWS:
-                        ys[start:end] = _swiglu(xs_f[start:end], w13_f[e], w2_f[e])
+                        ys[start:end] = _swiglu_few(xs_f[start:end], w13_f[e], w2_f[e], exact)
                     else:
                         ys[start:end] = _swiglu(xs[start:end], w13[e], w2[e], w2_f[e] if exact else None)
                     start = end
@@ -139,7 +152,7 @@ class TorchMoE:
         if shared is not None:
             if dtype != torch.float32 and x.shape[0] <= FEW_ROWS and small_fp32(shared):
                 s13, s2 = compute_weights(shared, torch.float32)
-                out += _swiglu(xc.float(), s13[0], s2[0])
+                out += _swiglu_few(xc.float(), s13[0], s2[0], exact)
             else:
                 s13, s2 = compute_weights(shared, dtype)
                 s2f = compute_weights(shared, torch.float32)[1][0] if exact else None
