@@ -13,8 +13,12 @@ the same ragged prefill and ``--steps`` greedy-fed decode steps of ``--batch`` r
 prefill's last rows and of the first decode step are compared (max |diff|, top-1 agreement), then decode
 steps are timed (CUDA-synchronised wall clock, median-free: total tokens / total seconds).
 
+Prompts are ``prompt/2 .. prompt`` tokens (default 128-256), so one default run also checks the tiny
+preset's acceptance point (tp 2 next-token top-1 agreement and max |diff| vs tp 1 on 128-256-token prompts,
+``--tp-reduce-dtype fp32``, tp 1 with ``moe_fp32_sum``); the last lines print it per model.
+
 Usage: ``python bench/tp_decode.py [--models tiny,real] [--batch 32] [--prompt 256] [--steps 32]
-[--out tp_decode.json]``.
+[--tp-reduce-dtype fp32] [--tp1-moe-fp32 1] [--out tp_decode.json]``.
 """
 
 from __future__ import annotations
@@ -135,7 +139,8 @@ def bench_model(name: str, args) -> dict:
     dev = torch.device("cuda:0" if args.device == "cuda" else "cpu")
     result: dict = {"model": name, "layers": config.num_hidden_layers, "heads": config.num_attention_heads,
                     "hidden": config.hidden_size, "batch": args.batch, "prompt_max": args.prompt,
-                    "steps": args.steps}
+                    "steps": args.steps, "tp_reduce_dtype": args.tp_reduce_dtype,
+                    "tp1_moe_fp32": bool(args.tp1_moe_fp32)}
     t0 = time.perf_counter()
     tensors = rank_random_state(config, RankInfo(0, 1, 1, 1), dev, seed=args.seed)
     kcfg = KernelConfig() if args.device == "cuda" else KernelConfig(platform="cpu")
@@ -143,7 +148,10 @@ def bench_model(name: str, args) -> dict:
     result["kernels"] = {m: c.backend for m, c in kernels.choices.items()}
     dtype = getattr(torch, args.dtype)
     cache = KVCache(config, num_pages, page, kernels.kv_layout, dev, dtype)
-    runner = ModelRunner(config, tensors, kernels=kernels, cache=cache, dtype=dtype, device=dev)
+    # tp 1 rounds the MoE's fp32 expert sum once, as the tp 2 ranks round their fp32 partial sums
+    # (--tp-reduce-dtype fp32): the two differ by fp32 summation order only.
+    runner = ModelRunner(config, tensors, kernels=kernels, cache=cache, dtype=dtype, device=dev,
+                         moe_fp32_sum=bool(args.tp1_moe_fp32))
     del tensors
     result["tp1_build_s"] = time.perf_counter() - t0
     result["tp1_gpu_bytes"] = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else None
@@ -157,7 +165,7 @@ def bench_model(name: str, args) -> dict:
     t0 = time.perf_counter()
     spec = RankSpec(config=config, random_seed=args.seed, dtype=args.dtype, device_type=dev.type,
                     kernel_config=kcfg, num_pages=num_pages, page_size=page, cpu_threads=None)
-    dist_runner = DistributedRunner(ParallelConfig(tp=2, timeout_s=300), spec)
+    dist_runner = DistributedRunner(ParallelConfig(tp=2, timeout_s=300, reduce_dtype=args.tp_reduce_dtype), spec)
     try:
         result["tp2_build_s"] = time.perf_counter() - t0
         log(f"{name}: tp 2 built in {result['tp2_build_s']:.1f} s")
@@ -183,6 +191,9 @@ def main() -> int:
     p.add_argument("--moe-layers", type=int, default=1, choices=(0, 1))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    p.add_argument("--tp-reduce-dtype", default="fp32", choices=("fp32", "bf16"))
+    p.add_argument("--tp1-moe-fp32", type=int, default=1, choices=(0, 1),
+                   help="1: the tp 1 runner rounds the MoE's fp32 expert sum once (ModelRunner moe_fp32_sum)")
     p.add_argument("--out", default=None)
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a dry run of the script (gloo)")
     args = p.parse_args()
@@ -205,7 +216,8 @@ def main() -> int:
         print(f"{r['model']}: tp1 {r['tp1']['decode_tok_s']:.0f} tok/s ({r['tp1']['decode_step_ms']:.1f} ms/step), "
               f"tp2 {r['tp2']['decode_tok_s']:.0f} tok/s ({r['tp2']['decode_step_ms']:.1f} ms/step); "
               f"prefill max|diff| {c['prefill']['max_abs_diff']:.4f} top1 {c['prefill']['top1_agree']:.3f}; "
-              f"decode0 max|diff| {c['decode0']['max_abs_diff']:.4f} top1 {c['decode0']['top1_agree']:.3f}")
+              f"decode0 max|diff| {c['decode0']['max_abs_diff']:.4f} top1 {c['decode0']['top1_agree']:.3f} "
+              f"(reduce {r['tp_reduce_dtype']}, prompts {args.prompt // 2}-{args.prompt} tokens)")
     return 0
 
 

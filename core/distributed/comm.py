@@ -30,6 +30,13 @@ class TPContext:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     # Per step, set by the runtime under DP attention: token rows of every attention group (for the FFN gather).
     group_tokens: list[int] | None = None
+    # "fp32": row-parallel partial sums stay fp32 through the all-reduce (ParallelConfig.reduce_dtype).
+    reduce_dtype: str = "fp32"
+
+    def partial_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        """The dtype row-parallel layers return their partial sums in: fp32 under the fp32 reduce (rounded
+        to ``model_dtype`` once, after the sum), else ``model_dtype``."""
+        return torch.float32 if self.reduce_dtype == "fp32" else model_dtype
 
     @property
     def world(self) -> int:
@@ -57,7 +64,8 @@ class TPContext:
 
 
 def _all_reduce(x: Tensor, group: Any) -> Tensor:
-    """Sum over ``group``; bf16 partials are summed in fp32 on CPU (gloo) and rounded once."""
+    """Sum over ``group`` in ``x``'s dtype (fp32 partials: fp32 sums); bf16 on CPU is summed in fp32 (gloo)
+    and rounded once."""
     if x.device.type == "cpu" and x.dtype == torch.bfloat16:
         y = x.float()
         torch.distributed.all_reduce(y, group=group)
@@ -89,4 +97,4 @@ def init_groups(parallel: ParallelConfig, rank: int, device: torch.device, init_
     # workers wait on it between steps, so its timeout is long; liveness is the watchdog's job.
     ctrl = dist.new_group(list(range(parallel.tp)), backend="gloo", timeout=datetime.timedelta(days=7))
     world_group = dist.group.WORLD
-    return TPContext(info, world_group, attn_group, ctrl, device)
+    return TPContext(info, world_group, attn_group, ctrl, device, reduce_dtype=parallel.reduce_dtype)

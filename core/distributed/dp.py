@@ -42,12 +42,14 @@ def padded_rows(counts: list[int], multiple: int) -> int:
 
 
 def run_ffn(ffn, x: Tensor, kernels, tp: TPContext | None) -> Tensor:
-    """``ffn(x, kernels)`` with TP-split weights: partial sums all-reduced over every rank; under DP
+    """``ffn(x, kernels)`` with TP-split weights: partial sums (fp32 under ``reduce_dtype`` fp32, rounded to
+    x's dtype once after the sum) all-reduced over every rank; under DP
     attention the groups' rows are gathered first and this group's rows returned. x ``[T, D]`` -> ``[T, D]``."""
     if tp is None or tp.world == 1:
         return ffn(x, kernels)
+    part = tp.partial_dtype(x.dtype)  # fp32 partial sums, rounded once after the all-reduce (reduce fp32)
     if tp.info.dp == 1:
-        return tp.all_reduce_world(ffn(x, kernels))
+        return tp.all_reduce_world(ffn(x, kernels, out_dtype=part)).to(x.dtype)
     counts = tp.group_tokens
     assert counts is not None, "DP attention step without group token counts"
     pad = padded_rows(counts, tp.world)
@@ -57,6 +59,6 @@ def run_ffn(ffn, x: Tensor, kernels, tp: TPContext | None) -> Tensor:
     parts = tp.all_gather_world(xp)
     a = tp.info.attn_size
     rows = torch.cat([parts[g * a] for g in range(tp.info.dp)])
-    y = tp.all_reduce_world(ffn(rows, kernels))
+    y = tp.all_reduce_world(ffn(rows, kernels, out_dtype=part))
     off = tp.info.dp_rank * pad
-    return y[off:off + mine]
+    return y[off:off + mine].to(x.dtype)

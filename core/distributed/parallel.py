@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+REDUCE_DTYPES = ("fp32", "bf16")
+
 
 @dataclass(frozen=True)
 class ParallelConfig:
@@ -22,6 +24,10 @@ class ParallelConfig:
         nnodes, node_rank: nodes in all and this node's index; each node runs ``tp // nnodes`` ranks.
         dist_init_addr: ``host:port`` of node 0's rendezvous (default ``127.0.0.1:<free port>`` on one node).
         timeout_s: collective timeout; a stuck or dead peer becomes an error after this long, never a hang.
+        reduce_dtype: ``fp32`` (default): row-parallel layers (``o_proj``, FFN / MoE down projections) return
+            fp32 partial sums, all-reduced in fp32 and rounded to the model dtype once, so tp N differs from
+            tp 1 only by fp32 summation order; ``bf16``: partials rounded and reduced in the model dtype (half
+            the all-reduce bytes, what SGLang / vLLM do; tp N then drifts from tp 1 by bf16 roundings).
     """
 
     tp: int = 1
@@ -31,6 +37,7 @@ class ParallelConfig:
     node_rank: int = 0
     dist_init_addr: str | None = None
     timeout_s: float = 120.0
+    reduce_dtype: str = "fp32"
 
     def __post_init__(self) -> None:
         if self.tp < 1 or self.dp < 1:
@@ -47,6 +54,8 @@ class ParallelConfig:
             raise ValueError("multi-node runs need --dist-init-addr HOST:PORT (node 0's address)")
         if self.timeout_s <= 0:
             raise ValueError("the collective timeout must be > 0")
+        if self.reduce_dtype not in REDUCE_DTYPES:
+            raise ValueError(f"--tp-reduce-dtype must be one of {', '.join(REDUCE_DTYPES)}, got {self.reduce_dtype!r}")
 
     @property
     def attn_size(self) -> int:

@@ -134,6 +134,12 @@ class EngineConfig:
         default=300.0,
         metadata=_opt("--dist-timeout", "seconds before a stuck collective is an error (a dead rank stops the service)"),
     )
+    tp_reduce_dtype: str = field(
+        default="fp32",
+        metadata=_opt("--tp-reduce-dtype", "dtype of the row-parallel partial sums and their all-reduce under --tp: "
+                      "fp32 (tp N equals tp 1 up to fp32 summation order; 2x all-reduce bytes) or bf16",
+                      choices=("fp32", "bf16")),
+    )
     indexer_backend: str = field(
         default=AUTO, metadata=_opt("--indexer-backend", "lightning-indexer backend")
     )
@@ -172,7 +178,7 @@ class EngineConfig:
 
         return ParallelConfig(tp=self.tp, dp=self.dp, enable_dp_attention=self.enable_dp_attention,
                               nnodes=self.nnodes, node_rank=self.node_rank, dist_init_addr=self.dist_init_addr,
-                              timeout_s=self.dist_timeout)
+                              timeout_s=self.dist_timeout, reduce_dtype=self.tp_reduce_dtype)
 
     @property
     def kv_layout(self) -> str:

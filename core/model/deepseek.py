@@ -24,7 +24,7 @@ from dsa_runtime.model.weights import WeightSource
 
 
 class DecoderLayer:
-    def __init__(self, ws: WeightSource, layer: int, config: ModelConfig, tp=None):
+    def __init__(self, ws: WeightSource, layer: int, config: ModelConfig, tp=None, moe_fp32_sum: bool = False):
         p = f"model.layers.{layer}"
         self.tp = tp
         self.index = layer
@@ -32,7 +32,8 @@ class DecoderLayer:
         self.attn_norm = ws.plain(f"{p}.input_layernorm.weight")
         self.ffn_norm = ws.plain(f"{p}.post_attention_layernorm.weight")
         self.attn = MLA(ws, f"{p}.self_attn", config, tp)
-        self.ffn = MoE(ws, f"{p}.mlp", config) if config.is_moe_layer(layer) else DenseFFN(ws, f"{p}.mlp")
+        self.ffn = (MoE(ws, f"{p}.mlp", config, moe_fp32_sum) if config.is_moe_layer(layer)
+                    else DenseFFN(ws, f"{p}.mlp"))
 
     def __call__(self, h: Tensor, cos: Tensor, sin: Tensor, ctx: AttnContext, kv_cache: Tensor,
                  index_cache: Tensor | None) -> Tensor:
@@ -48,10 +49,12 @@ class DeepseekModel:
 
     ``tp`` (a :class:`~dsa_runtime.distributed.comm.TPContext`, None on one process): the tensors are this
     rank's slices (``dsa_runtime.distributed.sharding``): local heads, intermediate and vocabulary rows.
+    ``moe_fp32_sum``: the MoE rounds its experts' fp32 sum once (see :class:`MoE`), the single-process
+    counterpart of TP's fp32 partial sums (``ParallelConfig.reduce_dtype``).
     """
 
     def __init__(self, config: ModelConfig, tensors: dict[str, Tensor], *, dtype: torch.dtype,
-                 device: torch.device, tp=None):
+                 device: torch.device, tp=None, moe_fp32_sum: bool = False):
         self.config, self.dtype, self.device, self.tp = config, dtype, device, tp
         n = config.num_hidden_layers
         mtp_prefix = f"model.layers.{n}."
@@ -59,7 +62,7 @@ class DeepseekModel:
         main = {k: v for k, v in tensors.items() if not k.startswith(mtp_prefix)}
         ws = WeightSource(main, device, dtype)
         self.embed = ws.plain("model.embed_tokens.weight")
-        self.layers = [DecoderLayer(ws, layer, config, tp) for layer in range(n)]
+        self.layers = [DecoderLayer(ws, layer, config, tp, moe_fp32_sum) for layer in range(n)]
         self.norm = ws.plain("model.norm.weight")
         if ws.has("lm_head.weight"):
             self.head = ws.plain("lm_head.weight")

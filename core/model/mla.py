@@ -126,9 +126,12 @@ class MLA:
             for group in groups:
                 rows, y = prefill_mha(ctx, group, q_nope, q_pe, kv_cache, self._w_kv(), self.v_dim, index_cache, iq)
                 out[rows] = y.to(out.dtype)
-        y = linear(out.reshape(t, self.heads * self.v_dim), self.wo)
-        # Row-parallel o_proj under TP: each rank holds its heads' columns; the partial sums add up.
-        return self.tp.all_reduce_attn(y) if self.tp is not None else y
+        if self.tp is None or self.tp.info.attn_size == 1:
+            return linear(out.reshape(t, self.heads * self.v_dim), self.wo)
+        # Row-parallel o_proj under TP: each rank holds its heads' columns; the partial sums add up. They
+        # stay fp32 through the all-reduce (reduce_dtype fp32) and are rounded once, as tp 1 rounds its sum.
+        y = linear(out.reshape(t, self.heads * self.v_dim), self.wo, self.tp.partial_dtype(x.dtype))
+        return self.tp.all_reduce_attn(y).to(x.dtype)
 
     def _absorbed(self, ctx: AttnContext, seqs: list[SeqMeta], q_nope: Tensor, q_pe: Tensor, kv_cache: Tensor,
                   index_cache: Tensor | None, iq) -> Tensor:

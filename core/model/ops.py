@@ -22,9 +22,31 @@ def fp32_copy(w: Tensor) -> Tensor | None:
     return got
 
 
-def linear(x: Tensor, w: Tensor) -> Tensor:
-    """``x @ w.T`` (x ``[T, in]``, w ``[out, in]``) in x's dtype. Few bf16 rows on CPU use the fp32 copy of
-    ``w``: the inputs are bf16 values either way and both accumulate in fp32, then round once to bf16."""
+_MM_OUT_DTYPE: dict[str, bool] = {}  # device type -> torch.mm(..., out_dtype=) works there
+
+
+def linear_fp32(x: Tensor, w: Tensor) -> Tensor:
+    """``x @ w.T`` returned in fp32 without rounding to x's dtype: the fp32 accumulator of a bf16 GEMM (CUDA:
+    ``torch.mm(out_dtype=float32)``), or an fp32 GEMM of the same bf16 values (CPU has no bf16 GEMM with an
+    fp32 output; bf16 x bf16 products are exact in fp32, so only the summation order differs)."""
+    if x.dtype == torch.float32 and w.dtype == torch.float32:
+        return x @ w.T
+    dev = x.device.type
+    if dev == "cuda" and _MM_OUT_DTYPE.get(dev, True) and x.dtype == w.dtype == torch.bfloat16:
+        try:
+            return torch.mm(x.reshape(-1, x.shape[-1]), w.T, out_dtype=torch.float32).view(*x.shape[:-1], w.shape[0])
+        except (RuntimeError, TypeError):
+            _MM_OUT_DTYPE[dev] = False  # this torch build has no bf16 -> fp32 mm: fp32 GEMM below
+    wf = fp32_copy(w)
+    return x.float() @ (wf if wf is not None else w.float()).T
+
+
+def linear(x: Tensor, w: Tensor, out_dtype: torch.dtype | None = None) -> Tensor:
+    """``x @ w.T`` (x ``[T, in]``, w ``[out, in]``) in x's dtype (``out_dtype`` float32: the unrounded fp32
+    result, for row-parallel partial sums; see :func:`linear_fp32`). Few bf16 rows on CPU use the fp32 copy
+    of ``w``: the inputs are bf16 values either way and both accumulate in fp32, then round once to bf16."""
+    if out_dtype == torch.float32 and x.dtype != torch.float32:
+        return linear_fp32(x, w)
     if x.shape[0] <= FEW_ROWS and x.dtype == torch.bfloat16:
         wf = fp32_copy(w)
         if wf is not None:
@@ -44,6 +66,7 @@ def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
     return torch.nn.functional.layer_norm(x.float(), (x.shape[-1],), weight.float(), bias.float(), eps)
 
 
-def swiglu_mlp(x: Tensor, w1: Tensor, w3: Tensor, w2: Tensor) -> Tensor:
-    """Dense FFN ``w2 @ (silu(w1 @ x) * (w3 @ x))``; x ``[T, D]``, w1/w3 ``[I, D]``, w2 ``[D, I]``."""
-    return linear(torch.nn.functional.silu(linear(x, w1)) * linear(x, w3), w2)
+def swiglu_mlp(x: Tensor, w1: Tensor, w3: Tensor, w2: Tensor, out_dtype: torch.dtype | None = None) -> Tensor:
+    """Dense FFN ``w2 @ (silu(w1 @ x) * (w3 @ x))``; x ``[T, D]``, w1/w3 ``[I, D]``, w2 ``[D, I]``. Output in
+    x's dtype, or unrounded fp32 with ``out_dtype`` float32 (a TP rank's partial sum)."""
+    return linear(torch.nn.functional.silu(linear(x, w1)) * linear(x, w3), w2, out_dtype)

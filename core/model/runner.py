@@ -77,6 +77,10 @@ class ModelRunner:
             256 MiB on CPU, a quarter of free memory on CUDA, at most 4 GiB).
         tp: this rank's :class:`~dsa_runtime.distributed.comm.TPContext` when ``tensors`` are one rank's
             slices (``dsa_runtime.distributed.sharding``); None on one process.
+        moe_fp32_sum: bf16 models: the MoE keeps each expert's output in fp32 and rounds the sum once, the
+            rounding TP ranks get from their fp32 partial sums (``--tp-reduce-dtype fp32``), so tp 1 and
+            tp N agree up to fp32 summation order. Off by default: on CPU it costs an fp32 down-projection
+            GEMM per expert (tiny-v32 prefill ~20% slower); on GPUs an fp32 per-pair buffer.
     """
 
     def __init__(
@@ -91,6 +95,7 @@ class ModelRunner:
         mha_max_keys: int = 2048,
         tp=None,
         indexer_budget_bytes: int | None = None,
+        moe_fp32_sum: bool = False,
     ) -> None:
         self.config = config
         self.kernels = kernels
@@ -102,8 +107,10 @@ class ModelRunner:
         self.mha_max_keys = mha_max_keys
         self.tp = tp
         self.indexer_budget_bytes = indexer_budget_bytes
+        self.moe_fp32_sum = moe_fp32_sum
         with torch.inference_mode():
-            self.model = DeepseekModel(config, tensors, dtype=self.dtype, device=self.device, tp=tp)
+            self.model = DeepseekModel(config, tensors, dtype=self.dtype, device=self.device, tp=tp,
+                                       moe_fp32_sum=moe_fp32_sum)
 
     @classmethod
     def from_checkpoint(cls, checkpoint, **kwargs) -> ModelRunner:
@@ -115,7 +122,8 @@ class ModelRunner:
     def load_weights(self, tensors: dict[str, Tensor]) -> None:
         """Replace every weight from a new HF-named tensor dict (same config); the cache is kept."""
         with torch.inference_mode():
-            self.model = DeepseekModel(self.config, tensors, dtype=self.dtype, device=self.device, tp=self.tp)
+            self.model = DeepseekModel(self.config, tensors, dtype=self.dtype, device=self.device, tp=self.tp,
+                                       moe_fp32_sum=self.moe_fp32_sum)
 
     @property
     def mtp_tensors(self) -> dict[str, Tensor]:

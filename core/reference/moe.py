@@ -88,8 +88,11 @@ class ReferenceMoE:
         topk_ids: Tensor,
         experts: ExpertWeights,
         shared: ExpertWeights | None = None,
+        *,
+        out_dtype: torch.dtype = torch.bfloat16,
     ) -> Tensor:
-        """``out[t] = sum_j w[t, j] * E_{ids[t, j]}(x[t]) + shared(x[t])``: ``[T, D]`` bf16, fp32 inside.
+        """``out[t] = sum_j w[t, j] * E_{ids[t, j]}(x[t]) + shared(x[t])``: ``[T, D]`` bf16 (fp32 unrounded
+        with ``out_dtype`` float32, a TP rank's partial sum), fp32 inside.
 
         An id of ``-1`` (expert held by another rank) contributes nothing; any other id outside ``[0, E)`` is
         an error. A token listing the same expert twice gets both terms.
@@ -109,4 +112,4 @@ class ReferenceMoE:
         if shared is not None:
             w13, w2 = _expert_weights_fp32(shared, 0)
             out += _swiglu(xf, w13, w2)
-        return out.to(torch.bfloat16)
+        return out if out_dtype == torch.float32 else out.to(torch.bfloat16)

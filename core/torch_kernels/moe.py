@@ -9,7 +9,9 @@ tokens (weights from ``expert_cache``, dequantised once) in bf16 for bf16 activa
 model), the SwiGLU activation is computed in fp32, and the weighted results are accumulated in fp32 with one
 ``index_add_``. An expert with at most ``FEW_ROWS`` tokens runs in fp32 when the experts are small enough
 to keep an fp32 copy too (``expert_cache.small_fp32``): a bf16 GEMM has a fixed cost of ~15 us on CPU, which
-dominates a decode step's few-token experts. Output bf16.
+dominates a decode step's few-token experts; it rounds ``h`` and the activation to bf16 as the bf16 path
+does, so a token's result does not depend on its expert's token count. Output bf16, or fp32 with
+``out_dtype`` (each expert's down projection unrounded: TP partial sums, ``moe_fp32_sum``).
 """
 
 from __future__ import annotations
@@ -38,12 +40,29 @@ def top_lower_first(x: Tensor, k: int) -> Tensor:
     return idx
 
 
-def _swiglu(x: Tensor, w13: Tensor, w2: Tensor) -> Tensor:
-    """Rows ``x`` ``[n, D]`` bf16 through one expert (``w13`` ``[2I, D]``, ``w2`` ``[D, I]``) -> ``[n, D]`` fp32."""
+def _swiglu(x: Tensor, w13: Tensor, w2: Tensor, w2_f32: Tensor | None = None) -> Tensor:
+    """Rows ``x`` ``[n, D]`` bf16 through one expert (``w13`` ``[2I, D]``, ``w2`` ``[D, I]``) -> ``[n, D]`` fp32.
+
+    ``w2_f32`` (fp32 copy of ``w2``): the down projection's output is not rounded to bf16 (the activation
+    is rounded to w2's dtype first, as in the bf16 GEMM): a TP rank's partial sum stays exact up to fp32
+    order (the CPU has no bf16 GEMM with an fp32 output)."""
     inter = w13.shape[0] // 2
     h = (x @ w13.T).float()
     act = torch.nn.functional.silu(h[:, :inter]).mul_(h[:, inter:])
+    if w2_f32 is not None:
+        return act.to(w2.dtype).float() @ w2_f32.T
     return (act.to(w2.dtype) @ w2.T).float()
+
+
+def _swiglu_few(x: Tensor, w13: Tensor, w2: Tensor, exact: bool) -> Tensor:
+    """:func:`_swiglu` of a bf16 model through fp32 copies (few rows: fp32 GEMVs are faster on CPU), with the
+    bf16 path's roundings (``h`` and the activation to bf16; the output too unless ``exact``), so a token's
+    result does not depend on how many tokens its expert got in the step (batch composition, DP groups)."""
+    inter = w13.shape[0] // 2
+    h = (x @ w13.T).to(torch.bfloat16).float()
+    act = torch.nn.functional.silu(h[:, :inter]).mul_(h[:, inter:]).to(torch.bfloat16).float()
+    y = act @ w2.T
+    return y if exact else y.to(torch.bfloat16).float()
 
 
 class TorchMoE:
@@ -93,8 +112,12 @@ class TorchMoE:
         topk_ids: Tensor,
         experts: ExpertWeights,
         shared: ExpertWeights | None = None,
+        *,
+        out_dtype: torch.dtype = torch.bfloat16,
     ) -> Tensor:
-        """``out[t] = sum_j w[t, j] * E_{ids[t, j]}(x[t]) + shared(x[t])``: ``[T, D]`` bf16, fp32 accumulation."""
+        """``out[t] = sum_j w[t, j] * E_{ids[t, j]}(x[t]) + shared(x[t])``: ``[T, D]`` bf16 (``out_dtype``
+        float32: the fp32 accumulation unrounded, each expert's down projection too, for TP partial sums),
+        fp32 accumulation."""
         n_exp = experts.w13.shape[0]
         ids = topk_ids.to(device=x.device, dtype=torch.int64)
         if ids.numel() and (int(ids.min()) < -1 or int(ids.max()) >= n_exp):
@@ -105,9 +128,10 @@ class TorchMoE:
         flat = ids.reshape(-1)
         pairs = torch.nonzero(flat >= 0).squeeze(1)
         few = dtype != torch.float32 and small_fp32(experts)
+        exact = out_dtype == torch.float32 and dtype != torch.float32  # fp32 down-projection outputs
         if pairs.numel():
             w13, w2 = compute_weights(experts, dtype)
-            w13_f, w2_f = compute_weights(experts, torch.float32) if few else (w13, w2)
+            w13_f, w2_f = compute_weights(experts, torch.float32) if few or exact else (w13, w2)
             by_expert, order = torch.sort(flat[pairs], stable=True)
             pairs = pairs[order]
             tok = pairs // ids.shape[1]
@@ -119,17 +143,18 @@ class TorchMoE:
                 if count:
                     end = start + count
                     if few and count <= FEW_ROWS:
-                        ys[start:end] = _swiglu(xs_f[start:end], w13_f[e], w2_f[e])
+                        ys[start:end] = _swiglu_few(xs_f[start:end], w13_f[e], w2_f[e], exact)
                     else:
-                        ys[start:end] = _swiglu(xs[start:end], w13[e], w2[e])
+                        ys[start:end] = _swiglu(xs[start:end], w13[e], w2[e], w2_f[e] if exact else None)
                     start = end
             ys.mul_(topk_weights.to(device=x.device, dtype=torch.float32).reshape(-1)[pairs, None])
             out.index_add_(0, tok, ys)
         if shared is not None:
             if dtype != torch.float32 and x.shape[0] <= FEW_ROWS and small_fp32(shared):
                 s13, s2 = compute_weights(shared, torch.float32)
-                out += _swiglu(xc.float(), s13[0], s2[0])
+                out += _swiglu_few(xc.float(), s13[0], s2[0], exact)
             else:
                 s13, s2 = compute_weights(shared, dtype)
-                out += _swiglu(xc, s13[0], s2[0])
-        return out.to(torch.bfloat16)
+                s2f = compute_weights(shared, torch.float32)[1][0] if exact else None
+                out += _swiglu(xc, s13[0], s2[0], s2f)
+        return out if out_dtype == torch.float32 else out.to(torch.bfloat16)

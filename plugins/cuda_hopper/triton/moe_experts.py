@@ -114,8 +114,13 @@ class TritonMoE:
         shared: ExpertWeights | None = None,
         *,
         scale_fmt: ScaleFmt | None = None,
+        out_dtype: torch.dtype = torch.bfloat16,
     ) -> Tensor:
-        """See :meth:`dsa_runtime.families.MoEKernels.experts`: ``[T, D]`` bf16 out."""
+        """See :meth:`dsa_runtime.families.MoEKernels.experts`: ``[T, D]`` bf16 out; ``out_dtype`` float32
+        keeps the per-pair down-projection outputs and their sum in fp32 (a TP rank's unrounded partial sum;
+        twice the bytes of the per-pair buffer)."""
+        if out_dtype not in (torch.bfloat16, torch.float32):
+            raise ValueError(f"out_dtype must be bfloat16 or float32, got {out_dtype}")
         fmt = scale_fmt or self.scale_fmt
         if x.dim() != 2:
             raise ValueError(f"x must be [T, D], got shape {tuple(x.shape)}")
@@ -129,7 +134,7 @@ class TritonMoE:
             raise ValueError(f"topk ids {tuple(topk_ids.shape)} / weights {tuple(topk_weights.shape)} vs {tokens} tokens")
         # Ids outside [0, E) are dropped by the alignment and skipped by the combine: never dereferenced.
         ids = topk_ids.to(device=x.device, dtype=torch.int32).contiguous()
-        out = torch.empty(tokens, dim, dtype=torch.bfloat16, device=x.device)
+        out = torch.empty(tokens, dim, dtype=out_dtype, device=x.device)
         if tokens == 0:
             return out
         fuse = shared is not None and self.fuse_shared and shared.is_fp8 == experts.is_fp8
@@ -137,8 +142,9 @@ class TritonMoE:
         if shared is not None and not fuse:
             zeros = torch.zeros(tokens, 1, dtype=torch.int32, device=x.device)
             ones = torch.ones(tokens, 1, dtype=torch.float32, device=x.device)
-            extra = self._grouped(x, ones, zeros, shared, None, fmt, out=None)
-        out = self._grouped(x, topk_weights, ids, experts, shared if fuse else None, fmt, out=out, extra=extra)
+            extra = self._grouped(x, ones, zeros, shared, None, fmt, out=None, out_dtype=out_dtype)
+        out = self._grouped(x, topk_weights, ids, experts, shared if fuse else None, fmt, out=out, extra=extra,
+                            out_dtype=out_dtype)
         # Checked after every launch is queued: the one host sync then waits on finished work instead of
         # leaving the GPU idle while the rest is launched (bad ids were already skipped like -1).
         capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
@@ -148,9 +154,10 @@ class TritonMoE:
 
     def _grouped(
         self, x: Tensor, topk_weights: Tensor, ids: Tensor, experts: ExpertWeights, shared: ExpertWeights | None,
-        fmt: str, *, out: Tensor | None, extra: Tensor | None = None,
+        fmt: str, *, out: Tensor | None, extra: Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16,
     ) -> Tensor:
-        """One grouped pass over ``experts`` (+ ``shared`` as expert ``E``); returns ``[T, D]`` bf16."""
+        """One grouped pass over ``experts`` (+ ``shared`` as expert ``E``); returns ``[T, D]`` ``out_dtype``
+        (the per-pair buffer in that dtype too; the kernels store in their output pointers' dtype)."""
         tokens, dim = x.shape
         top_k = ids.shape[1]
         n_exp, two_inter, _ = experts.w13.shape
@@ -205,7 +212,7 @@ class TritonMoE:
         )
         if fp8 and not quant_h:
             h, h_scale = quantize_rows(h, fmt)
-        y = torch.empty(pairs, dim, dtype=torch.bfloat16, device=x.device)
+        y = torch.empty(pairs, dim, dtype=out_dtype, device=x.device)
         wts = topk_weights.to(device=x.device, dtype=torch.float32).contiguous()
         grid_down = (blocks.max_blocks * triton.cdiv(dim, cfg.block_n_down),)
         moe_gemm.gemm_down[grid_down](
@@ -216,7 +223,7 @@ class TritonMoE:
             num_warps=cfg.warps_down, num_stages=cfg.stages_down,
         )
         if out is None:
-            out = torch.empty(tokens, dim, dtype=torch.bfloat16, device=x.device)
+            out = torch.empty(tokens, dim, dtype=out_dtype, device=x.device)
         block = 1024
         moe_gemm.combine[(tokens, triton.cdiv(dim, block))](
             y, ids, out, extra if extra is not None else out, tokens, dim, n_exp, y.stride(0), out.stride(0),

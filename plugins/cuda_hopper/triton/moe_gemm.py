@@ -186,7 +186,7 @@ def gemm_down(
 def combine(y_ptr, ids_ptr, out_ptr, extra_ptr, T, N, NUM_EXPERTS, stride_y, stride_out, stride_extra,
             TOPK: tl.constexpr, SHARED_ROWS: tl.constexpr, HAS_EXTRA: tl.constexpr, BLOCK_N: tl.constexpr):
     """``out[t] = sum_j [0 <= ids[t, j] < E] y[t*k + j] (+ y[T*k + t] when the shared expert rode along)
-    (+ extra[t] when it ran apart)``, fp32 sums, bf16 out. Pairs with an id outside ``[0, E)`` were never
+    (+ extra[t] when it ran apart)``, fp32 sums, stored in out's dtype. Pairs with an id outside ``[0, E)`` were never
     computed, so their ``y`` rows are never read."""
     t = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
