@@ -117,4 +117,7 @@ def dsa_register_platforms(register):
 
 @hookimpl
 def dsa_register_backends(register):
+    from dsa_runtime.plugins.cuda_hopper.deepgemm import deepgemm_backend
+
     register(triton_backend())
+    register(deepgemm_backend())
