@@ -73,7 +73,9 @@ class DeepGEMMIndexer:
         lens = context_lens.to(device=dev, dtype=torch.int32)
         # Query j's own length: the last N cache tokens are the N new queries, in order.
         limit = lens[:, None] - n_q + 1 + torch.arange(n_q, device=dev, dtype=torch.int32)[None, :]
-        kernel_lens = limit.contiguous() if self.api.two_d_lens else lens.contiguous()
+        # The kernel must never see a negative length (read as unsigned) nor one past the output width (it would
+        # write beyond its row): clamped here, while the mask below keeps the exact limit.
+        kernel_lens = (limit if self.api.two_d_lens else lens).clamp(0, max_context_len).to(torch.int32).contiguous()
         kv = index_cache.view(index_cache.shape[0], PAGED_BLOCK, 1, INDEX_K_ROW_BYTES)
         table = block_table.to(device=dev, dtype=torch.int32)
         if table.stride(-1) != 1:

@@ -36,6 +36,11 @@ def _swiglu_quant(h13: Tensor, inter: int, fmt: str) -> tuple[Tensor, Tensor]:
     return quantize_blocks(act, fmt)  # type: ignore[arg-type]
 
 
+def _rows(x8: Tensor, idx: Tensor) -> Tensor:
+    """``x8[idx]`` for e4m3 rows, gathered as bytes (fp8 index kernels are not on every device/version)."""
+    return x8.view(torch.uint8)[idx].view(x8.dtype)
+
+
 def _scatter_rows(src: Tensor, row: Tensor, rows: int) -> Tensor:
     """``[rows, C]`` e4m3 with ``src[i]`` at ``row[i]`` (other rows unset); copied as bytes (no e4m3 index_copy)."""
     out = torch.empty(rows, src.shape[1], dtype=torch.uint8, device=src.device)
@@ -144,7 +149,7 @@ class DeepGEMMMoE:
         tok = pair // top_k
         rows = pair.shape[0]
         h13 = torch.empty(rows, two_inter, dtype=torch.bfloat16, device=x8.device)
-        self.api.grouped_contiguous(x8[tok].contiguous(), xs[tok].contiguous(), w13, s13, h13, m_indices)
+        self.api.grouped_contiguous(_rows(x8, tok), xs[tok].contiguous(), w13, s13, h13, m_indices)
         h8, hs = _swiglu_quant(h13, two_inter // 2, fmt)
         y = torch.empty(rows, dim, dtype=torch.bfloat16, device=x8.device)
         self.api.grouped_contiguous(h8, hs, w2, s2, y, m_indices)
@@ -173,7 +178,7 @@ class DeepGEMMMoE:
         fits = (flat >= 0) & (rank < max_m)
         row = torch.where(fits, key * max_m + rank, slab)  # invalid pairs -> one trailing dump row
         tok = torch.arange(tokens * top_k, device=dev) // top_k
-        a = _scatter_rows(x8[tok], row, slab + 1)
+        a = _scatter_rows(_rows(x8, tok), row, slab + 1)
         a_s = torch.empty(slab + 1, xs.shape[1], dtype=torch.float32, device=dev).index_copy_(0, row, xs[tok])
         masked_m = counts[:n_exp].clamp(max=max_m).to(torch.int32)
         expected_m = max(1, -(-tokens * top_k // n_exp))

@@ -35,6 +35,8 @@ def _paged(q, kv_cache, weights, context_lens, block_table, schedule_meta, max_c
     assert block_kv == 64 and one == 1 and width == dim + 4 and kv_cache.dtype == torch.uint8
     assert schedule_meta.shape[1] == 2 and block_table.dtype == torch.int32
     assert context_lens.dim() == (2 if two_d else 1)
+    # The real kernel reads lengths as unsigned and writes up to them: both must fit the output row.
+    assert bool((context_lens >= 0).all()) and bool((context_lens <= max_context_len).all())
     flat = kv_cache.reshape(blocks, block_kv * width)
     values = flat[:, : block_kv * dim].reshape(blocks, block_kv, dim).view(torch.float8_e4m3fn)
     scales = flat[:, block_kv * dim :].contiguous().view(torch.float32).reshape(blocks, block_kv)

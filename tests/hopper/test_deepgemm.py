@@ -201,3 +201,30 @@ def test_moe_matches_reference_with_duplicates_and_bad_ids(masked_max, fmt):
     assert float(err[want.float().norm(dim=1) > 0].max()) < 0.12  # the kit's moe.out_fp8 bound and bool((got[3] == 0).all())
     with pytest.raises(ValueError, match=r"expert ids must be -1 or in \[0, 5\)"):
         DeepGEMMMoE(fmt, masked_max_tokens=masked_max, api=api).experts(x, w, ids.clamp(max=4) + (ids == 4) * 3, ew)
+
+
+@pytest.mark.parametrize("generation", GENERATIONS)
+def test_paged_clips_lengths_to_the_output_and_masks_short_requests(generation):
+    """A request shorter than its MTP queries (limit < 1 for query 0) and an output narrower than a request:
+    the kernel sees lengths within [0, max_context_len], the result still equals the reference's."""
+    from dsa_runtime.reference.indexer import ReferenceIndexer
+    from dsa_runtime.testing.fp8util import random_e4m3
+
+    gen = torch.Generator().manual_seed(3)
+    pages, n_q, heads = 6, 2, 32
+    k8 = random_e4m3(gen, (pages * 64, 128), torch.device("cpu"))
+    scale = torch.exp2(torch.rand(pages * 64, generator=gen) * 6 - 10)
+    cache = torch.cat([k8.view(torch.uint8).reshape(pages, -1), scale.view(torch.uint8).reshape(pages, -1)], dim=1)
+    table = torch.tensor([[2, 0, 5], [1, 3, 4]], dtype=torch.int32)
+    lens = torch.tensor([150, 1], dtype=torch.int32)
+    q8 = random_e4m3(gen, (2, n_q, heads, 128), torch.device("cpu"))
+    w = torch.randn(2 * n_q, heads, generator=gen) * 1e-4
+    api, _ = _api(generation)
+    for max_len in (160, 100):
+        got = DeepGEMMIndexer(api).logits_paged(q8, w, cache, lens, table, max_len)
+        want = ReferenceIndexer().logits_paged(q8, w, cache, lens, table, max_len)
+        assert torch.equal(torch.isinf(got), torch.isinf(want)) and not bool(torch.isnan(got).any())
+        fin = torch.isfinite(want)
+        assert float((got[fin] - want[fin]).abs().max()) <= 1e-5 * float(want[fin].abs().max())  # sum order
+        # Request 1 holds one token for two queries: query 0 sees nothing, query 1 only position 0.
+        assert bool(torch.isinf(got[2]).all()) and bool(torch.isfinite(got[3, 0])) and bool(torch.isinf(got[3, 1:]).all())
