@@ -26,6 +26,7 @@ from dsa_runtime.plugins.cuda_hopper.deepgemm_api import DeepGEMMAPI, load_api
 from dsa_runtime.plugins.cuda_hopper.triton.moe_align import align_pairs
 from dsa_runtime.torch_kernels.quant import quantize_blocks
 
+ROW_CHUNK = 16384  # rows per fp32 SwiGLU / combine step on the contiguous path (~0.5 GiB at hidden 7168)
 MASKED_ROW_ALIGN = 64  # slab height of the masked layout, rounded up to this (DeepGEMM's block M on SM90)
 
 
@@ -150,12 +151,20 @@ class DeepGEMMMoE:
         rows = pair.shape[0]
         h13 = torch.empty(rows, two_inter, dtype=torch.bfloat16, device=x8.device)
         self.api.grouped_contiguous(_rows(x8, tok), xs[tok].contiguous(), w13, s13, h13, m_indices)
-        h8, hs = _swiglu_quant(h13, two_inter // 2, fmt)
+        inter = two_inter // 2
+        h8 = torch.empty(rows, inter, dtype=torch.float8_e4m3fn, device=x8.device)
+        hs = torch.empty(rows, inter // QUANT_BLOCK, dtype=torch.float32, device=x8.device)
+        for r0 in range(0, rows, ROW_CHUNK):  # fp32 temporaries bounded to ROW_CHUNK rows at prefill
+            h8[r0 : r0 + ROW_CHUNK], hs[r0 : r0 + ROW_CHUNK] = _swiglu_quant(h13[r0 : r0 + ROW_CHUNK], inter, fmt)
+        del h13
         y = torch.empty(rows, dim, dtype=torch.bfloat16, device=x8.device)
         self.api.grouped_contiguous(h8, hs, w2, s2, y, m_indices)
-        # Padding rows are never written by DeepGEMM (garbage): masked, not multiplied by a zero weight.
-        contrib = torch.where(valid[:, None], y.float() * wts.reshape(-1)[pair, None], 0.0)
-        out.index_add_(0, tok, contrib)
+        w_row = wts.reshape(-1)[pair]
+        for r0 in range(0, rows, ROW_CHUNK):
+            sl = slice(r0, r0 + ROW_CHUNK)
+            # Padding rows are never written by DeepGEMM (garbage): masked, not multiplied by a zero weight.
+            contrib = torch.where(valid[sl, None], y[sl].float() * w_row[sl, None], 0.0)
+            out.index_add_(0, tok[sl], contrib)
 
     def _masked(self, x8: Tensor, xs: Tensor, wts: Tensor, ids: Tensor, w: tuple, fmt: str, out: Tensor) -> Tensor:
         """Decode path; returns ``[T * k]`` bool: pairs that did not fit their expert's slab (duplicates)."""

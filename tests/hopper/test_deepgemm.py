@@ -183,7 +183,10 @@ def test_moe_quick_cases_through_the_fake(generation, masked_max):
 
 @pytest.mark.parametrize("masked_max", [64, 0])
 @pytest.mark.parametrize("fmt", ["ue8m0", "float"])
-def test_moe_matches_reference_with_duplicates_and_bad_ids(masked_max, fmt):
+def test_moe_matches_reference_with_duplicates_and_bad_ids(masked_max, fmt, monkeypatch):
+    import dsa_runtime.plugins.cuda_hopper.deepgemm_moe as moe_mod
+
+    monkeypatch.setattr(moe_mod, "ROW_CHUNK", 100)  # several SwiGLU/combine chunks, boundaries off the alignment
     gen = torch.Generator().manual_seed(7)
     n_exp, dim, inter, tokens = 5, 256, 128, 6
     w13 = (torch.randn(n_exp, 2 * inter, dim, generator=gen) * 8).to(torch.float8_e4m3fn)
