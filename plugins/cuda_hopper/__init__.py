@@ -123,8 +123,10 @@ def dsa_register_platforms(register):
 
 @hookimpl
 def dsa_register_backends(register):
+    from dsa_runtime.plugins.cuda_hopper.deepgemm import deepgemm_backend
     from dsa_runtime.plugins.cuda_hopper.flashmla import flashmla_backends
 
     register(triton_backend())
     for backend in flashmla_backends():
         register(backend)
+    register(deepgemm_backend())

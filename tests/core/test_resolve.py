@@ -20,7 +20,10 @@ def _cpu_only(no_gpu):
 
 
 def manager_with(*backends) -> DSAPluginManager:
+    """The installed plugins plus fakes; a fake named like a built-in backend (``deepgemm``) replaces it."""
     manager = DSAPluginManager().load()
+    for b in backends:
+        manager.backends.pop(b.name, None)
     if backends:
         manager.add_plugin(plugin_registering(*backends), "fakes")
         manager.collect()
@@ -76,7 +79,8 @@ def test_auto_follows_platform_defaults(monkeypatch, gpu, platform, layout):
 
 
 def test_auto_prefers_the_platform_backend_when_registered(monkeypatch):
-    # (the built-in cuda_hopper plugin registers the real "triton" backend, so the fake takes another name)
+    # (the built-in cuda_hopper plugin registers the real "triton" backend, so the fake takes another name;
+    # the real "deepgemm" is replaced by the fake, see manager_with)
     monkeypatch.setenv("DSA_FAKE_GPU", "NVIDIA H200:9.0")
     deepgemm = backend("deepgemm", families=("indexer",), devices=("cuda",), platform="cuda_hopper")
     resolved = resolve_kernels(manager=manager_with(deepgemm))

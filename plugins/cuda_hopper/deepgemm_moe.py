@@ -1,0 +1,209 @@
+"""The ``moe`` family of the ``deepgemm`` backend: FP8 block-scaled experts on DeepGEMM's grouped GEMMs.
+
+Pipeline of :meth:`DeepGEMMMoE.experts` (device-side, no host synchronisation unless the id check is on):
+
+1. activations quantized per (token, 128 channels) with the checkpoint's scale rule (ue8m0 or float);
+2. pairs ``(t, j)`` grouped per expert: for many tokens each expert's rows are padded to
+   ``get_mk_alignment_for_contiguous_layout()`` (:func:`~.triton.moe_align.align_pairs`, pure torch) and run
+   through ``m_grouped_fp8_gemm_nt_contiguous`` (padding rows carry expert ``-1`` and are skipped); for few
+   tokens (decode) every expert gets a fixed ``[max_m]`` slab and ``m_grouped_fp8_gemm_nt_masked`` reads only
+   ``masked_m[e]`` rows of each, so unchosen experts' weights are never read;
+3. SwiGLU on the pairs' w13 outputs (fp32) and re-quantization per 128 with the same rule, in torch;
+4. w2 through the same grouped GEMM; the weighted combine in fp32 (the contiguous path accumulates with
+   ``index_add_``, the masked path sums each token's k rows in order).
+
+The shared expert runs as its own one-expert pass with weight 1. Shapes DeepGEMM cannot take (hidden or
+expert width not a multiple of 128) run :class:`~dsa_runtime.torch_kernels.moe.TorchMoE` instead.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from dsa_runtime.families import QUANT_BLOCK, ExpertWeights, ScaleFmt
+from dsa_runtime.plugins.cuda_hopper.deepgemm_api import DeepGEMMAPI, load_api
+from dsa_runtime.plugins.cuda_hopper.triton.moe_align import align_pairs
+from dsa_runtime.torch_kernels.quant import quantize_blocks
+
+ROW_CHUNK = 16384  # rows per fp32 SwiGLU / combine step on the contiguous path (~0.5 GiB at hidden 7168)
+MASKED_ROW_ALIGN = 64  # slab height of the masked layout, rounded up to this (DeepGEMM's block M on SM90)
+
+
+def _swiglu_quant(h13: Tensor, inter: int, fmt: str) -> tuple[Tensor, Tensor]:
+    """``silu(h[:, :I]) * h[:, I:]`` in fp32, quantized per 128: ``[R, I]`` e4m3 and ``[R, I / 128]`` fp32."""
+    g = h13[:, :inter].float()
+    act = torch.nn.functional.silu(g).mul_(h13[:, inter:].float())
+    return quantize_blocks(act, fmt)  # type: ignore[arg-type]
+
+
+def _rows(x8: Tensor, idx: Tensor) -> Tensor:
+    """``x8[idx]`` for e4m3 rows, gathered as bytes (fp8 index kernels are not on every device/version)."""
+    return x8.view(torch.uint8)[idx].view(x8.dtype)
+
+
+def _scatter_rows(src: Tensor, row: Tensor, rows: int) -> Tensor:
+    """``[rows, C]`` e4m3 with ``src[i]`` at ``row[i]`` (other rows unset); copied as bytes (no e4m3 index_copy)."""
+    out = torch.empty(rows, src.shape[1], dtype=torch.uint8, device=src.device)
+    return out.index_copy_(0, row, src.view(torch.uint8)).view(src.dtype)
+
+
+class DeepGEMMMoE:
+    """``experts`` of :class:`dsa_runtime.families.MoEKernels` on DeepGEMM (FP8 weights with 128x128 scales).
+
+    Args:
+        scale_fmt: FP8 activation scale rule, ``"ue8m0"`` (V3.1/V3.2) or ``"float"`` (V3/R1); the contract's
+            call carries none, so the model sets it here (or per call, ``scale_fmt=``).
+        masked_max_tokens: token counts up to this use the masked (decode) GEMM, more the contiguous one.
+        check_ids: raise ``ValueError`` on ids outside ``[-1, E)`` (one host sync; skipped under CUDA-graph
+            capture). Bad ids are skipped like ``-1`` either way.
+        api: DeepGEMM entry points (default: the installed ``deep_gemm``; tests inject a fake).
+    """
+
+    def __init__(
+        self,
+        scale_fmt: ScaleFmt = "ue8m0",
+        *,
+        masked_max_tokens: int = 64,
+        check_ids: bool = True,
+        api: DeepGEMMAPI | None = None,
+    ) -> None:
+        if scale_fmt not in ("ue8m0", "float"):
+            raise ValueError(f"unknown scale_fmt {scale_fmt!r}; valid: ue8m0, float")
+        self.scale_fmt = scale_fmt
+        self.masked_max_tokens = masked_max_tokens
+        self.check_ids = check_ids
+        self.api = api or load_api()
+
+    def experts(
+        self,
+        x: Tensor,
+        topk_weights: Tensor,
+        topk_ids: Tensor,
+        experts: ExpertWeights,
+        shared: ExpertWeights | None = None,
+        *,
+        scale_fmt: ScaleFmt | None = None,
+    ) -> Tensor:
+        """See :meth:`dsa_runtime.families.MoEKernels.experts`: ``[T, D]`` bf16 out."""
+        fmt = scale_fmt or self.scale_fmt
+        if x.dim() != 2:
+            raise ValueError(f"x must be [T, D], got shape {tuple(x.shape)}")
+        tokens, dim = x.shape
+        n_exp, two_inter, wdim = experts.w13.shape
+        inter = two_inter // 2
+        if wdim != dim or experts.w2.shape != (n_exp, dim, inter):
+            raise ValueError(
+                f"expert shapes w13 {tuple(experts.w13.shape)}, w2 {tuple(experts.w2.shape)} do not fit x [T, {dim}]"
+            )
+        if topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != tokens:
+            raise ValueError(f"topk ids {tuple(topk_ids.shape)} / weights {tuple(topk_weights.shape)} vs {tokens} tokens")
+        if not experts.is_fp8 or dim % QUANT_BLOCK or inter % QUANT_BLOCK or (shared is not None and not shared.is_fp8):
+            from dsa_runtime.torch_kernels.moe import TorchMoE  # outside DeepGEMM's layouts: plain torch
+
+            return TorchMoE().experts(x, topk_weights, topk_ids, experts, shared)
+        ids = topk_ids.to(device=x.device, dtype=torch.int32)
+        bad = (ids < -1) | (ids >= n_exp)
+        ids = torch.where(bad, -1, ids)
+        out = torch.zeros(tokens, dim, dtype=torch.float32, device=x.device)
+        if tokens:
+            x8, xs = quantize_blocks(x, fmt)  # type: ignore[arg-type]
+            wts = topk_weights.to(device=x.device, dtype=torch.float32)
+            self._grouped(x8, xs, wts, ids, experts, fmt, out)
+            if shared is not None:
+                ones = torch.ones(tokens, 1, dtype=torch.float32, device=x.device)
+                zeros = torch.zeros(tokens, 1, dtype=torch.int32, device=x.device)
+                self._grouped(x8, xs, ones, zeros, shared, fmt, out)
+        capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
+        if self.check_ids and not capturing and bool(bad.any()):
+            raise ValueError(f"expert ids must be -1 or in [0, {n_exp})")
+        return out.to(torch.bfloat16)
+
+    def _grouped(
+        self, x8: Tensor, xs: Tensor, wts: Tensor, ids: Tensor, experts: ExpertWeights, fmt: str, out: Tensor
+    ) -> None:
+        """Add ``sum_j wts[t, j] * E_{ids[t, j]}(x[t])`` into ``out`` ``[T, D]`` fp32."""
+        w13, w2 = experts.w13.contiguous(), experts.w2.contiguous()
+        s13 = experts.w13_scale.float().contiguous()  # type: ignore[union-attr]
+        s2 = experts.w2_scale.float().contiguous()  # type: ignore[union-attr]
+        if x8.shape[0] <= self.masked_max_tokens:
+            left = self._masked(x8, xs, wts, ids, (w13, s13, w2, s2), fmt, out)
+            capturing = x8.is_cuda and torch.cuda.is_current_stream_capturing()
+            if self.check_ids and not capturing and bool(left.any()):
+                # A token listing one expert twice (never from routing): add the pairs that did not fit.
+                rest = torch.where(left.view(ids.shape), ids, -1)
+                self._contiguous(x8, xs, wts, rest, (w13, s13, w2, s2), fmt, out)
+        else:
+            self._contiguous(x8, xs, wts, ids, (w13, s13, w2, s2), fmt, out)
+
+    def _contiguous(self, x8: Tensor, xs: Tensor, wts: Tensor, ids: Tensor, w: tuple, fmt: str, out: Tensor) -> None:
+        w13, s13, w2, s2 = w
+        n_exp, two_inter, dim = w13.shape
+        top_k = ids.shape[1]
+        n_pairs = ids.numel()
+        blocks = align_pairs(ids.reshape(-1), n_exp, self.api.mk_alignment())
+        pair = blocks.sorted_pairs.long()
+        valid = pair < n_pairs
+        m_indices = blocks.block_expert.repeat_interleave(blocks.block_m)
+        m_indices = torch.where(valid, m_indices, -1).to(torch.int32).contiguous()
+        pair = torch.where(valid, pair, 0)
+        tok = pair // top_k
+        rows = pair.shape[0]
+        h13 = torch.empty(rows, two_inter, dtype=torch.bfloat16, device=x8.device)
+        self.api.grouped_contiguous(_rows(x8, tok), xs[tok].contiguous(), w13, s13, h13, m_indices)
+        inter = two_inter // 2
+        h8 = torch.empty(rows, inter, dtype=torch.float8_e4m3fn, device=x8.device)
+        hs = torch.empty(rows, inter // QUANT_BLOCK, dtype=torch.float32, device=x8.device)
+        for r0 in range(0, rows, ROW_CHUNK):  # fp32 temporaries bounded to ROW_CHUNK rows at prefill
+            h8[r0 : r0 + ROW_CHUNK], hs[r0 : r0 + ROW_CHUNK] = _swiglu_quant(h13[r0 : r0 + ROW_CHUNK], inter, fmt)
+        del h13
+        y = torch.empty(rows, dim, dtype=torch.bfloat16, device=x8.device)
+        self.api.grouped_contiguous(h8, hs, w2, s2, y, m_indices)
+        w_row = wts.reshape(-1)[pair]
+        for r0 in range(0, rows, ROW_CHUNK):
+            sl = slice(r0, r0 + ROW_CHUNK)
+            # Padding rows are never written by DeepGEMM (garbage): masked, not multiplied by a zero weight.
+            contrib = torch.where(valid[sl, None], y[sl].float() * w_row[sl, None], 0.0)
+            out.index_add_(0, tok[sl], contrib)
+
+    def _masked(self, x8: Tensor, xs: Tensor, wts: Tensor, ids: Tensor, w: tuple, fmt: str, out: Tensor) -> Tensor:
+        """Decode path; returns ``[T * k]`` bool: pairs that did not fit their expert's slab (duplicates)."""
+        w13, s13, w2, s2 = w
+        n_exp, two_inter, dim = w13.shape
+        tokens, top_k = ids.shape
+        dev = x8.device
+        flat = ids.reshape(-1).long()
+        key = torch.where(flat >= 0, flat, n_exp)
+        counts = torch.zeros(n_exp + 1, dtype=torch.long, device=dev).scatter_add_(0, key, torch.ones_like(key))
+        order = torch.argsort(key, stable=True)
+        start = torch.cumsum(counts, 0) - counts
+        rank = torch.empty_like(key)
+        rank[order] = torch.arange(key.numel(), device=dev) - start[key[order]]
+        # Routing picks distinct experts per token, so no expert gets more than `tokens` rows. A row listing one
+        # expert twice would overflow its slab: such pairs (rank >= max_m) are counted in `overflow` and the
+        # call is redone on the contiguous path (one host read, only when check_ids is on).
+        max_m = -(-tokens // MASKED_ROW_ALIGN) * MASKED_ROW_ALIGN
+        slab = n_exp * max_m
+        fits = (flat >= 0) & (rank < max_m)
+        row = torch.where(fits, key * max_m + rank, slab)  # invalid pairs -> one trailing dump row
+        tok = torch.arange(tokens * top_k, device=dev) // top_k
+        a = _scatter_rows(_rows(x8, tok), row, slab + 1)
+        a_s = torch.empty(slab + 1, xs.shape[1], dtype=torch.float32, device=dev).index_copy_(0, row, xs[tok])
+        masked_m = counts[:n_exp].clamp(max=max_m).to(torch.int32)
+        expected_m = max(1, -(-tokens * top_k // n_exp))
+        h13 = torch.empty(n_exp, max_m, two_inter, dtype=torch.bfloat16, device=dev)
+        self.api.grouped_masked(
+            a[:slab].view(n_exp, max_m, dim), a_s[:slab].view(n_exp, max_m, -1), w13, s13, h13, masked_m, expected_m
+        )
+        h8_pairs, hs_pairs = _swiglu_quant(h13.view(slab, two_inter)[row.clamp(max=slab - 1)], two_inter // 2, fmt)
+        inter = two_inter // 2
+        h8 = _scatter_rows(h8_pairs, row, slab + 1)
+        hs = torch.empty(slab + 1, hs_pairs.shape[1], dtype=torch.float32, device=dev).index_copy_(0, row, hs_pairs)
+        y = torch.empty(n_exp, max_m, dim, dtype=torch.bfloat16, device=dev)
+        self.api.grouped_masked(
+            h8[:slab].view(n_exp, max_m, inter), hs[:slab].view(n_exp, max_m, -1), w2, s2, y, masked_m, expected_m
+        )
+        y_pairs = y.view(slab, dim)[row.clamp(max=slab - 1)].float() * wts.reshape(-1, 1)
+        y_pairs = torch.where(fits[:, None], y_pairs, 0.0)
+        out.add_(y_pairs.view(tokens, top_k, dim).sum(dim=1))
+        return (flat >= 0) & ~fits
