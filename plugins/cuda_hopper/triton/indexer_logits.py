@@ -170,12 +170,10 @@ def _paged_kernel(
     orow = (b * NQ + qi).to(tl.int64) * W
     page_bytes = P * 132
     base = tl.program_id(1) * (STEPS * BLOCK_N)
-    for st in tl.range(0, STEPS, num_stages=NUM_STAGES):
-        pos = base + st * BLOCK_N + tl.arange(0, BLOCK_N)
-        in_out = pos < W
-        smask = in_out[:, None] & (qi < NQ)[None, :]
-        optr = out_ptr + orow[None, :] + pos[:, None]
-        if base + st * BLOCK_N < length:
+    if base < length:
+        # Masked loads move no bytes past the context; the loop body has no branch (it pipelines).
+        for st in tl.range(0, STEPS, num_stages=NUM_STAGES):
+            pos = base + st * BLOCK_N + tl.arange(0, BLOCK_N)
             live = pos < length
             pidx = pos // P
             page = tl.load(table_ptr + b.to(tl.int64) * stride_table + pidx, mask=live & (pidx < max_pages), other=0)
@@ -185,9 +183,14 @@ def _paged_kernel(
             scale = tl.load(kvf_ptr + (pbase + P * 128 + off * 4) // 4, mask=live, other=0.0)
             logit = _head_sum(k, q, w, NQP, HP) * scale[:, None]  # [BLOCK_N, NQP]
             logit = tl.where(pos[:, None] < limit[None, :], logit, float("-inf"))
-            tl.store(optr, logit, mask=smask)
-        else:
-            tl.store(optr, tl.full([BLOCK_N, NQP], float("-inf"), tl.float32), mask=smask)
+            smask = (pos < W)[:, None] & (qi < NQ)[None, :]
+            tl.store(out_ptr + orow[None, :] + pos[:, None], logit, mask=smask)
+    else:  # past this request's context: only -inf
+        for st in range(0, STEPS):
+            pos = base + st * BLOCK_N + tl.arange(0, BLOCK_N)
+            smask = (pos < W)[:, None] & (qi < NQ)[None, :]
+            tl.store(out_ptr + orow[None, :] + pos[:, None], tl.full([BLOCK_N, NQP], float("-inf"), tl.float32),
+                     mask=smask)
 
 
 def logits_paged(q8: Tensor, weights: Tensor, index_cache: Tensor, context_lens: Tensor, block_table: Tensor,
