@@ -77,8 +77,7 @@ def _head_sum(k, q, w, QPD: tl.constexpr, HP: tl.constexpr):
     """k ``[BN, 128]`` e4m3, q ``[QPD * HP, 128]`` e4m3, w ``[QPD * HP]`` fp32 -> ``[BN, QPD]`` fp32."""
     s = tl.dot(k, tl.trans(q), out_dtype=tl.float32)
     v = tl.maximum(s, 0.0) * w[None, :]
-    bn: tl.constexpr = k.shape[0]
-    return tl.sum(tl.reshape(v, [bn, QPD, HP]), axis=2)
+    return tl.sum(tl.reshape(v, [k.shape[0], QPD, HP]), axis=2)
 
 
 @triton.jit
@@ -136,6 +135,10 @@ def logits_ragged(q8: Tensor, weights: Tensor, k8: Tensor, k_scale: Tensor, ks: 
     out = torch.empty(t_total, s_total, dtype=torch.float32, device=q8.device)
     if t_total == 0 or s_total == 0:
         return out
+    for name in ("block_m", "block_n", "qpd"):
+        v = getattr(cfg, name)
+        if v < 1 or v & (v - 1) or (name == "block_n" and v < 16):
+            raise ValueError(f"RaggedConfig.{name} must be a power of two (block_n >= 16), got {v}")
     hp = pad_heads(heads)
     qpd = max(1, min(cfg.qpd, 256 // hp, cfg.block_m))
     block_m = max(qpd, cfg.block_m // qpd * qpd)
@@ -208,6 +211,8 @@ def logits_paged(q8: Tensor, weights: Tensor, index_cache: Tensor, context_lens:
     table = block_table if block_table.dtype == torch.int32 else block_table.to(torch.int32)
     if table.stride(-1) != 1:
         table = table.contiguous()
+    if cfg.block_n < 16 or cfg.block_n & (cfg.block_n - 1) or cfg.steps < 1:
+        raise ValueError(f"PagedConfig.block_n must be a power of two >= 16 and steps >= 1, got {cfg}")
     nqp = triton.next_power_of_2(n_q)
     grid = (batch, triton.cdiv(width, cfg.block_n * cfg.steps))
     _paged_kernel[grid](
