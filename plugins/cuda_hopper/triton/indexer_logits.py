@@ -57,6 +57,7 @@ RAGGED_CONFIGS = {
     "m16n128q2": RaggedConfig(16, 128, 2, 8, 2),
     "m32n128q4": RaggedConfig(32, 128, 4, 8, 2),
     "m16n256q1": RaggedConfig(16, 256, 1, 8, 2),
+    "m32n256q2": RaggedConfig(32, 256, 2, 8, 2),
     "m64n128q2": RaggedConfig(64, 128, 2, 8, 3),
 }
 PAGED_CONFIGS = {
@@ -77,6 +78,8 @@ def _head_sum(k, q, w, QPD: tl.constexpr, HP: tl.constexpr):
     """k ``[BN, 128]`` e4m3, q ``[QPD * HP, 128]`` e4m3, w ``[QPD * HP]`` fp32 -> ``[BN, QPD]`` fp32."""
     s = tl.dot(k, tl.trans(q), out_dtype=tl.float32)
     v = tl.maximum(s, 0.0) * w[None, :]
+    if QPD == 1:  # no reshape: the row sum stays in the accumulator's layout
+        return tl.sum(v, axis=1)[:, None]
     return tl.sum(tl.reshape(v, [k.shape[0], QPD, HP]), axis=2)
 
 
@@ -86,8 +89,11 @@ def _ragged_kernel(
     HP: tl.constexpr, QPD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_STAGES: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    keys = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    # Key blocks vary fastest: programs running together share their query rows (read from HBM about
+    # once) and sweep the keys, which stay in L2.
+    pid_m = tl.program_id(1)
+    n0 = tl.program_id(0) * BLOCK_N
+    keys = n0 + tl.arange(0, BLOCK_N)
     key_live = keys < S
     d = tl.arange(0, 128)
     # The block's widest window: a key tile outside it only needs -inf.
@@ -96,7 +102,6 @@ def _ragged_kernel(
     ke_all = tl.load(ke_ptr + rows_all, mask=rows_all < T, other=0)
     lo = tl.min(ks_all, axis=0)
     hi = tl.max(ke_all, axis=0)
-    n0 = tl.program_id(1) * BLOCK_N
     j = tl.arange(0, QPD * HP)
     jr = j // HP
     jh = j % HP
@@ -142,7 +147,7 @@ def logits_ragged(q8: Tensor, weights: Tensor, k8: Tensor, k_scale: Tensor, ks: 
     hp = pad_heads(heads)
     qpd = max(1, min(cfg.qpd, 256 // hp, cfg.block_m))
     block_m = max(qpd, cfg.block_m // qpd * qpd)
-    grid = (triton.cdiv(t_total, block_m), triton.cdiv(s_total, cfg.block_n))
+    grid = (triton.cdiv(s_total, cfg.block_n), triton.cdiv(t_total, block_m))
     _ragged_kernel[grid](
         q8.contiguous(), weights.float().contiguous(), k8.contiguous(), ks.to(torch.int32).contiguous(),
         ke.to(torch.int32).contiguous(), k_scale.float().contiguous(), out, t_total, s_total, heads,
@@ -158,7 +163,7 @@ def _paged_kernel(
     NQ: tl.constexpr, NQP: tl.constexpr, HP: tl.constexpr, BLOCK_N: tl.constexpr, STEPS: tl.constexpr,
     NUM_STAGES: tl.constexpr,
 ):
-    b = tl.program_id(0)
+    b = tl.program_id(1)  # position blocks vary fastest: neighbours share the request's queries
     length = tl.load(lens_ptr + b)
     d = tl.arange(0, 128)
     j = tl.arange(0, NQP * HP)
@@ -172,7 +177,7 @@ def _paged_kernel(
     limit = length - NQ + 1 + qi  # [NQP]: query i sees p < limit[i]
     orow = (b * NQ + qi).to(tl.int64) * W
     page_bytes = P * 132
-    base = tl.program_id(1) * (STEPS * BLOCK_N)
+    base = tl.program_id(0) * (STEPS * BLOCK_N)
     if base < length:
         # Masked loads move no bytes past the context; the loop body has no branch (it pipelines).
         for st in tl.range(0, STEPS, num_stages=NUM_STAGES):
@@ -214,7 +219,7 @@ def logits_paged(q8: Tensor, weights: Tensor, index_cache: Tensor, context_lens:
     if cfg.block_n < 16 or cfg.block_n & (cfg.block_n - 1) or cfg.steps < 1:
         raise ValueError(f"PagedConfig.block_n must be a power of two >= 16 and steps >= 1, got {cfg}")
     nqp = triton.next_power_of_2(n_q)
-    grid = (batch, triton.cdiv(width, cfg.block_n * cfg.steps))
+    grid = (triton.cdiv(width, cfg.block_n * cfg.steps), batch)
     _paged_kernel[grid](
         q8.contiguous(), weights.float().contiguous(), cache.view(torch.float8_e4m3fn), cache.view(torch.float32),
         context_lens.to(torch.int32).contiguous(), table, out, heads, page, table.shape[1], table.stride(0), width,
