@@ -33,13 +33,14 @@ NEG_INF = float("-inf")
 @dataclass(frozen=True)
 class RaggedConfig:
     """Launch shape of the ragged kernel: ``block_m`` query rows x ``block_n`` keys per program, ``qpd``
-    query rows per dot (``qpd * HP <= 256``)."""
+    query rows per dot (``qpd * HP <= 256``); ``imprecise_acc``: see :func:`_head_sum`."""
 
     block_m: int = 16
     block_n: int = 128
     qpd: int = 1
     num_warps: int = 4
     num_stages: int = 2
+    imprecise_acc: int | None = None
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class PagedConfig:
     steps: int = 4
     num_warps: int = 4
     num_stages: int = 2
+    imprecise_acc: int | None = None
 
 
 RAGGED_CONFIGS = {
@@ -59,12 +61,14 @@ RAGGED_CONFIGS = {
     "m16n256q1": RaggedConfig(16, 256, 1, 8, 2),
     "m32n256q2": RaggedConfig(32, 256, 2, 8, 2),
     "m64n128q2": RaggedConfig(64, 128, 2, 8, 3),
+    "m16n128q1p": RaggedConfig(16, 128, 1, 4, 2, imprecise_acc=32),
 }
 PAGED_CONFIGS = {
     "n64s4": PagedConfig(64, 4, 4, 2),
     "n64s8": PagedConfig(64, 8, 4, 3),
     "n128s4": PagedConfig(128, 4, 8, 3),
     "n64s16": PagedConfig(64, 16, 4, 3),
+    "n64s4p": PagedConfig(64, 4, 4, 2, imprecise_acc=32),
 }
 
 
@@ -74,9 +78,12 @@ def pad_heads(heads: int) -> int:
 
 
 @triton.jit
-def _head_sum(k, q, w, QPD: tl.constexpr, HP: tl.constexpr):
-    """k ``[BN, 128]`` e4m3, q ``[QPD * HP, 128]`` e4m3, w ``[QPD * HP]`` fp32 -> ``[BN, QPD]`` fp32."""
-    s = tl.dot(k, tl.trans(q), out_dtype=tl.float32)
+def _head_sum(k, q, w, QPD: tl.constexpr, HP: tl.constexpr, IMPRECISE: tl.constexpr):
+    """k ``[BN, 128]`` e4m3, q ``[QPD * HP, 128]`` e4m3, w ``[QPD * HP]`` fp32 -> ``[BN, QPD]`` fp32.
+
+    ``IMPRECISE`` is the dot's ``max_num_imprecise_acc`` (None: Triton's SM90 default, no promotion of
+    the fp8 MMA's reduced-precision accumulator over K = 128; 32: promoted after every wgmma)."""
+    s = tl.dot(k, tl.trans(q), max_num_imprecise_acc=IMPRECISE, out_dtype=tl.float32)
     v = tl.maximum(s, 0.0) * w[None, :]
     if QPD == 1:  # no reshape: the row sum stays in the accumulator's layout
         return tl.sum(v, axis=1)[:, None]
@@ -87,7 +94,7 @@ def _head_sum(k, q, w, QPD: tl.constexpr, HP: tl.constexpr):
 def _ragged_kernel(
     q_ptr, w_ptr, k_ptr, ks_ptr, ke_ptr, sc_ptr, out_ptr, T, S, H,
     HP: tl.constexpr, QPD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
+    NUM_STAGES: tl.constexpr, IMPRECISE: tl.constexpr,
 ):
     # Key blocks vary fastest: programs running together share their query rows (read from HBM about
     # once) and sweep the keys, which stay in L2.
@@ -116,7 +123,7 @@ def _ragged_kernel(
             qoff = (qrow.to(tl.int64) * H + jh) * 128
             q = tl.load(q_ptr + qoff[:, None] + d[None, :], mask=qlive[:, None], other=0.0)
             w = tl.load(w_ptr + qrow.to(tl.int64) * H + jh, mask=qlive, other=0.0)
-            logit = _head_sum(k, q, w, QPD, HP) * scale[:, None]  # [BLOCK_N, QPD]
+            logit = _head_sum(k, q, w, QPD, HP, IMPRECISE) * scale[:, None]  # [BLOCK_N, QPD]
             rows = r0 + sub
             ks = tl.load(ks_ptr + rows, mask=rows < T, other=0)
             ke = tl.load(ke_ptr + rows, mask=rows < T, other=0)
@@ -152,6 +159,7 @@ def logits_ragged(q8: Tensor, weights: Tensor, k8: Tensor, k_scale: Tensor, ks: 
         q8.contiguous(), weights.float().contiguous(), k8.contiguous(), ks.to(torch.int32).contiguous(),
         ke.to(torch.int32).contiguous(), k_scale.float().contiguous(), out, t_total, s_total, heads,
         HP=hp, QPD=qpd, BLOCK_M=block_m, BLOCK_N=cfg.block_n, NUM_STAGES=cfg.num_stages,
+        IMPRECISE=cfg.imprecise_acc,
         num_warps=cfg.num_warps,
     )
     return out
@@ -161,7 +169,7 @@ def logits_ragged(q8: Tensor, weights: Tensor, k8: Tensor, k_scale: Tensor, ks: 
 def _paged_kernel(
     q_ptr, w_ptr, kv_ptr, kvf_ptr, lens_ptr, table_ptr, out_ptr, H, P, max_pages, stride_table, W,
     NQ: tl.constexpr, NQP: tl.constexpr, HP: tl.constexpr, BLOCK_N: tl.constexpr, STEPS: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
+    NUM_STAGES: tl.constexpr, IMPRECISE: tl.constexpr,
 ):
     b = tl.program_id(1)  # position blocks vary fastest: neighbours share the request's queries
     length = tl.load(lens_ptr + b)
@@ -189,7 +197,7 @@ def _paged_kernel(
             pbase = page.to(tl.int64) * page_bytes
             k = tl.load(kv_ptr + (pbase + off * 128)[:, None] + d[None, :], mask=live[:, None], other=0.0)
             scale = tl.load(kvf_ptr + (pbase + P * 128 + off * 4) // 4, mask=live, other=0.0)
-            logit = _head_sum(k, q, w, NQP, HP) * scale[:, None]  # [BLOCK_N, NQP]
+            logit = _head_sum(k, q, w, NQP, HP, IMPRECISE) * scale[:, None]  # [BLOCK_N, NQP]
             logit = tl.where(pos[:, None] < limit[None, :], logit, float("-inf"))
             smask = (pos < W)[:, None] & (qi < NQ)[None, :]
             tl.store(out_ptr + orow[None, :] + pos[:, None], logit, mask=smask)
@@ -224,6 +232,6 @@ def logits_paged(q8: Tensor, weights: Tensor, index_cache: Tensor, context_lens:
         q8.contiguous(), weights.float().contiguous(), cache.view(torch.float8_e4m3fn), cache.view(torch.float32),
         context_lens.to(torch.int32).contiguous(), table, out, heads, page, table.shape[1], table.stride(0), width,
         NQ=n_q, NQP=nqp, HP=pad_heads(heads), BLOCK_N=cfg.block_n, STEPS=cfg.steps,
-        NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps,
+        NUM_STAGES=cfg.num_stages, IMPRECISE=cfg.imprecise_acc, num_warps=cfg.num_warps,
     )
     return out
