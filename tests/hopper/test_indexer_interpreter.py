@@ -1,6 +1,7 @@
 """The Triton indexer kernels on CPU through Triton's interpreter: every quick indexer kit case (both scale
 rules, 1..64 heads, empty and ragged windows, MTP N=2, page sizes 1/16/64) plus direct checks of the
-wide-dot ragged configs, paged N=3 (padded to 4) and page size 4, and the chunked top-k entry; and the claims / input errors without running a kernel."""
+wide-dot ragged configs, paged N=3 (padded to 4) and page size 4, and the chunked top-k entry; then the
+claims and the one-line input errors (no kernel runs)."""
 
 from __future__ import annotations
 
