@@ -32,7 +32,10 @@ PLANNED = {
 }
 OPTIONAL_LIBS = ("flash_mla", "deep_gemm", "flashinfer", "tilelang", "triton")
 # Families the ``triton`` backend provides, as "module:Class" strings (imported on first use).
-TRITON_KERNELS = {"moe": "dsa_runtime.plugins.cuda_hopper.triton.moe_experts:TritonMoE"}
+TRITON_KERNELS = {
+    "moe": "dsa_runtime.plugins.cuda_hopper.triton.moe_experts:TritonMoE",
+    "indexer": "dsa_runtime.plugins.cuda_hopper.triton.indexer:TritonIndexer",
+}
 
 
 def detect() -> Detection:
@@ -83,6 +86,8 @@ def triton_available() -> tuple[bool, str]:
 
 def triton_backend() -> Backend:
     """The ``triton`` backend of this platform: only the families in :data:`TRITON_KERNELS` so far."""
+    from dsa_runtime.plugins.cuda_hopper.triton.indexer import INDEXER_CLAIMS  # no triton import there
+
     return Backend(
         name="triton",
         capabilities=Capabilities(
@@ -90,6 +95,7 @@ def triton_backend() -> Backend:
             devices=frozenset({"cuda"}),
             weight_dtypes=frozenset({"bf16", "fp8_e4m3"}),
             scale_fmts=frozenset({"ue8m0", "float"}),
+            methods={**INDEXER_CLAIMS},
             not_claimed={
                 f: f"no Triton kernel yet (planned: {PLANNED[f]})" for f in PLANNED if f not in TRITON_KERNELS
             },

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 
 import pytest
@@ -92,6 +93,12 @@ def test_auto_prefers_the_platform_backend_when_registered(monkeypatch):
 def test_unavailable_preferred_backend_falls_back_with_reason(monkeypatch):
     monkeypatch.setenv("DSA_FAKE_GPU", "NVIDIA H200:9.0")
     deepgemm = backend("deepgemm", families=("indexer",), devices=("cuda",), available=(False, "deep_gemm not built"))
+    if importlib.util.find_spec("triton") is not None:  # the next Hopper preference, the triton indexer
+        assert resolve_kernels(manager=manager_with(deepgemm)).choices["indexer.logits_ragged"].backend == "triton"
+    import dsa_runtime.plugins.cuda_hopper as hopper
+
+    real = hopper.module_available
+    monkeypatch.setattr(hopper, "module_available", lambda name: name != "triton" and real(name))
     resolved = resolve_kernels(manager=manager_with(deepgemm))
     assert resolved.choices["indexer.logits_ragged"].backend == "reference"
     assert "deep_gemm not built" in resolved.choices["indexer.logits_ragged"].reason

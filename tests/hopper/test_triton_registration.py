@@ -16,10 +16,10 @@ from dsa_runtime.resolve import KernelConfig, resolve_kernels
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
-def test_registered_for_moe_only_with_lazy_factories():
+def test_registered_with_lazy_factories():
     backend = get_manager().get_backend("triton")
     assert backend.plugin == "cuda_hopper" and backend.platform == "cuda_hopper"
-    assert set(backend.kernels) == {"moe"} and backend.capabilities.families == frozenset({"moe"})
+    assert {"moe", "indexer"} <= set(backend.kernels) and backend.capabilities.families == frozenset(backend.kernels)
     assert all(isinstance(f, str) and ":" in f for f in backend.kernels.values())
     caps = backend.capabilities
     assert caps.devices == frozenset({"cuda"})
@@ -27,6 +27,10 @@ def test_registered_for_moe_only_with_lazy_factories():
     assert caps.unclaimed_reason("moe", device="cuda", weight_dtype="bf16", scale_fmt="ue8m0") is None
     assert "no Triton kernel yet" in caps.unclaimed_reason("topk", device="cuda")
     assert caps.unclaimed_reason("moe", device="cpu") is not None
+    # the indexer's per-method claims (INDEXER_CLAIMS) win over the family-level expansion
+    paged = "indexer.logits_paged"
+    assert caps.unclaimed_reason(paged, device="cuda", index_heads=64, page_size=64, decode_queries=2) is None
+    assert "indexer head count" in caps.unclaimed_reason(paged, device="cuda", index_heads=128, page_size=64)
 
 
 def test_unavailable_without_a_hopper_gpu(no_gpu):
