@@ -3,7 +3,7 @@
 Defaults follow SGLang's published DeepSeek-V3.2 defaults on Hopper: bf16 KV cache, ``flashmla_sparse`` prefill,
 ``fa3`` decode, page size 64, dense MHA prefill up to 2048 KV tokens.
 
-Backend ``triton`` (kernels in :mod:`.triton`, one module per concept) provides the ``moe`` family; it is
+Backend ``triton`` (kernels in :mod:`.triton`, one module per concept) provides ``moe`` and ``sparse_attn``; it is
 available when the ``triton`` package is installed and an SM90 GPU is visible (checked without importing
 triton or initialising CUDA). Families without a Hopper kernel yet resolve to the reference backend on CUDA
 (logged), and ``dsa-runtime plugins`` says so.
@@ -30,7 +30,10 @@ PLANNED = {
 }
 OPTIONAL_LIBS = ("flash_mla", "deep_gemm", "flashinfer", "tilelang", "triton")
 # Families the ``triton`` backend provides, as "module:Class" strings (imported on first use).
-TRITON_KERNELS = {"moe": "dsa_runtime.plugins.cuda_hopper.triton.moe_experts:TritonMoE"}
+TRITON_KERNELS = {
+    "moe": "dsa_runtime.plugins.cuda_hopper.triton.moe_experts:TritonMoE",
+    "sparse_attn": "dsa_runtime.plugins.cuda_hopper.triton.sparse_attn:TritonSparseAttn",
+}
 
 
 def detect() -> Detection:
@@ -77,10 +80,13 @@ def triton_available() -> tuple[bool, str]:
 
 def triton_backend() -> Backend:
     """The ``triton`` backend of this platform: only the families in :data:`TRITON_KERNELS` so far."""
+    from dsa_runtime.plugins.cuda_hopper.triton.sparse_attn import SPARSE_ATTN_CLAIMS
+
     return Backend(
         name="triton",
         capabilities=Capabilities(
-            families=frozenset(TRITON_KERNELS),
+            families=frozenset({"moe"}),  # family-level claim (any heads/k/...); the others claim per method
+            methods={**SPARSE_ATTN_CLAIMS},
             devices=frozenset({"cuda"}),
             weight_dtypes=frozenset({"bf16", "fp8_e4m3"}),
             scale_fmts=frozenset({"ue8m0", "float"}),
@@ -91,7 +97,7 @@ def triton_backend() -> Backend:
         kernels=TRITON_KERNELS,
         available=triton_available,
         platform="cuda_hopper",
-        description="Triton kernels for SM90: MoE routing and fused FP8/bf16 grouped experts",
+        description="Triton kernels for SM90: MoE routing and fused FP8/bf16 grouped experts; sparse MLA prefill and decode",
     )
 
 

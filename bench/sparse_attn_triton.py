@@ -1,0 +1,164 @@
+"""Sparse MLA benchmark of the cuda_hopper ``triton`` backend at DeepSeek-V3.2 sizes (issue 9).
+
+Correctness first: prefill (4096 queries over 8192 keys, 128 heads, top-2048) and bf16 paged decode (batch
+1 / 64 / 128 at a 32K context, 128 and 16 heads, page 64, top-2048), each against the reference backend on
+CUDA (on a subset of query rows, to stay fast). Then every candidate launch shape is timed (median of
+``triton.testing.do_bench``; decode also replayed in a CUDA graph) and printed in TFLOP/s with
+``FLOPs = 2 * H * (576 + 512) * K`` per query row, beside a bf16 ``torch.matmul`` 8192^3 ceiling measured in
+the same run. A shape that fails to compile (e.g. out of shared memory) is reported, not fatal.
+
+    python3 bench/sparse_attn_triton.py [--out bench/results/sparse_attn_triton.json] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import bench_ms, device_info, graph_ms, write_json  # noqa: E402
+
+from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_decode_bf16 import decode_bf16, plan_splits, sm_count  # noqa: E402
+from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_prefill import (  # noqa: E402
+    AttnConfig,
+    default_config,
+    flops,
+    sparse_mla_forward,
+)
+from dsa_runtime.reference.sparse_attn import ReferenceSparseAttn  # noqa: E402
+from dsa_runtime.testing.compare import out_and_lse  # noqa: E402
+from dsa_runtime.testing.tolerances import tolerance  # noqa: E402
+
+SCALE, K, PAGE = 0.135234, 2048, 64
+C = AttnConfig
+PREFILL_CONFIGS = [  # (block_h, block_n, block_dv, warps, stages)
+    C(64, 32, 512, 8, 1), C(64, 32, 512, 8, 2), C(64, 32, 512, 8, 3), C(64, 64, 512, 8, 1),
+    C(64, 64, 512, 8, 2), C(64, 16, 512, 8, 3), C(64, 32, 512, 4, 2), C(64, 32, 256, 4, 2),
+    C(64, 64, 256, 8, 2), C(64, 32, 256, 8, 3), C(32, 64, 512, 4, 2), C(32, 64, 512, 8, 2),
+]
+DECODE_CONFIGS = {
+    128: [C(64, 32, 512, 8, 2), C(64, 64, 512, 8, 2), C(64, 32, 512, 8, 3), C(64, 32, 256, 4, 2), C(32, 64, 512, 4, 2)],
+    16: [C(16, 64, 512, 4, 2), C(16, 32, 512, 4, 3), C(16, 64, 512, 4, 3), C(16, 64, 256, 4, 2), C(16, 128, 512, 4, 2)],
+}
+
+
+def check(name: str, got: tuple[torch.Tensor, torch.Tensor], want: tuple[torch.Tensor, torch.Tensor]) -> bool:
+    msg = out_and_lse(got[0].float(), got[1], want[0].float(), want[1],
+                      tolerance("sparse_attn.out"), tolerance("sparse_attn.lse"))
+    print(f"  check {name}: {'ok' if msg is None else 'FAILED ' + msg}", flush=True)
+    return msg is None
+
+
+def prefill_inputs(t: int, s: int, heads: int, gen: torch.Generator):
+    q = torch.randn(t, heads, 576, device="cuda", generator=gen).bfloat16()
+    kv = torch.randn(s, 576, device="cuda", generator=gen).bfloat16()
+    idx = torch.rand(t, s, device="cuda", generator=gen).argsort(dim=1)[:, :K].to(torch.int32)
+    idx[:: 7, -100:] = -1  # some padding, as the indexer leaves for short contexts
+    return q, kv, idx
+
+
+def decode_inputs(batch: int, heads: int, ctx: int, gen: torch.Generator):
+    pages_per = ctx // PAGE
+    n_pages = batch * pages_per + 1
+    cache = torch.randn(n_pages, PAGE, 576, device="cuda", generator=gen).bfloat16()
+    table = torch.randperm(n_pages - 1, device="cuda", generator=gen).view(batch, pages_per)
+    pos = torch.rand(batch, ctx, device="cuda", generator=gen).argsort(dim=1)[:, :K]
+    slots = (torch.gather(table, 1, pos // PAGE) * PAGE + pos % PAGE).to(torch.int32)
+    q = torch.randn(batch, 1, heads, 576, device="cuda", generator=gen).bfloat16()
+    return q, cache, slots.view(batch, 1, K)
+
+
+def timed(label: str, fn, n_flops: int, ceiling: float, rows: list[dict], extra: dict, graph: bool = False) -> None:
+    try:
+        ms = bench_ms(fn)
+        g_ms = graph_ms(fn) if graph else float("nan")
+    except Exception as exc:  # noqa: BLE001 - a shape that does not compile is a result, not a crash
+        why = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+        print(f"  {label:44s} FAILED: {why}", flush=True)
+        rows.append({**extra, "label": label, "error": why})
+        return
+    best = min(ms, g_ms) if g_ms == g_ms else ms
+    tf = n_flops / best / 1e9
+    print(f"  {label:44s} {ms * 1e3:10.1f} us  graph {g_ms * 1e3:10.1f} us  {tf:7.1f} TFLOP/s  "
+          f"{100 * tf / ceiling:5.1f}% of matmul", flush=True)
+    rows.append({**extra, "label": label, "us": ms * 1e3, "graph_us": g_ms * 1e3, "tflops": tf,
+                 "pct_of_matmul": 100 * tf / ceiling})
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "sparse_attn_triton.json"))
+    ap.add_argument("--quick", action="store_true", help="first two prefill configs and the default decode only")
+    ap.add_argument("--no-check", action="store_true", help="skip the correctness checks")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU")
+        return 2
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    ref = ReferenceSparseAttn()
+    info = device_info()
+    print(info, flush=True)
+    a = torch.randn(8192, 8192, device="cuda").bfloat16()
+    ceiling = 2 * 8192**3 / bench_ms(lambda: a @ a) / 1e9
+    del a
+    print(f"bf16 matmul 8192^3: {ceiling:.1f} TFLOP/s", flush=True)
+    ok = True
+    results: dict = {"device": info, "matmul_tflops": ceiling, "prefill": [], "decode": [], "checks_ok": True}
+
+    heads = 128
+    q, kv, idx = prefill_inputs(4096, 8192, heads, gen)
+    if not args.no_check:
+        got = sparse_mla_forward(q, kv, idx, SCALE)
+        sub = slice(0, 4096, 32)
+        ok &= check("prefill t4096 s8192 h128 k2048 (every 32nd row)", (got[0][sub], got[1][sub]),
+                    ref.prefill(q[sub], kv, idx[sub], SCALE))
+    print("prefill: 4096 queries, 8192 keys, 128 heads, k 2048", flush=True)
+    configs = PREFILL_CONFIGS[:2] if args.quick else PREFILL_CONFIGS
+    for cfg in [default_config(heads, torch.bfloat16), *configs]:
+        timed(cfg.label(), lambda cfg=cfg: sparse_mla_forward(q, kv, idx, SCALE, config=cfg),
+              flops(4096, heads, K), ceiling, results["prefill"], {"config": cfg.__dict__})
+    del q, kv, idx
+
+    sms = sm_count(torch.cuda.current_device())
+    for heads in (128, 16):
+        for batch in (1, 64, 128):
+            q, cache, slots = decode_inputs(batch, heads, 32768, gen)
+            cfg0 = default_config(heads, torch.bfloat16)
+            planned = plan_splits(batch, heads, K, sms, cfg0)
+            print(f"decode: batch {batch}, {heads} heads, 32K context, k {K}, page {PAGE} "
+                  f"(planned splits {planned})", flush=True)
+            if not args.no_check:
+                sub = slice(0, batch, max(1, batch // 8))
+                want = ref.decode(q[sub], cache, slots[sub], SCALE, layout="bf16")
+                ok &= check(f"decode b{batch} h{heads}", decode_bf16(q[sub], cache, slots[sub], SCALE), want)
+                ok &= check(f"decode b{batch} h{heads} unsplit",
+                            decode_bf16(q[sub], cache, slots[sub], SCALE, num_splits=1), want)
+            cfgs = [cfg0] if args.quick else [cfg0, *DECODE_CONFIGS[heads]]
+            for cfg in cfgs:
+                n_plan = plan_splits(batch, heads, K, sms, cfg)
+                for n in sorted({n_plan, 1, 2 * n_plan} if cfg is cfg0 else {n_plan}):
+                    timed(f"{cfg.label()} splits {n}",
+                          lambda cfg=cfg, n=n: decode_bf16(q, cache, slots, SCALE, config=cfg, num_splits=n),
+                          flops(batch, heads, K), ceiling, results["decode"],
+                          {"batch": batch, "heads": heads, "config": cfg.__dict__, "splits": n}, graph=True)
+            del q, cache, slots
+            torch.cuda.empty_cache()
+
+    results["checks_ok"] = bool(ok)
+    results["when"] = datetime.datetime.now(datetime.timezone.utc).isoformat()
+    write_json(args.out, results)
+    print(f"checks {'ok' if ok else 'FAILED'}; wrote {args.out}", flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except Exception:
+        traceback.print_exc()
+        sys.exit(1)
