@@ -90,6 +90,51 @@ def timed(label: str, fn, n_flops: int, ceiling: float, rows: list[dict], extra:
                  "pct_of_matmul": 100 * tf / ceiling})
 
 
+def matmul_ceiling() -> float:
+    """bf16 ``torch.matmul`` at 8192^3, TFLOP/s."""
+    a = torch.randn(8192, 8192, device="cuda").bfloat16()
+    return 2 * 8192**3 / bench_ms(lambda: a @ a) / 1e9
+
+
+def bench_prefill(args, gen, ceiling: float, rows: list[dict]) -> bool:
+    heads, ok = 128, True
+    q, kv, idx = prefill_inputs(4096, 8192, heads, gen)
+    if not args.no_check:
+        got = sparse_mla_forward(q, kv, idx, SCALE)
+        sub = slice(0, 4096, 32)
+        ok = check("prefill t4096 s8192 h128 k2048 (every 32nd row)", (got[0][sub], got[1][sub]),
+                   ReferenceSparseAttn().prefill(q[sub], kv, idx[sub], SCALE))
+    print("prefill: 4096 queries, 8192 keys, 128 heads, k 2048", flush=True)
+    configs = PREFILL_CONFIGS[:2] if args.quick else PREFILL_CONFIGS
+    for cfg in [default_config(heads, torch.bfloat16), *configs]:
+        timed(cfg.label(), lambda cfg=cfg: sparse_mla_forward(q, kv, idx, SCALE, config=cfg),
+              flops(4096, heads, K), ceiling, rows, {"config": cfg.__dict__})
+    return ok
+
+
+def bench_decode(args, gen, batch: int, heads: int, ceiling: float, rows: list[dict]) -> bool:
+    ok = True
+    q, cache, slots = decode_inputs(batch, heads, 32768, gen)
+    sms = sm_count(torch.cuda.current_device())
+    cfg0 = default_config(heads, torch.bfloat16)
+    print(f"decode: batch {batch}, {heads} heads, 32K context, k {K}, page {PAGE} "
+          f"(planned splits {plan_splits(batch, heads, K, sms, cfg0)})", flush=True)
+    if not args.no_check:
+        sub = slice(0, batch, max(1, batch // 8))
+        want = ReferenceSparseAttn().decode(q[sub], cache, slots[sub], SCALE, layout="bf16")
+        ok &= check(f"decode b{batch} h{heads}", decode_bf16(q[sub], cache, slots[sub], SCALE), want)
+        ok &= check(f"decode b{batch} h{heads} unsplit", decode_bf16(q[sub], cache, slots[sub], SCALE, num_splits=1),
+                    want)
+    for cfg in [cfg0] if args.quick else [cfg0, *DECODE_CONFIGS[heads]]:
+        n_plan = plan_splits(batch, heads, K, sms, cfg)
+        for n in sorted({n_plan, 1, 2 * n_plan} if cfg is cfg0 else {n_plan}):
+            timed(f"{cfg.label()} splits {n}",
+                  lambda cfg=cfg, n=n: decode_bf16(q, cache, slots, SCALE, config=cfg, num_splits=n),
+                  flops(batch, heads, K), ceiling, rows,
+                  {"batch": batch, "heads": heads, "config": cfg.__dict__, "splits": n}, graph=True)
+    return ok
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "sparse_attn_triton.json"))
@@ -100,55 +145,17 @@ def main() -> int:
         print("needs a CUDA GPU")
         return 2
     gen = torch.Generator(device="cuda").manual_seed(0)
-    ref = ReferenceSparseAttn()
     info = device_info()
     print(info, flush=True)
-    a = torch.randn(8192, 8192, device="cuda").bfloat16()
-    ceiling = 2 * 8192**3 / bench_ms(lambda: a @ a) / 1e9
-    del a
+    ceiling = matmul_ceiling()
     print(f"bf16 matmul 8192^3: {ceiling:.1f} TFLOP/s", flush=True)
-    ok = True
-    results: dict = {"device": info, "matmul_tflops": ceiling, "prefill": [], "decode": [], "checks_ok": True}
-
-    heads = 128
-    q, kv, idx = prefill_inputs(4096, 8192, heads, gen)
-    if not args.no_check:
-        got = sparse_mla_forward(q, kv, idx, SCALE)
-        sub = slice(0, 4096, 32)
-        ok &= check("prefill t4096 s8192 h128 k2048 (every 32nd row)", (got[0][sub], got[1][sub]),
-                    ref.prefill(q[sub], kv, idx[sub], SCALE))
-    print("prefill: 4096 queries, 8192 keys, 128 heads, k 2048", flush=True)
-    configs = PREFILL_CONFIGS[:2] if args.quick else PREFILL_CONFIGS
-    for cfg in [default_config(heads, torch.bfloat16), *configs]:
-        timed(cfg.label(), lambda cfg=cfg: sparse_mla_forward(q, kv, idx, SCALE, config=cfg),
-              flops(4096, heads, K), ceiling, results["prefill"], {"config": cfg.__dict__})
-    del q, kv, idx
-
-    sms = sm_count(torch.cuda.current_device())
+    results: dict = {"device": info, "matmul_tflops": ceiling, "prefill": [], "decode": []}
+    ok = bench_prefill(args, gen, ceiling, results["prefill"])
+    torch.cuda.empty_cache()
     for heads in (128, 16):
         for batch in (1, 64, 128):
-            q, cache, slots = decode_inputs(batch, heads, 32768, gen)
-            cfg0 = default_config(heads, torch.bfloat16)
-            planned = plan_splits(batch, heads, K, sms, cfg0)
-            print(f"decode: batch {batch}, {heads} heads, 32K context, k {K}, page {PAGE} "
-                  f"(planned splits {planned})", flush=True)
-            if not args.no_check:
-                sub = slice(0, batch, max(1, batch // 8))
-                want = ref.decode(q[sub], cache, slots[sub], SCALE, layout="bf16")
-                ok &= check(f"decode b{batch} h{heads}", decode_bf16(q[sub], cache, slots[sub], SCALE), want)
-                ok &= check(f"decode b{batch} h{heads} unsplit",
-                            decode_bf16(q[sub], cache, slots[sub], SCALE, num_splits=1), want)
-            cfgs = [cfg0] if args.quick else [cfg0, *DECODE_CONFIGS[heads]]
-            for cfg in cfgs:
-                n_plan = plan_splits(batch, heads, K, sms, cfg)
-                for n in sorted({n_plan, 1, 2 * n_plan} if cfg is cfg0 else {n_plan}):
-                    timed(f"{cfg.label()} splits {n}",
-                          lambda cfg=cfg, n=n: decode_bf16(q, cache, slots, SCALE, config=cfg, num_splits=n),
-                          flops(batch, heads, K), ceiling, results["decode"],
-                          {"batch": batch, "heads": heads, "config": cfg.__dict__, "splits": n}, graph=True)
-            del q, cache, slots
+            ok &= bench_decode(args, gen, batch, heads, ceiling, results["decode"])
             torch.cuda.empty_cache()
-
     results["checks_ok"] = bool(ok)
     results["when"] = datetime.datetime.now(datetime.timezone.utc).isoformat()
     write_json(args.out, results)

@@ -15,8 +15,13 @@ assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 from dsa_runtime.backend import Backend  # noqa: E402
 from dsa_runtime.capabilities import Capabilities  # noqa: E402
 from dsa_runtime.plugins.cuda_hopper.triton.sparse_attn import SPARSE_ATTN_CLAIMS, TritonSparseAttn  # noqa: E402
+from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_combine import combine_splits  # noqa: E402
 from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_decode_bf16 import plan_splits  # noqa: E402
-from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_prefill import AttnConfig, default_config  # noqa: E402
+from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_prefill import (  # noqa: E402
+    AttnConfig,
+    default_config,
+    sparse_mla_forward,
+)
 from dsa_runtime.reference.plugin import reference_backend  # noqa: E402
 from dsa_runtime.reference.sparse_attn import ReferenceSparseAttn  # noqa: E402
 from dsa_runtime.testing.compare import out_and_lse  # noqa: E402
@@ -42,7 +47,7 @@ def kit_cases() -> int:
             print(f"not_run {case.id} (fp8_656 decode is mla_fp8_decode.decode_fp8_656, another module)")
             continue
         res = run_case(case, ctx)
-        print(f"{res.status} {case.id} {res.seconds:.2f}s {res.message[:300]}")
+        print(f"{res.status} {case.id} {res.duration_s:.2f}s {res.message[:300]}")
         bad += res.status != "passed"
     return bad
 
@@ -93,6 +98,7 @@ def prefill_checks(gen: torch.Generator) -> int:
     bad += check("prefill/duplicates", kern.prefill(q, kv, dup, SCALE), REF.prefill(q, kv, dup, SCALE))
     bad += check("prefill/d_v256", kern.prefill(q, kv, idx, SCALE, 256), REF.prefill(q, kv, idx, SCALE, 256))
     for cfg in (AttnConfig(block_h=16, block_n=16, block_dv=256, num_warps=4, num_stages=1),
+                AttnConfig(block_h=64, block_n=32, block_dv=512, num_warps=8, num_stages=2),  # the GPU default
                 AttnConfig(block_h=32, block_n=64, block_dv=128, num_warps=4, num_stages=1)):
         bad += check(f"prefill/config_{cfg.label()}", TritonSparseAttn(cfg).prefill(q, kv, idx, SCALE),
                      REF.prefill(q, kv, idx, SCALE))
@@ -126,6 +132,11 @@ def decode_checks(gen: torch.Generator) -> int:
             bad += 1
         else:
             print(f"passed direct/decode/splits{n}_vs_unsplit")
+    flat_q, flat_idx = q.reshape(4, 20, 576), idx.reshape(4, 300)
+    part = sparse_mla_forward(flat_q, cache.view(-1, 576), flat_idx, SCALE, num_splits=3)
+    for block in (1, 4):  # the GPU's per-(row, head) programs and a partial last head block (80 = 20 x 4)
+        out, lse = combine_splits(*part, block_hc=block)
+        bad += check(f"decode/combine_block{block}", (out.view(2, 2, 20, 512), lse.view(2, 2, 20)), want)
     planned = TritonSparseAttn().decode(q, cache, idx, SCALE, layout="bf16")
     n_auto = plan_splits(4, 20, 300, 132, default_config(20, torch.bfloat16))
     bad += check(f"decode/planned_splits{n_auto}", planned, want)

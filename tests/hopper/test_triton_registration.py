@@ -16,10 +16,11 @@ from dsa_runtime.resolve import KernelConfig, resolve_kernels
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
-def test_registered_for_moe_only_with_lazy_factories():
+def test_registered_for_moe_and_sparse_attn_with_lazy_factories():
     backend = get_manager().get_backend("triton")
     assert backend.plugin == "cuda_hopper" and backend.platform == "cuda_hopper"
-    assert set(backend.kernels) == {"moe"} and backend.capabilities.families == frozenset({"moe"})
+    assert set(backend.kernels) == {"moe", "sparse_attn"}
+    assert backend.capabilities.families == frozenset({"moe", "sparse_attn"})
     assert all(isinstance(f, str) and ":" in f for f in backend.kernels.values())
     caps = backend.capabilities
     assert caps.devices == frozenset({"cuda"})
@@ -27,6 +28,13 @@ def test_registered_for_moe_only_with_lazy_factories():
     assert caps.unclaimed_reason("moe", device="cuda", weight_dtype="bf16", scale_fmt="ue8m0") is None
     assert "no Triton kernel yet" in caps.unclaimed_reason("topk", device="cuda")
     assert caps.unclaimed_reason("moe", device="cpu") is not None
+    for heads, k, page in ((1, 1, 1), (20, 50, 16), (128, 2048, 64), (128, 16384, 64)):
+        assert caps.unclaimed_reason("sparse_attn.prefill", device="cuda", kv_layout="bf16", heads=heads, k=k) is None
+        for layout in ("bf16", "fp8_656"):
+            assert caps.unclaimed_reason("sparse_attn.decode", device="cuda", kv_layout=layout, heads=heads, k=k,
+                                         page_size=page, decode_queries=2) is None
+    assert "head count 129" in caps.unclaimed_reason("sparse_attn.prefill", device="cuda", heads=129)
+    assert "KV layout 'fp8_656'" in caps.unclaimed_reason("sparse_attn.prefill", device="cuda", kv_layout="fp8_656")
 
 
 def test_unavailable_without_a_hopper_gpu(no_gpu):
@@ -70,6 +78,8 @@ def test_auto_on_hopper_resolves_moe_to_triton_with_a_logged_reason(monkeypatch,
         assert choice.reason.startswith("cuda_hopper default: Triton fused grouped routing")
         assert any(r.getMessage().startswith(f"{method} -> triton (cuda_hopper default: Triton") for r in caplog.records)
     assert type(resolved.moe.experts.__self__).__name__ == "TritonMoE"
+    for method in ("sparse_attn.prefill", "sparse_attn.decode"):  # FlashMLA / fa3 first when registered
+        assert resolved.choices[method].backend == "triton", resolved.choices[method]
     assert resolved.choices["topk.topk"].backend == "reference"  # other families wait for their kernels
 
 

@@ -27,7 +27,7 @@ CPU_SM_COUNT = 132  # an H100 SXM's SM count: the interpreter plans as the GPU w
 MIN_CHUNK = 128  # fewest indices per split: below this the partial write costs more than the split saves
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def sm_count(device_index: int | None) -> int:
     """Streaming multiprocessors of a CUDA device (queried once per device); 132 for CPU tensors."""
     if device_index is None:

@@ -54,6 +54,8 @@ def default_config(heads: int, dtype: torch.dtype) -> AttnConfig:
     if dtype == torch.float32:  # the fp32 verification mode: twice the bytes per tile, IEEE dots
         return AttnConfig(block_h=min(head_tile(heads), 32), block_n=16, num_warps=4, num_stages=1)
     bh = head_tile(heads)
+    if INTERPRET:  # the interpreter's cost is per loop step: fewer, wider steps (the GPU shapes run in tests too)
+        return AttnConfig(block_h=bh, block_n=128, num_warps=4, num_stages=1)
     return AttnConfig(block_h=bh, block_n=32 if bh == 64 else 64, num_warps=8 if bh == 64 else 4, num_stages=2)
 
 
