@@ -59,7 +59,9 @@ def default_config(heads: int, dtype: torch.dtype) -> AttnConfig:
     return AttnConfig(block_h=bh, block_n=32 if bh == 64 else 64, num_warps=8 if bh == 64 else 4, num_stages=2)
 
 
-@triton.jit
+# Sizes and counts change per call; specializing on them (value 1, divisibility by 16) would recompile per batch
+# size. Strides stay specialized: a row stride divisible by 16 is what lets the gathers use 16-byte copies.
+@triton.jit(do_not_specialize=["n_q_rows", "heads", "top_k", "n_kv_rows", "chunk", "n_hb", "n_dvb"])
 def _sparse_mla_kernel(
     q_ptr, kv_ptr, idx_ptr, out_ptr, lse_ptr,
     n_q_rows, heads, top_k, n_kv_rows, chunk, d_v, n_hb, n_dvb,
