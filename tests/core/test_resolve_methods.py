@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 
 import pytest
@@ -97,9 +98,13 @@ def test_auto_uses_the_platform_preference_per_method(monkeypatch):
     assert resolved.choices["sparse_attn.prefill"].backend == "flashmla_sparse"
     assert resolved.choices["sparse_attn.prefill"].reason == "cuda_hopper default"
     assert resolved.choices["sparse_attn.decode"].backend == "fa3"
-    # without fa3, decode skips flashmla_sparse (prefill only) with its reason and lands on the reference
+    # without fa3, decode skips flashmla_sparse (prefill only) with its reason and lands on the Triton kernels
+    # (the reference without triton)
     resolved = resolve_kernels(manager=manager_with(flashmla))
     decode = resolved.choices["sparse_attn.decode"]
+    if importlib.util.find_spec("triton") is not None:
+        assert (decode.backend, decode.reason) == ("triton", "cuda_hopper default")
+        return
     assert decode.backend == "reference"
     assert "no 'fa3' backend registered" in decode.reason and "prefill-only library" in decode.reason
 
