@@ -3,7 +3,7 @@
 Defaults follow SGLang's published DeepSeek-V3.2 defaults on Hopper: bf16 KV cache, ``flashmla_sparse`` prefill,
 ``fa3`` decode, page size 64, dense MHA prefill up to 2048 KV tokens.
 
-Backend ``triton`` (kernels in :mod:`.triton`, one module per concept) provides the ``moe`` family; it is
+Backend ``triton`` (kernels in :mod:`.triton`, one module per concept) provides ``moe`` and ``sparse_attn``; it is
 available when the ``triton`` package is installed and an SM90 GPU is visible (checked without importing
 triton or initialising CUDA). Families without a Hopper kernel yet resolve to the reference backend on CUDA
 (logged), and ``dsa-runtime plugins`` says so.
@@ -35,6 +35,7 @@ OPTIONAL_LIBS = ("flash_mla", "deep_gemm", "flashinfer", "tilelang", "triton")
 TRITON_KERNELS = {
     "moe": "dsa_runtime.plugins.cuda_hopper.triton.moe_experts:TritonMoE",
     "indexer": "dsa_runtime.plugins.cuda_hopper.triton.indexer:TritonIndexer",
+    "sparse_attn": "dsa_runtime.plugins.cuda_hopper.triton.sparse_attn:TritonSparseAttn",
 }
 
 
@@ -86,16 +87,18 @@ def triton_available() -> tuple[bool, str]:
 
 def triton_backend() -> Backend:
     """The ``triton`` backend of this platform: only the families in :data:`TRITON_KERNELS` so far."""
-    from dsa_runtime.plugins.cuda_hopper.triton.indexer import INDEXER_CLAIMS  # no triton import there
+    # The claim modules import neither torch nor triton (plugin discovery stays light).
+    from dsa_runtime.plugins.cuda_hopper.triton.indexer import INDEXER_CLAIMS
+    from dsa_runtime.plugins.cuda_hopper.triton.sparse_attn import SPARSE_ATTN_CLAIMS
 
     return Backend(
         name="triton",
         capabilities=Capabilities(
-            families=frozenset(TRITON_KERNELS),
+            families=frozenset({"moe"}),  # family-level claim (any heads/k/...); the others claim per method
+            methods={**SPARSE_ATTN_CLAIMS, **INDEXER_CLAIMS},
             devices=frozenset({"cuda"}),
             weight_dtypes=frozenset({"bf16", "fp8_e4m3"}),
             scale_fmts=frozenset({"ue8m0", "float"}),
-            methods={**INDEXER_CLAIMS},
             not_claimed={
                 f: f"no Triton kernel yet (planned: {PLANNED[f]})" for f in PLANNED if f not in TRITON_KERNELS
             },
@@ -103,7 +106,7 @@ def triton_backend() -> Backend:
         kernels=TRITON_KERNELS,
         available=triton_available,
         platform="cuda_hopper",
-        description="Triton kernels for SM90: MoE routing and fused FP8/bf16 grouped experts",
+        description="Triton kernels for SM90: MoE routing and fused FP8/bf16 grouped experts; sparse MLA prefill and decode",
     )
 
 

@@ -19,7 +19,8 @@ HAS_TRITON = importlib.util.find_spec("triton") is not None
 def test_registered_with_lazy_factories():
     backend = get_manager().get_backend("triton")
     assert backend.plugin == "cuda_hopper" and backend.platform == "cuda_hopper"
-    assert {"moe", "indexer"} <= set(backend.kernels) and backend.capabilities.families == frozenset(backend.kernels)
+    assert {"moe", "indexer", "sparse_attn"} <= set(backend.kernels)
+    assert backend.capabilities.families == frozenset(backend.kernels)
     assert all(isinstance(f, str) and ":" in f for f in backend.kernels.values())
     caps = backend.capabilities
     assert caps.devices == frozenset({"cuda"})
@@ -31,6 +32,13 @@ def test_registered_with_lazy_factories():
     paged = "indexer.logits_paged"
     assert caps.unclaimed_reason(paged, device="cuda", index_heads=64, page_size=64, decode_queries=2) is None
     assert "indexer head count" in caps.unclaimed_reason(paged, device="cuda", index_heads=128, page_size=64)
+    for heads, k, page in ((1, 1, 1), (20, 50, 16), (128, 2048, 64), (128, 16384, 64)):
+        assert caps.unclaimed_reason("sparse_attn.prefill", device="cuda", kv_layout="bf16", heads=heads, k=k) is None
+        for layout in ("bf16", "fp8_656"):
+            assert caps.unclaimed_reason("sparse_attn.decode", device="cuda", kv_layout=layout, heads=heads, k=k,
+                                         page_size=page, decode_queries=2) is None
+    assert "head count 129" in caps.unclaimed_reason("sparse_attn.prefill", device="cuda", heads=129)
+    assert "KV layout 'fp8_656'" in caps.unclaimed_reason("sparse_attn.prefill", device="cuda", kv_layout="fp8_656")
 
 
 def test_unavailable_without_a_hopper_gpu(no_gpu):
@@ -74,6 +82,8 @@ def test_auto_on_hopper_resolves_moe_to_triton_with_a_logged_reason(monkeypatch,
         assert choice.reason.startswith("cuda_hopper default: Triton fused grouped routing")
         assert any(r.getMessage().startswith(f"{method} -> triton (cuda_hopper default: Triton") for r in caplog.records)
     assert type(resolved.moe.experts.__self__).__name__ == "TritonMoE"
+    for method in ("sparse_attn.prefill", "sparse_attn.decode"):  # FlashMLA / fa3 first when registered
+        assert resolved.choices[method].backend == "triton", resolved.choices[method]
     assert resolved.choices["topk.topk"].backend == "reference"  # other families wait for their kernels
 
 

@@ -1,0 +1,79 @@
+"""The ``sparse_attn`` family of the ``triton`` backend: sparse MLA prefill and paged decode.
+
+* :meth:`TritonSparseAttn.prefill`: :func:`.sparse_mla_prefill.sparse_mla_forward` over the flat bf16 buffer.
+* :meth:`TritonSparseAttn.decode`: ``layout="bf16"`` -> :func:`.sparse_mla_decode_bf16.decode_bf16` (the
+  same kernel on the flat view of the cache, split-K for small batches); ``layout="fp8_656"`` ->
+  ``mla_fp8_decode.decode_fp8_656`` (another module, imported on first use).
+
+This module imports neither torch nor triton at import time: the plugin reads :data:`SPARSE_ATTN_CLAIMS`
+while registering backends, which must stay cheap.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dsa_runtime.capabilities import MethodClaim, ValueSet
+from dsa_runtime.families import D_V, MLALayout
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_prefill import AttnConfig
+
+# Heads are tiled by 16/32/64 with the rest masked, so any count works; 1..128 is what V3.2 needs (128 heads,
+# or 128 / tp per rank). K is walked in masked blocks: any length. Decode reads slots of the flat cache view:
+# any page size, any number of queries per request.
+SPARSE_ATTN_CLAIMS: dict[str, MethodClaim] = {
+    "sparse_attn.prefill": MethodClaim(heads=ValueSet.between(1, 128), kv_layouts=ValueSet.one_of("bf16")),
+    "sparse_attn.decode": MethodClaim(heads=ValueSet.between(1, 128), kv_layouts=ValueSet.one_of("bf16", "fp8_656")),
+}
+
+
+class TritonSparseAttn:
+    """:class:`dsa_runtime.families.SparseAttnKernels` in Triton for SM90.
+
+    Args:
+        config: fixed launch shape for every call (default: chosen per head count, see
+            :func:`.sparse_mla_prefill.default_config`).
+        decode_splits: fixed number of K splits in bf16 decode (default: planned from shapes and SM count).
+    """
+
+    def __init__(self, config: AttnConfig | None = None, decode_splits: int | None = None) -> None:
+        self.config = config
+        self.decode_splits = decode_splits
+
+    def prefill(
+        self, q: Tensor, kv: Tensor, indices: Tensor, sm_scale: float, d_v: int = D_V
+    ) -> tuple[Tensor, Tensor]:
+        """q ``[T, H, 576]`` bf16, kv ``[S, 576]`` bf16, indices ``[T, K]`` int32 -> out ``[T, H, d_v]`` bf16,
+        lse ``[T, H]`` fp32 (natural log; ``+inf`` and zeros for a query with no valid index)."""
+        from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_prefill import sparse_mla_forward
+
+        return sparse_mla_forward(q, kv, indices, sm_scale, d_v, config=self.config)
+
+    def decode(
+        self,
+        q: Tensor,
+        kv_cache: Tensor,
+        indices: Tensor,
+        sm_scale: float,
+        *,
+        layout: MLALayout,
+        d_v: int = D_V,
+    ) -> tuple[Tensor, Tensor]:
+        """q ``[B, Q, H, 576]`` bf16, cache ``[pages, page_size, 576]`` bf16 or ``[..., 656]`` uint8, indices
+        ``[B, Q, K]`` int32 slots -> out ``[B, Q, H, d_v]`` bf16, lse ``[B, Q, H]`` fp32."""
+        if layout == "bf16":
+            from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_decode_bf16 import decode_bf16
+
+            return decode_bf16(q, kv_cache, indices, sm_scale, d_v, config=self.config, num_splits=self.decode_splits)
+        if layout == "fp8_656":
+            try:
+                from dsa_runtime.plugins.cuda_hopper.triton.mla_fp8_decode import decode_fp8_656
+            except ImportError as exc:
+                raise NotImplementedError(
+                    f"Triton fp8_656 sparse decode is not available (mla_fp8_decode failed to import: {exc})"
+                ) from exc
+            return decode_fp8_656(q, kv_cache, indices, sm_scale, d_v)
+        raise ValueError(f"unknown MLA layout {layout!r}; valid: bf16, fp8_656")
