@@ -30,7 +30,10 @@ PLANNED = {
 }
 OPTIONAL_LIBS = ("flash_mla", "deep_gemm", "flashinfer", "tilelang", "triton")
 # Families the ``triton`` backend provides, as "module:Class" strings (imported on first use).
-TRITON_KERNELS = {"moe": "dsa_runtime.plugins.cuda_hopper.triton.moe_experts:TritonMoE"}
+TRITON_KERNELS = {
+    "moe": "dsa_runtime.plugins.cuda_hopper.triton.moe_experts:TritonMoE",
+    "kv_quant": "dsa_runtime.plugins.cuda_hopper.triton.kv_quant:TritonKVQuant",
+}
 
 
 def detect() -> Detection:

@@ -16,10 +16,11 @@ from dsa_runtime.resolve import KernelConfig, resolve_kernels
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
-def test_registered_for_moe_only_with_lazy_factories():
+def test_registered_for_moe_and_kv_quant_with_lazy_factories():
     backend = get_manager().get_backend("triton")
     assert backend.plugin == "cuda_hopper" and backend.platform == "cuda_hopper"
-    assert set(backend.kernels) == {"moe"} and backend.capabilities.families == frozenset({"moe"})
+    assert set(backend.kernels) == {"moe", "kv_quant"}
+    assert backend.capabilities.families == frozenset({"moe", "kv_quant"})
     assert all(isinstance(f, str) and ":" in f for f in backend.kernels.values())
     caps = backend.capabilities
     assert caps.devices == frozenset({"cuda"})
