@@ -41,8 +41,9 @@ class DecodeConfig:
 
 # Candidates for the GPU bench (bench/kv_fp8_triton.py); the default picks by head count.
 CANDIDATES: tuple[DecodeConfig, ...] = (
-    DecodeConfig(16, 32, 4, 2), DecodeConfig(16, 64, 4, 2), DecodeConfig(32, 32, 4, 2), DecodeConfig(32, 32, 8, 2),
-    DecodeConfig(64, 32, 8, 2), DecodeConfig(64, 64, 8, 2), DecodeConfig(64, 32, 8, 3), DecodeConfig(64, 16, 4, 2),
+    DecodeConfig(16, 32, 4, 2), DecodeConfig(16, 64, 4, 2), DecodeConfig(16, 64, 4, 3), DecodeConfig(32, 32, 4, 2),
+    DecodeConfig(32, 64, 8, 2), DecodeConfig(64, 32, 8, 2), DecodeConfig(64, 64, 8, 2), DecodeConfig(64, 32, 8, 3),
+    DecodeConfig(64, 32, 16, 2), DecodeConfig(64, 64, 16, 2),
 )
 
 
@@ -71,11 +72,11 @@ def sm_count(device: torch.device) -> int:
 
 
 def choose_splits(programs: int, top_k: int, block_n: int, sms: int) -> int:
-    """Splits of the K slots so that ``programs * splits`` covers the SMs about twice; at least 2 steps each."""
-    if programs >= sms:
+    """Splits of the K slots so that about one wave of programs covers the SMs (one CTA per SM: the fp32
+    accumulator fills the register file); none when the programs already fill three quarters of them."""
+    if 4 * programs >= 3 * sms:
         return 1
-    steps = triton.cdiv(top_k, block_n)
-    return max(1, min(triton.cdiv(2 * sms, programs), steps // 2, 64))
+    return max(1, min(triton.cdiv(sms, programs), triton.cdiv(top_k, block_n), 64))
 
 
 @triton.jit
