@@ -71,6 +71,7 @@ def test_auto_on_hopper_resolves_moe_to_triton_with_a_logged_reason(monkeypatch,
         assert choice.reason.startswith("cuda_hopper default: Triton fused grouped routing")
         assert any(r.getMessage().startswith(f"{method} -> triton (cuda_hopper default: Triton") for r in caplog.records)
     assert type(resolved.moe.experts.__self__).__name__ == "TritonMoE"
+    assert resolved.choices["kv_quant.store_mla"].backend == "triton"
     assert resolved.choices["topk.topk"].backend == "reference"  # other families wait for their kernels
 
 
