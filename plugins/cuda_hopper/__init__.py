@@ -36,6 +36,7 @@ TRITON_KERNELS = {
     "moe": "dsa_runtime.plugins.cuda_hopper.triton.moe_experts:TritonMoE",
     "indexer": "dsa_runtime.plugins.cuda_hopper.triton.indexer:TritonIndexer",
     "sparse_attn": "dsa_runtime.plugins.cuda_hopper.triton.sparse_attn:TritonSparseAttn",
+    "kv_quant": "dsa_runtime.plugins.cuda_hopper.triton.kv_quant:TritonKVQuant",
 }
 
 
@@ -89,13 +90,14 @@ def triton_backend() -> Backend:
     """The ``triton`` backend of this platform: only the families in :data:`TRITON_KERNELS` so far."""
     # The claim modules import neither torch nor triton (plugin discovery stays light).
     from dsa_runtime.plugins.cuda_hopper.triton.indexer import INDEXER_CLAIMS
+    from dsa_runtime.plugins.cuda_hopper.triton.kv_quant import KV_QUANT_CLAIMS
     from dsa_runtime.plugins.cuda_hopper.triton.sparse_attn import SPARSE_ATTN_CLAIMS
 
     return Backend(
         name="triton",
         capabilities=Capabilities(
             families=frozenset({"moe"}),  # family-level claim (any heads/k/...); the others claim per method
-            methods={**SPARSE_ATTN_CLAIMS, **INDEXER_CLAIMS},
+            methods={**SPARSE_ATTN_CLAIMS, **INDEXER_CLAIMS, **KV_QUANT_CLAIMS},
             devices=frozenset({"cuda"}),
             weight_dtypes=frozenset({"bf16", "fp8_e4m3"}),
             scale_fmts=frozenset({"ue8m0", "float"}),

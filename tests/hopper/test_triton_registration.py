@@ -19,7 +19,7 @@ HAS_TRITON = importlib.util.find_spec("triton") is not None
 def test_registered_with_lazy_factories():
     backend = get_manager().get_backend("triton")
     assert backend.plugin == "cuda_hopper" and backend.platform == "cuda_hopper"
-    assert {"moe", "indexer", "sparse_attn"} <= set(backend.kernels)
+    assert {"moe", "indexer", "sparse_attn", "kv_quant"} <= set(backend.kernels)
     assert backend.capabilities.families == frozenset(backend.kernels)
     assert all(isinstance(f, str) and ":" in f for f in backend.kernels.values())
     caps = backend.capabilities
@@ -84,6 +84,7 @@ def test_auto_on_hopper_resolves_moe_to_triton_with_a_logged_reason(monkeypatch,
     assert type(resolved.moe.experts.__self__).__name__ == "TritonMoE"
     for method in ("sparse_attn.prefill", "sparse_attn.decode"):  # FlashMLA / fa3 first when registered
         assert resolved.choices[method].backend == "triton", resolved.choices[method]
+    assert resolved.choices["kv_quant.store_mla"].backend == "triton"
     assert resolved.choices["topk.topk"].backend == "reference"  # other families wait for their kernels
 
 

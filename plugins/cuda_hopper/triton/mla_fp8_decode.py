@@ -1,0 +1,243 @@
+"""Sparse MLA decode over the ``fp8_656`` paged cache (absorbed / MQA form), with split-K and a combine pass.
+
+One program per (request-query ``m``, block of ``BLOCK_H`` heads, split ``s``). It keeps its queries in
+registers (``[BLOCK_H, 512]`` latent + ``[BLOCK_H, 64]`` rope, bf16) and walks its share of the ``K`` selected
+slots ``BLOCK_N`` at a time: it gathers the 656-byte rows through three typed views of the cache (e4m3 ``c``,
+fp32 scales, bf16 ``k_pe``; slot ``-1`` is masked, never dereferenced), dequantizes ``c`` into bf16 in
+registers (exact: an e4m3 value times a power of two fits bf16), computes ``S = q_c c^T + q_pe k_pe^T`` with
+fp32 accumulation, an online softmax in base 2 (``sm_scale * log2(e)`` folded into ``S``), and ``acc += P c``.
+
+Split-K (when ``B * Q * ceil(H / BLOCK_H)`` programs cannot fill the GPU) writes fp32 partial outputs and base-2
+lse into a workspace sized from shapes; :func:`_combine_kernel` merges them (an empty split has lse ``-inf``).
+The number of splits comes from shapes and the SM count only, so the call is CUDA-graph capturable.
+A query with no valid slot gets zeros and ``lse = +inf``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from dsa_runtime.families import D_LATENT, D_QK, FP8_MLA_ROW_BYTES
+from dsa_runtime.plugins.cuda_hopper.triton.moe_quant import INTERPRET
+
+LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Launch shape: heads per program, slots per step, warps, pipeline stages, splits (0 = from shapes)."""
+
+    block_h: int = 64
+    block_n: int = 32
+    num_warps: int = 8
+    num_stages: int = 2
+    splits: int = 0
+
+
+# Candidates for the GPU bench (bench/kv_fp8_triton.py); the default picks by head count.
+CANDIDATES: tuple[DecodeConfig, ...] = (
+    DecodeConfig(16, 32, 4, 2), DecodeConfig(16, 64, 4, 2), DecodeConfig(16, 64, 4, 3), DecodeConfig(32, 32, 4, 2),
+    DecodeConfig(32, 64, 8, 2), DecodeConfig(64, 32, 8, 2), DecodeConfig(64, 64, 8, 2), DecodeConfig(64, 32, 8, 3),
+    DecodeConfig(64, 32, 16, 2), DecodeConfig(64, 64, 16, 2),
+)
+
+
+def default_config(heads: int) -> DecodeConfig:
+    """By head count; under ``TRITON_INTERPRET=1`` 128 slots per step (the interpreter's cost is per step)."""
+    if INTERPRET:
+        return DecodeConfig(16 if heads <= 16 else 64, 128, 4, 2)
+    if heads <= 16:
+        return DecodeConfig(16, 64, 4, 2)
+    if heads <= 32:
+        return DecodeConfig(32, 32, 4, 2)
+    return DecodeConfig(64, 32, 8, 2)
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def sm_count(device: torch.device) -> int:
+    """Multiprocessors of a CUDA device (cached); 8 elsewhere (the CPU interpreter), so tests exercise splits."""
+    if device.type != "cuda":
+        return 8
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
+def choose_splits(programs: int, top_k: int, block_n: int, sms: int) -> int:
+    """Splits of the K slots so that about one wave of programs covers the SMs (one CTA per SM: the fp32
+    accumulator fills the register file); none when the programs already fill three quarters of them."""
+    if 4 * programs >= 3 * sms:
+        return 1
+    return max(1, min(triton.cdiv(sms, programs), triton.cdiv(top_k, block_n), 64))
+
+
+@triton.jit
+def _dot(a, b, acc, UPCAST: tl.constexpr):
+    """``acc + a @ b`` (bf16 operands, fp32 accumulation). ``UPCAST`` (only under ``TRITON_INTERPRET=1``) runs
+    it in fp32 on the same bf16 values: the CPU interpreter of Triton 3.6 mis-computes bf16 ``tl.dot``."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _decode_kernel(q_ptr, c8_ptr, s32_ptr, pe16_ptr, idx_ptr, out_ptr, lse_ptr,
+                   H, K, K_PER_SPLIT, qk_scale,
+                   stride_qm, stride_qh, stride_im, stride_om, stride_os, stride_oh, stride_lm, stride_ls,
+                   D_OUT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+                   UPCAST: tl.constexpr):
+    m = tl.program_id(0).to(tl.int64)
+    hb = tl.program_id(1)
+    sp = tl.program_id(2)
+    h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    hmask = h < H
+    d = tl.arange(0, 512)
+    dp = tl.arange(0, 64)
+    j = tl.arange(0, 4)
+    t = tl.arange(0, 128)
+    q_row = q_ptr + m * stride_qm + h[:, None] * stride_qh
+    q_c = tl.load(q_row + d[None, :], mask=hmask[:, None], other=0.0)
+    q_pe = tl.load(q_row + 512 + dp[None, :], mask=hmask[:, None], other=0.0)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, 512], tl.float32)
+    lo = sp * K_PER_SPLIT
+    hi = tl.minimum(lo + K_PER_SPLIT, K)
+    for n0 in range(lo, hi, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        slot = tl.load(idx_ptr + m * stride_im + n, mask=n < hi, other=-1)
+        valid = slot >= 0
+        row = tl.where(valid, slot, 0).to(tl.int64)
+        c8 = tl.load(c8_ptr + row[:, None, None] * 656 + j[None, :, None] * 128 + t[None, None, :],
+                     mask=valid[:, None, None], other=0.0)
+        sc = tl.load(s32_ptr + row[:, None] * 164 + 128 + j[None, :], mask=valid[:, None], other=0.0)
+        c = tl.reshape((c8.to(tl.float32) * sc[:, :, None]).to(tl.bfloat16), (BLOCK_N, 512))
+        pe = tl.load(pe16_ptr + row[:, None] * 328 + 264 + dp[None, :], mask=valid[:, None], other=0.0)
+        s = _dot(q_c, tl.trans(c), tl.zeros([BLOCK_H, BLOCK_N], tl.float32), UPCAST)
+        s = _dot(q_pe, tl.trans(pe), s, UPCAST)
+        s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no valid slot yet: keep exp2 finite
+        p = tl.math.exp2(s - m_use[:, None])
+        alpha = tl.math.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = _dot(p.to(tl.bfloat16), c, acc * alpha[:, None], UPCAST)
+        m_i = m_new
+
+    empty = l_i == 0.0
+    if SPLIT:
+        # fp32 partials; base-2 lse, -inf for a split without a valid slot (combine skips it).
+        o = acc / tl.where(empty, 1.0, l_i)[:, None]
+        base = out_ptr + m * stride_om + sp * stride_os + h[:, None] * stride_oh
+        tl.store(base + d[None, :], o, mask=hmask[:, None])
+        lse2 = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))
+        tl.store(lse_ptr + m * stride_lm + sp * stride_ls + h, lse2, mask=hmask)
+    else:
+        o = acc / tl.where(empty, 1.0, l_i)[:, None]
+        base = out_ptr + m * stride_om + h[:, None] * stride_oh
+        tl.store(base + d[None, :], o.to(tl.bfloat16), mask=hmask[:, None] & (d[None, :] < D_OUT))
+        lse = tl.where(empty, float("inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+        tl.store(lse_ptr + m * stride_lm + h, lse, mask=hmask)
+
+
+@triton.jit
+def _combine_kernel(part_ptr, plse_ptr, out_ptr, lse_ptr, H, SPLITS,
+                    stride_pm, stride_ps, stride_ph, stride_lm, stride_ls, stride_om, stride_oh, stride_fm,
+                    D_OUT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Log-sum-exp merge of the splits of one request-query and ``BLOCK_H`` heads."""
+    m = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    hmask = h < H
+    s = tl.arange(0, BLOCK_S)
+    smask = s < SPLITS
+    lse2 = tl.load(plse_ptr + m * stride_lm + s[:, None] * stride_ls + h[None, :],
+                   mask=smask[:, None] & hmask[None, :], other=float("-inf"))  # [S, H]
+    mx = tl.max(lse2, axis=0)
+    empty = mx == float("-inf")
+    w = tl.math.exp2(lse2 - tl.where(empty, 0.0, mx)[None, :])  # 0 for empty splits
+    total = tl.sum(w, axis=0)
+    w = w / tl.where(empty, 1.0, total)[None, :]
+    d = tl.arange(0, 512)
+    acc = tl.zeros([BLOCK_H, 512], tl.float32)
+    for i in range(0, SPLITS):
+        wi = tl.sum(tl.where(s[:, None] == i, w, 0.0), axis=0)  # [H]
+        part = tl.load(part_ptr + m * stride_pm + i * stride_ps + h[:, None] * stride_ph + d[None, :],
+                       mask=hmask[:, None] & (wi > 0.0)[:, None], other=0.0)
+        acc += wi[:, None] * part
+    tl.store(out_ptr + m * stride_om + h[:, None] * stride_oh + d[None, :], acc.to(tl.bfloat16),
+             mask=hmask[:, None] & (d[None, :] < D_OUT))
+    lse = tl.where(empty, float("inf"), (mx + tl.math.log2(tl.where(empty, 1.0, total))) * 0.6931471805599453)
+    tl.store(lse_ptr + m * stride_fm + h, lse, mask=hmask)
+
+
+def decode_fp8_656(q: Tensor, kv_cache: Tensor, indices: Tensor, sm_scale: float, d_v: int = D_LATENT,
+                   config: DecodeConfig | None = None) -> tuple[Tensor, Tensor]:
+    """Sparse MLA decode over an ``fp8_656`` cache.
+
+    Args:
+        q: ``[B, Q, H, 576]`` bf16 (any H from 1 to 128 and beyond; heads are masked per block).
+        kv_cache: ``[pages, page_size, 656]`` uint8, contiguous (slot = page * page_size + offset).
+        indices: ``[B, Q, K]`` int32 slots, ``-1`` = empty (never read).
+        sm_scale: softmax scale. d_v: value width (<= 512; the first ``d_v`` latent columns).
+        config: launch shape (:data:`CANDIDATES`); by default :func:`default_config` of H.
+    Returns:
+        ``out`` ``[B, Q, H, d_v]`` bf16 and ``lse`` ``[B, Q, H]`` fp32 (natural log; ``+inf`` with no valid slot).
+    """
+    if q.dim() != 4 or q.shape[-1] != D_QK or indices.dim() != 3 or tuple(indices.shape[:2]) != tuple(q.shape[:2]):
+        raise ValueError(f"expected q [B, Q, H, 576] and indices [B, Q, K], got {tuple(q.shape)}, "
+                         f"{tuple(indices.shape)}")
+    if kv_cache.dim() != 3 or kv_cache.shape[-1] != FP8_MLA_ROW_BYTES or kv_cache.dtype != torch.uint8:
+        raise ValueError(f"fp8_656 cache must be [pages, page_size, 656] uint8, got {tuple(kv_cache.shape)} "
+                         f"{kv_cache.dtype}")
+    if not 0 < d_v <= D_LATENT:
+        raise ValueError(f"d_v must be in [1, 512], got {d_v}")
+    batch, n_q, heads, _ = q.shape
+    top_k = indices.shape[2]
+    cfg = config or default_config(heads)
+    rows = kv_cache.contiguous().view(-1, FP8_MLA_ROW_BYTES)
+    c8, s32, pe16 = rows.view(torch.float8_e4m3fn), rows.view(torch.float32), rows.view(torch.bfloat16)
+    mq = batch * n_q
+    qf = q.reshape(mq, heads, D_QK)
+    if qf.stride(2) != 1:
+        qf = qf.contiguous()
+    idx = indices.reshape(mq, top_k).to(torch.int32)
+    if idx.stride(1) != 1:
+        idx = idx.contiguous()
+    out = torch.empty(mq, heads, d_v, dtype=torch.bfloat16, device=q.device)
+    lse = torch.empty(mq, heads, dtype=torch.float32, device=q.device)
+    if mq == 0 or heads == 0:
+        return out.reshape(batch, n_q, heads, d_v), lse.reshape(batch, n_q, heads)
+    hblocks = triton.cdiv(heads, cfg.block_h)
+    splits = cfg.splits or choose_splits(mq * hblocks, top_k, cfg.block_n, sm_count(q.device))
+    per_split = triton.cdiv(triton.cdiv(max(top_k, 1), splits), cfg.block_n) * cfg.block_n
+    qk_scale = float(sm_scale) * LOG2E
+    launch = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    if splits == 1:
+        _decode_kernel[(mq, hblocks, 1)](
+            qf, c8, s32, pe16, idx, out, lse, heads, top_k, per_split, qk_scale,
+            qf.stride(0), qf.stride(1), idx.stride(0), out.stride(0), 0, out.stride(1), lse.stride(0), 0,
+            D_OUT=d_v, SPLIT=False, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, UPCAST=INTERPRET, **launch)
+    else:
+        part = torch.empty(mq, splits, heads, D_LATENT, dtype=torch.float32, device=q.device)
+        plse = torch.empty(mq, splits, heads, dtype=torch.float32, device=q.device)
+        _decode_kernel[(mq, hblocks, splits)](
+            qf, c8, s32, pe16, idx, part, plse, heads, top_k, per_split, qk_scale,
+            qf.stride(0), qf.stride(1), idx.stride(0), part.stride(0), part.stride(1), part.stride(2),
+            plse.stride(0), plse.stride(1), D_OUT=D_LATENT, SPLIT=True, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
+            UPCAST=INTERPRET, **launch)
+        cb_h = 16
+        _combine_kernel[(mq, triton.cdiv(heads, cb_h))](
+            part, plse, out, lse, heads, splits, part.stride(0), part.stride(1), part.stride(2),
+            plse.stride(0), plse.stride(1), out.stride(0), out.stride(1), lse.stride(0),
+            D_OUT=d_v, BLOCK_H=cb_h, BLOCK_S=max(triton.next_power_of_2(splits), 2), num_warps=4)
+    return out.reshape(batch, n_q, heads, d_v), lse.reshape(batch, n_q, heads)
+
