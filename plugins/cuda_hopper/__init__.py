@@ -30,7 +30,10 @@ PLANNED = {
 }
 OPTIONAL_LIBS = ("flash_mla", "deep_gemm", "flashinfer", "tilelang", "triton")
 # Families the ``triton`` backend provides, as "module:Class" strings (imported on first use).
-TRITON_KERNELS = {"moe": "dsa_runtime.plugins.cuda_hopper.triton.moe_experts:TritonMoE"}
+TRITON_KERNELS = {
+    "moe": "dsa_runtime.plugins.cuda_hopper.triton.moe_experts:TritonMoE",
+    "topk": "dsa_runtime.plugins.cuda_hopper.triton.topk:TritonTopK",
+}
 
 
 def detect() -> Detection:
@@ -77,10 +80,13 @@ def triton_available() -> tuple[bool, str]:
 
 def triton_backend() -> Backend:
     """The ``triton`` backend of this platform: only the families in :data:`TRITON_KERNELS` so far."""
+    from dsa_runtime.plugins.cuda_hopper.triton.topk import TOPK_CLAIMS
+
     return Backend(
         name="triton",
         capabilities=Capabilities(
             families=frozenset(TRITON_KERNELS),
+            methods={**TOPK_CLAIMS},
             devices=frozenset({"cuda"}),
             weight_dtypes=frozenset({"bf16", "fp8_e4m3"}),
             scale_fmts=frozenset({"ue8m0", "float"}),

@@ -16,16 +16,18 @@ from dsa_runtime.resolve import KernelConfig, resolve_kernels
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
-def test_registered_for_moe_only_with_lazy_factories():
+def test_registered_for_moe_and_topk_with_lazy_factories():
     backend = get_manager().get_backend("triton")
     assert backend.plugin == "cuda_hopper" and backend.platform == "cuda_hopper"
-    assert set(backend.kernels) == {"moe"} and backend.capabilities.families == frozenset({"moe"})
+    assert set(backend.kernels) == {"moe", "topk"} and backend.capabilities.families == frozenset({"moe", "topk"})
     assert all(isinstance(f, str) and ":" in f for f in backend.kernels.values())
     caps = backend.capabilities
     assert caps.devices == frozenset({"cuda"})
     assert caps.unclaimed_reason("moe", device="cuda", weight_dtype="fp8_e4m3", scale_fmt="float") is None
     assert caps.unclaimed_reason("moe", device="cuda", weight_dtype="bf16", scale_fmt="ue8m0") is None
-    assert "no Triton kernel yet" in caps.unclaimed_reason("topk", device="cuda")
+    assert "no Triton kernel yet" in caps.unclaimed_reason("sparse_attn", device="cuda")
+    assert caps.unclaimed_reason("topk", device="cuda", k=2048) is None
+    assert "k 16385 not claimed" in caps.unclaimed_reason("topk.topk", device="cuda", k=16385)
     assert caps.unclaimed_reason("moe", device="cpu") is not None
 
 
@@ -70,7 +72,9 @@ def test_auto_on_hopper_resolves_moe_to_triton_with_a_logged_reason(monkeypatch,
         assert choice.reason.startswith("cuda_hopper default: Triton fused grouped routing")
         assert any(r.getMessage().startswith(f"{method} -> triton (cuda_hopper default: Triton") for r in caplog.records)
     assert type(resolved.moe.experts.__self__).__name__ == "TritonMoE"
-    assert resolved.choices["topk.topk"].backend == "reference"  # other families wait for their kernels
+    assert resolved.choices["topk.topk"].backend == "triton"
+    assert type(resolved.topk.topk.__self__).__name__ == "TritonTopK"
+    assert resolved.choices["sparse_attn.prefill"].backend == "reference"  # other families wait for their kernels
 
 
 def test_auto_on_hopper_without_triton_falls_back_with_reason(monkeypatch):
