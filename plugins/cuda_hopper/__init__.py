@@ -37,6 +37,7 @@ TRITON_KERNELS = {
     "indexer": "dsa_runtime.plugins.cuda_hopper.triton.indexer:TritonIndexer",
     "sparse_attn": "dsa_runtime.plugins.cuda_hopper.triton.sparse_attn:TritonSparseAttn",
     "kv_quant": "dsa_runtime.plugins.cuda_hopper.triton.kv_quant:TritonKVQuant",
+    "topk": "dsa_runtime.plugins.cuda_hopper.triton.topk:TritonTopK",
 }
 
 
@@ -92,12 +93,13 @@ def triton_backend() -> Backend:
     from dsa_runtime.plugins.cuda_hopper.triton.indexer import INDEXER_CLAIMS
     from dsa_runtime.plugins.cuda_hopper.triton.kv_quant import KV_QUANT_CLAIMS
     from dsa_runtime.plugins.cuda_hopper.triton.sparse_attn import SPARSE_ATTN_CLAIMS
+    from dsa_runtime.plugins.cuda_hopper.triton.topk import TOPK_CLAIMS
 
     return Backend(
         name="triton",
         capabilities=Capabilities(
             families=frozenset({"moe"}),  # family-level claim (any heads/k/...); the others claim per method
-            methods={**SPARSE_ATTN_CLAIMS, **INDEXER_CLAIMS, **KV_QUANT_CLAIMS},
+            methods={**SPARSE_ATTN_CLAIMS, **INDEXER_CLAIMS, **KV_QUANT_CLAIMS, **TOPK_CLAIMS},
             devices=frozenset({"cuda"}),
             weight_dtypes=frozenset({"bf16", "fp8_e4m3"}),
             scale_fmts=frozenset({"ue8m0", "float"}),

@@ -19,14 +19,15 @@ HAS_TRITON = importlib.util.find_spec("triton") is not None
 def test_registered_with_lazy_factories():
     backend = get_manager().get_backend("triton")
     assert backend.plugin == "cuda_hopper" and backend.platform == "cuda_hopper"
-    assert {"moe", "indexer", "sparse_attn", "kv_quant"} <= set(backend.kernels)
+    assert {"moe", "indexer", "sparse_attn", "kv_quant", "topk"} <= set(backend.kernels)
     assert backend.capabilities.families == frozenset(backend.kernels)
     assert all(isinstance(f, str) and ":" in f for f in backend.kernels.values())
     caps = backend.capabilities
     assert caps.devices == frozenset({"cuda"})
     assert caps.unclaimed_reason("moe", device="cuda", weight_dtype="fp8_e4m3", scale_fmt="float") is None
     assert caps.unclaimed_reason("moe", device="cuda", weight_dtype="bf16", scale_fmt="ue8m0") is None
-    assert "no Triton kernel yet" in caps.unclaimed_reason("topk", device="cuda")
+    assert caps.unclaimed_reason("topk", device="cuda", k=2048) is None
+    assert "k 16385 not claimed" in caps.unclaimed_reason("topk.topk", device="cuda", k=16385)
     assert caps.unclaimed_reason("moe", device="cpu") is not None
     # the indexer's per-method claims (INDEXER_CLAIMS) win over the family-level expansion
     paged = "indexer.logits_paged"
@@ -85,7 +86,8 @@ def test_auto_on_hopper_resolves_moe_to_triton_with_a_logged_reason(monkeypatch,
     for method in ("sparse_attn.prefill", "sparse_attn.decode"):  # FlashMLA / fa3 first when registered
         assert resolved.choices[method].backend == "triton", resolved.choices[method]
     assert resolved.choices["kv_quant.store_mla"].backend == "triton"
-    assert resolved.choices["topk.topk"].backend == "reference"  # other families wait for their kernels
+    assert resolved.choices["topk.topk"].backend == "triton"
+    assert type(resolved.topk.topk.__self__).__name__ == "TritonTopK"
 
 
 def test_auto_on_hopper_without_triton_falls_back_with_reason(monkeypatch):

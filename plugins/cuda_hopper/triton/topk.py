@@ -1,0 +1,149 @@
+"""The ``topk`` family of the ``triton`` backend: exact windowed top-k by radix select, and the slot transform.
+
+:meth:`TritonTopK.topk` and :meth:`TritonTopK.topk_transform` run one kernel (:mod:`.topk_radix`: search and
+write in one program per row) or, for few long rows, the split search of :mod:`.topk_split` (several
+programs per row, a fixed handful of launches). Nothing synchronises with the host and every buffer is sized
+from shapes, so the calls are CUDA-graph capturable. Results are deterministic and identical to the
+reference's selection (ties at the cut go to the lower column). Window bounds are trusted (checking them
+would read the device): ``0 <= start <= end <= L`` is the caller's contract.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from dsa_runtime.capabilities import MethodClaim, ValueSet
+
+if TYPE_CHECKING:  # torch is imported on first use: the plugin reads TOPK_CLAIMS at registration
+    import torch
+    from torch import Tensor
+
+MAX_K = 16384
+
+# k is any value in [1, MAX_K] (2048 for V3.2); page sizes and devices are not restricted.
+TOPK_CLAIMS: dict[str, MethodClaim] = {
+    "topk.topk": MethodClaim(k=ValueSet.between(1, MAX_K)),
+    "topk.page_table_transform": MethodClaim(k=ValueSet.between(1, MAX_K)),
+    "topk.topk_transform": MethodClaim(k=ValueSet.between(1, MAX_K)),
+}
+
+
+@dataclass(frozen=True)
+class TopKConfig:
+    """Launch shape.
+
+    Attributes:
+        bits: radix bits per pass (8: 4 passes of 256 bins; 11: 3 passes of 2048 bins, random rows usually
+            done after 2).
+        block: columns per chunk of a program.
+        warps: warps per program.
+        split: programs per row (0: choose by :func:`split_for`; 1: one program per row).
+        split_block: columns per chunk in the split kernels.
+        split_warps: warps per program of the split kernels.
+        min_slice: least columns per program when splitting (bounds the split count of short rows).
+    """
+
+    bits: int = 11
+    block: int = 2048
+    warps: int = 8
+    split: int = 0
+    split_block: int = 2048
+    split_warps: int = 8
+    min_slice: int = 8192
+
+
+def split_for(rows: int, width: int, cfg: TopKConfig, sms: int = 132) -> int:
+    """Programs per row: 1 when the rows alone fill the GPU, else enough to give every SM a slice of at least
+    ``cfg.min_slice`` columns (a power of two, at most 64)."""
+    if cfg.split:
+        return cfg.split
+    if rows >= sms or width < 2 * cfg.min_slice:
+        return 1
+    want = min(-(-sms // max(rows, 1)), width // cfg.min_slice, 64)
+    return 1 << max(0, (want.bit_length() - 1))
+
+
+def _sms(device: torch.device) -> int:
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132
+
+
+class TritonTopK:
+    """:class:`dsa_runtime.families.TopKKernels` in Triton (radix select)."""
+
+    def __init__(self, config: TopKConfig | None = None) -> None:
+        self.config = config or TopKConfig()
+
+    def _select(
+        self, logits: Tensor, row_starts: Tensor, row_ends: Tensor, k: int,
+        table: Tensor | None, batch: Tensor | None, page_size: int,
+    ) -> Tensor:
+        import torch
+
+        if k <= 0:
+            raise ValueError(f"k must be positive, got {k}")
+        if logits.dim() != 2:
+            raise ValueError(f"logits must be [R, L], got shape {tuple(logits.shape)}")
+        rows, width = logits.shape
+        if row_starts.shape != (rows,) or row_ends.shape != (rows,):
+            raise ValueError(f"row_starts/row_ends must be [{rows}], got {tuple(row_starts.shape)}/{tuple(row_ends.shape)}")
+        dev = logits.device
+        out = torch.empty((rows, k), dtype=torch.int32, device=dev)
+        if rows == 0:
+            return out
+        x = logits if logits.dtype == torch.float32 else logits.float()
+        if width and x.stride(1) != 1:
+            x = x.contiguous()
+        starts = row_starts.to(device=dev, dtype=torch.int32).contiguous()
+        ends = row_ends.to(device=dev, dtype=torch.int32).contiguous()
+        if table is not None:
+            if page_size <= 0:
+                raise ValueError(f"page_size must be positive, got {page_size}")
+            table = table.to(device=dev, dtype=torch.int32).contiguous()
+            batch = batch.to(device=dev, dtype=torch.int32).contiguous()  # type: ignore[union-attr]
+        cfg = self.config
+        split = split_for(rows, width, cfg, _sms(dev))
+        if split <= 1:
+            from dsa_runtime.plugins.cuda_hopper.triton.topk_radix import launch_rows
+
+            launch_rows(x, starts, ends, out, k, table, batch, page_size, bits=cfg.bits, block=cfg.block, warps=cfg.warps)
+        else:
+            from dsa_runtime.plugins.cuda_hopper.triton.topk_split import launch_split
+
+            launch_split(x, starts, ends, out, k, table, batch, page_size, split=split, cfg=cfg)
+        return out
+
+    def topk(self, logits: Tensor, row_starts: Tensor, row_ends: Tensor, k: int) -> Tensor:
+        """``[R, k]`` int32 positions relative to each row start, ``-1`` padded (see the family contract)."""
+        return self._select(logits, row_starts, row_ends, k, None, None, 1)
+
+    def page_table_transform(
+        self, topk_indices: Tensor, page_table: Tensor, row_to_batch: Tensor, page_size: int
+    ) -> Tensor:
+        """``slot = page_table[b, p // page_size] * page_size + p % page_size``; ``-1`` stays ``-1``."""
+        from dsa_runtime.plugins.cuda_hopper.triton.topk_slots import launch_slots
+
+        if topk_indices.dim() != 2 or row_to_batch.shape != (topk_indices.shape[0],):
+            raise ValueError(
+                f"topk_indices must be [R, k] and row_to_batch [R], got {tuple(topk_indices.shape)} / {tuple(row_to_batch.shape)}"
+            )
+        if page_size <= 0:
+            raise ValueError(f"page_size must be positive, got {page_size}")
+        return launch_slots(topk_indices, page_table, row_to_batch, page_size)
+
+    def topk_transform(
+        self,
+        logits: Tensor,
+        row_starts: Tensor,
+        row_ends: Tensor,
+        k: int,
+        page_table: Tensor,
+        row_to_batch: Tensor,
+        page_size: int,
+    ) -> Tensor:
+        """Fused :meth:`topk` and :meth:`page_table_transform`: the selecting pass writes slots directly."""
+        return self._select(logits, row_starts, row_ends, k, page_table, row_to_batch, page_size)
