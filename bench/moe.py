@@ -56,6 +56,7 @@ def main() -> int:
     ap.add_argument("--out", default="moe_bench.json")
     ap.add_argument("--sweep", action="store_true", help="also time tile configurations at 64 and 8192 tokens")
     ap.add_argument("--no-bf16", action="store_true")
+    ap.add_argument("--deepgemm", action="store_true", help="also time the deepgemm backend's FP8 experts (needs deep_gemm)")
     args = ap.parse_args()
     tokens = [int(t) for t in args.tokens.split(",")]
     info = {**device_info(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -75,10 +76,15 @@ def main() -> int:
         routed16, shared16 = random_experts(E, D, INTER, False, 3), random_experts(1, D, INTER, False, 4)
     per_expert = expert_bytes(routed8)
     moe, apart, ref = TritonMoE("ue8m0"), TritonMoE("ue8m0", fuse_shared=False), ReferenceMoE()
+    dg = None
+    if args.deepgemm:
+        from dsa_runtime.plugins.cuda_hopper.deepgemm_moe import DeepGEMMMoE
+
+        dg = DeepGEMMMoE("ue8m0", check_ids=False)
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows, results = [], {"info": info, "ceilings": {"copy_gbs": copy_gbs, "fp8_tflops": fp8_tf}, "tokens": {}}
     for t in tokens:
-        r = measure(t, gen, moe, apart, ref, routed8, shared8, routed16, shared16, args.sweep)
+        r = measure(t, gen, moe, apart, ref, routed8, shared8, routed16, shared16, args.sweep, dg)
         used_gb = r["used_experts"] * per_expert / 1e9
         r["weight_gb"] = used_gb
         best = min(r["fp8_ms"], r["fp8_graph_ms"])
@@ -94,7 +100,7 @@ def main() -> int:
     return 0
 
 
-def measure(t, gen, moe, apart, ref, routed8, shared8, routed16, shared16, sweep) -> dict:
+def measure(t, gen, moe, apart, ref, routed8, shared8, routed16, shared16, sweep, dg=None) -> dict:
     """Correctness of every variant at ``t`` tokens against the fp32 reference, then their timings."""
     x = torch.randn(t, D, generator=gen, device="cuda").to(torch.bfloat16)
     logits = torch.randn(t, E, generator=gen, device="cuda") * 2
@@ -107,6 +113,12 @@ def measure(t, gen, moe, apart, ref, routed8, shared8, routed16, shared16, sweep
     want = ref.experts(x, w, ids, routed8, shared8)
     r["err_fp8"] = rel_l2_rows(moe.experts(x, w, ids, routed8, shared8), want)
     r["err_fp8_apart"] = rel_l2_rows(apart.experts(x, w, ids, routed8, shared8), want)
+    if dg is not None:  # DeepGEMM's grouped GEMMs with our glue, same inputs, same-run timings
+        r["err_deepgemm"] = rel_l2_rows(dg.experts(x, w, ids, routed8, shared8), want)
+        r["deepgemm_ms"] = bench_ms(lambda: dg.experts(x, w, ids, routed8, shared8))
+        r["deepgemm_graph_ms"] = graph_ms(lambda: dg.experts(x, w, ids, routed8, shared8))
+        print(f"  deepgemm t={t}: err {r['err_deepgemm']}, {r['deepgemm_ms']:.3f} ms eager, "
+              f"{r['deepgemm_graph_ms']:.3f} ms graph", flush=True)
     del want
     if routed16 is not None and t <= 4096:
         want = ref.experts(x, w, ids, routed16, shared16)

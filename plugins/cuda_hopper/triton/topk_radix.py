@@ -101,13 +101,14 @@ def _topk_rows_kernel(
     prefix = tl.zeros([], dtype=tl.int32)  # unsigned-domain key with the digits found so far
     sh = tl.zeros([], dtype=tl.int32)
     for p in tl.static_range(NPASS):
-        SHIFT: tl.constexpr = 32 - (p + 1) * BITS if 32 - (p + 1) * BITS > 0 else 0
+        # a plain name: the compiler refuses re-binding a constexpr-annotated one in an unrolled loop
+        shift = 32 - (p + 1) * BITS if 32 - (p + 1) * BITS > 0 else 0
         hist = pass_hist(row_ptr, lo, hi, prefix, done == 0, p, BITS, BLOCK)
         b, above, in_bin = pick_bin(hist, tl.maximum(need, 1), BITS)
         new_need = need - above
         upd = done == 0
-        prefix = tl.where(upd, prefix | (b << SHIFT), prefix)
-        sh = tl.where(upd, SHIFT, sh)
+        prefix = tl.where(upd, prefix | (b << shift), prefix)
+        sh = tl.where(upd, shift, sh)
         need = tl.where(upd, new_need, need)
         done = tl.where(upd & (in_bin == new_need), 1, done)
     # Threshold in the signed key domain; a take-all row uses INT_MIN (below every real key: all "above").

@@ -20,8 +20,10 @@ import triton.language as tl
 
 from dsa_runtime.plugins.cuda_hopper.triton.topk_radix import pass_hist, pick_bin, radix_key, to_slots
 
-# state fields, per (row, split)
-_PREFIX, _NEED, _DONE, _SH, _GT_BEFORE, _EQ_BEFORE, _TAKE_ALL = 0, 1, 2, 3, 4, 5, 6
+# state fields, per (row, split); tl.constexpr globals, which compiled kernels may read (the interpreter
+# also accepts plain ints, the compiler does not)
+_PREFIX, _NEED, _DONE, _SH = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2), tl.constexpr(3)
+_GT_BEFORE, _EQ_BEFORE, _TAKE_ALL = tl.constexpr(4), tl.constexpr(5), tl.constexpr(6)
 STATE = 8
 
 
