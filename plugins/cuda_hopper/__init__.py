@@ -3,10 +3,9 @@
 Defaults follow SGLang's published DeepSeek-V3.2 defaults on Hopper: bf16 KV cache, ``flashmla_sparse`` prefill,
 ``fa3`` decode, page size 64, dense MHA prefill up to 2048 KV tokens.
 
-Backend ``triton`` (kernels in :mod:`.triton`, one module per concept) provides ``moe`` and ``sparse_attn``; it is
-available when the ``triton`` package is installed and an SM90 GPU is visible (checked without importing
-triton or initialising CUDA). Families without a Hopper kernel yet resolve to the reference backend on CUDA
-(logged), and ``dsa-runtime plugins`` says so.
+Backend ``triton`` (kernels in :mod:`.triton`, one module per concept) provides all five families (``indexer``,
+``topk``, ``sparse_attn``, ``kv_quant``, ``moe``) with per-method claims; it is available when the ``triton``
+package is installed and an SM90 GPU is visible (checked without importing triton or initialising CUDA).
 FlashMLA and DeepGEMM have no usable PyPI release; when a user has built them (``pip install -e`` of their
 repositories), their modules ``flash_mla`` / ``deep_gemm`` are detected and reported here. The FlashMLA adapters
 ``flashmla_sparse`` (prefill) and ``flashmla_kv`` (FP8 decode) of :mod:`.flashmla` are always registered and
@@ -110,7 +109,8 @@ def triton_backend() -> Backend:
         kernels=TRITON_KERNELS,
         available=triton_available,
         platform="cuda_hopper",
-        description="Triton kernels for SM90: MoE routing and fused FP8/bf16 grouped experts; sparse MLA prefill and decode",
+        description="Triton kernels for SM90: lightning indexer, exact top-k, sparse MLA prefill/decode (bf16 and FP8 "
+        "caches), KV quantize/store, MoE routing and fused FP8/bf16 grouped experts",
     )
 
 

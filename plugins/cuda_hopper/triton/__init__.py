@@ -1,7 +1,16 @@
 """Triton kernels of the ``triton`` backend on Hopper, one module per concept.
 
 Nothing here imports triton at package import: the plugin registers ``"module:Class"`` strings and the
-kernels load on first use. MoE: :mod:`.moe_route` (grouped routing), :mod:`.moe_align` (sort pairs per
-expert), :mod:`.moe_quant` (FP8 activation quantization), :mod:`.moe_gemm` (grouped GEMMs),
-:mod:`.moe_experts` (the family object). Other families are added beside these.
+kernels load on first use (the ``*_CLAIMS`` constants live in modules that import neither torch nor triton).
+
+* indexer: :mod:`.indexer_quant` (Hadamard rotation + FP8 quantization of q and k), :mod:`.indexer_logits`
+  (ragged prefill and paged decode logits), :mod:`.indexer` (the family object).
+* top-k: :mod:`.topk_radix` (one program per row), :mod:`.topk_split` (a long row over several programs),
+  :mod:`.topk_slots` (page-table transform), :mod:`.topk` (the family object).
+* sparse attention: :mod:`.sparse_mla_prefill` (the kernel), :mod:`.sparse_mla_decode_bf16`,
+  :mod:`.mla_fp8_decode` (656-byte cache), :mod:`.sparse_mla_combine` (split-K merge), :mod:`.sparse_attn`.
+* KV cache: :mod:`.kv_quant_kernels`, :mod:`.kv_quant`.
+* MoE: :mod:`.moe_route` (grouped routing), :mod:`.moe_align` / :mod:`.moe_align_small` (sort pairs per
+  expert), :mod:`.moe_quant` (FP8 activation quantization), :mod:`.moe_gemm` (grouped GEMMs),
+  :mod:`.moe_experts` (the family object).
 """
