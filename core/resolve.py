@@ -259,6 +259,7 @@ def _auto_choice(
 ) -> Choice:
     family = method.split(".")[0]
     fallback = bool(skipped)
+    passed_over: list[str] = []  # earlier preferences that cannot run this method: said in the reason
     for name in defaults.preference(method):
         backend = manager.backends.get(name)
         if backend is None:
@@ -268,8 +269,13 @@ def _auto_choice(
         if problem is None:
             why = defaults.reasons.get(family)
             reason = f"{platform.name} default" + (f": {why}" if why else "")
-            return Choice(family, name, f"fallback: {'; '.join(skipped)}; {reason}" if fallback else reason, method)
+            if fallback:
+                return Choice(family, name, f"fallback: {'; '.join(skipped)}; {reason}", method)
+            if passed_over:
+                reason += f" (passed over: {'; '.join(passed_over)})"
+            return Choice(family, name, reason, method)
         skipped.append(problem)
+        passed_over.append(problem)
     reference = manager.backends.get("reference")
     if reference is not None and why_not(reference, method, device, kv_layout, needs) is None:
         note = platform.family_notes.get(family, "")
