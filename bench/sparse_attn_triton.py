@@ -8,6 +8,7 @@ CUDA (on a subset of query rows, to stay fast). Then every candidate launch shap
 the same run. A shape that fails to compile (e.g. out of shared memory) is reported, not fatal.
 
     python3 bench/sparse_attn_triton.py [--out bench/results/sparse_attn_triton.json] [--quick]
+    python3 bench/sparse_attn_triton.py --sweep   # every candidate of sparse_attn_candidates (bench/sparse_attn_sweep.py)
 """
 
 from __future__ import annotations
@@ -144,10 +145,17 @@ def main() -> int:
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "sparse_attn_triton.json"))
     ap.add_argument("--quick", action="store_true", help="first two prefill configs and the default decode only")
     ap.add_argument("--no-check", action="store_true", help="skip the correctness checks")
+    ap.add_argument("--sweep", action="store_true", help="time every candidate of sparse_attn_candidates (bf16 + fp8)")
+    ap.add_argument("--budget-s", type=float, default=230.0, help="--sweep: skip what remains after this many seconds")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
         return 2
+    if args.sweep:
+        from sparse_attn_sweep import main as sweep_main
+
+        out = args.out.replace("sparse_attn_triton.json", "sparse_attn_sweep.json")
+        return sweep_main(out, args.budget_s)
     gen = torch.Generator(device="cuda").manual_seed(0)
     info = device_info()
     print(info, flush=True)

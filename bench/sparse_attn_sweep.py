@@ -1,0 +1,182 @@
+"""One-GPU-call sweep of every sparse MLA candidate (issue 9): bf16 prefill, bf16 paged decode and fp8_656
+decode at V3.2 sizes, each candidate checked against the reference on CUDA (a few rows) and then timed.
+
+Shapes: prefill 4096 queries x 8192 keys, 128 heads, k 2048; bf16 decode batch 1/64/128 at 128 heads and batch 64
+at 16 heads (32K context, page 64); fp8 decode batch 1/64/128 at 128 heads. Prints TFLOP/s
+(``2 * H * (576 + 512) * K`` per query), the % of the bf16 matmul rate measured in the same run and the ratio to
+plain PyTorch (gather + two einsums, bf16, timed once per shape), then the best candidate per shape. A candidate
+that fails to compile (shared memory, registers) or to match the reference is reported and skipped.
+
+    python bench/sparse_attn_triton.py --sweep [--out bench/results/sparse_attn_sweep.json]
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+
+import torch
+from common import bench_ms, device_info, graph_ms, write_json
+
+from dsa_runtime.plugins.cuda_hopper.triton.mla_fp8_decode import DecodeConfig, decode_fp8_656
+from dsa_runtime.plugins.cuda_hopper.triton.mla_fp8_decode import default_config as fp8_default
+from dsa_runtime.plugins.cuda_hopper.triton.sparse_attn_candidates import BF16_CANDIDATES, FP8_CANDIDATES
+from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_decode_bf16 import decode_bf16
+from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_prefill import default_config, sparse_mla_forward
+from dsa_runtime.reference.kv_quant import ReferenceKVQuant
+from dsa_runtime.reference.sparse_attn import ReferenceSparseAttn
+from dsa_runtime.testing.compare import out_and_lse
+from dsa_runtime.testing.tolerances import tolerance
+
+SCALE, K, PAGE, CTX = 0.135234, 2048, 64, 32768
+REF = ReferenceSparseAttn()
+
+
+def torch_sparse_mla(q: torch.Tensor, rows: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """Plain PyTorch: gather the selected rows, two bf16 einsums, fp32 softmax. q [T, H, 576], rows [S, 576]."""
+    kv = rows[idx.clamp(min=0).long()]  # [T, K, 576]
+    s = torch.einsum("thd,tkd->thk", q, kv).float() * SCALE
+    s = s.masked_fill((idx < 0)[:, None, :], float("-inf"))
+    return torch.einsum("thk,tkd->thd", torch.softmax(s, -1).bfloat16(), kv[..., :512])
+
+
+def prefill_inputs(gen):
+    q = torch.randn(4096, 128, 576, device="cuda", generator=gen).bfloat16()
+    kv = torch.randn(8192, 576, device="cuda", generator=gen).bfloat16()
+    idx = torch.rand(4096, 8192, device="cuda", generator=gen).argsort(dim=1)[:, :K].to(torch.int32)
+    idx[::7, -100:] = -1
+    return q, kv, idx
+
+
+def decode_slots(batch: int, gen) -> torch.Tensor:
+    """Per request ``K`` distinct slots of its own 32K-token range of pages in a shuffled page table."""
+    pages_per = CTX // PAGE
+    table = torch.randperm(batch * pages_per, device="cuda", generator=gen).view(batch, pages_per)
+    pos = torch.rand(batch, CTX, device="cuda", generator=gen).argsort(dim=1)[:, :K]
+    return (torch.gather(table, 1, pos // PAGE) * PAGE + pos % PAGE).to(torch.int32).view(batch, 1, K)
+
+
+def fp8_cache(n_slots: int, gen) -> torch.Tensor:
+    """Unit-scale latent rows quantized by the reference (power-of-two scales), as the engine stores them."""
+    c = torch.randn(n_slots, 512, device="cuda", generator=gen).bfloat16()
+    k_pe = torch.randn(n_slots, 64, device="cuda", generator=gen).bfloat16()
+    return ReferenceKVQuant().quantize_mla(c, k_pe, layout="fp8_656").view(-1, PAGE, 656)
+
+
+class Sweep:
+    def __init__(self, ceiling: float, budget_s: float) -> None:
+        self.ceiling, self.rows, self.deadline = ceiling, [], time.monotonic() + budget_s
+
+    def run(self, shape: str, label: str, fn, n_flops: int, torch_ms: float, check=None, graph=False) -> None:
+        row = {"shape": shape, "label": label}
+        if time.monotonic() > self.deadline:
+            row["error"] = "skipped: sweep time budget spent"
+            print(f"  {label:40s} skipped (time budget)", flush=True)
+            self.rows.append(row)
+            return
+        try:
+            if check is not None and (msg := check(fn())):
+                raise AssertionError(f"wrong result: {msg[:200]}")
+            ms = bench_ms(fn)
+            g_ms = graph_ms(fn) if graph else float("nan")
+        except Exception as exc:  # noqa: BLE001 - compile failures, OOM of shared memory: a result, not a crash
+            row["error"] = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+            print(f"  {label:40s} FAILED {row['error']}", flush=True)
+            self.rows.append(row)
+            return
+        best = min(ms, g_ms) if g_ms == g_ms else ms
+        tf = n_flops / best / 1e9
+        row.update(us=ms * 1e3, graph_us=g_ms * 1e3, tflops=tf, pct_matmul=100 * tf / self.ceiling,
+                   x_torch=torch_ms / best)
+        print(f"  {label:40s} {ms * 1e3:9.1f} us graph {g_ms * 1e3:9.1f} us {tf:6.1f} TFLOP/s "
+              f"{row['pct_matmul']:5.1f}% mm {row['x_torch']:5.2f}x torch", flush=True)
+        self.rows.append(row)
+
+
+def _checker(want):
+    out_tol, lse_tol = tolerance("sparse_attn.out"), tolerance("sparse_attn.lse")
+    return lambda got, sub: out_and_lse(got[0][sub].float(), got[1][sub], want[0].float(), want[1], out_tol, lse_tol)
+
+
+def sweep_prefill(sw: Sweep, gen) -> None:
+    q, kv, idx = prefill_inputs(gen)
+    sub = slice(0, 4096, 256)
+    chk = _checker(REF.prefill(q[sub], kv, idx[sub], SCALE))
+    t_ms = bench_ms(lambda: torch_sparse_mla(q[:512], kv, idx[:512]), slow=True) * 8  # 512 rows: memory
+    print(f"prefill 4096 x 8192 keys, 128 heads, k {K}: torch gather+einsum {t_ms:.2f} ms", flush=True)
+    default = default_config(128, torch.bfloat16)
+    for cfg in dict.fromkeys([default, *BF16_CANDIDATES["prefill"]]):
+        sw.run("prefill", cfg.label() + (" (default)" if cfg == default else ""),
+               lambda cfg=cfg: sparse_mla_forward(q, kv, idx, SCALE, config=cfg), 2 * 4096 * 128 * 1088 * K, t_ms,
+               check=lambda got: chk(got, sub))
+
+
+def sweep_decode(sw: Sweep, gen, layout: str, batch: int, heads: int, configs: list, fp8_rows=None) -> None:
+    shape = f"{layout} decode b{batch} h{heads}"
+    slots = decode_slots(batch, gen)
+    q = torch.randn(batch, 1, heads, 576, device="cuda", generator=gen).bfloat16()
+    if layout == "bf16":
+        cache = torch.randn(batch * CTX // PAGE, PAGE, 576, device="cuda", generator=gen).bfloat16()
+        flat = cache.view(-1, 576)
+    else:
+        cache = fp8_rows[: batch * CTX].view(-1, PAGE, 656)
+        flat = ReferenceKVQuant().dequantize_mla(cache.view(-1, 656)[slots.view(-1).long()], layout="fp8_656")
+    sub = slice(0, batch, max(1, batch // 4))
+    chk = _checker(REF.decode(q[sub], cache, slots[sub], SCALE, layout=layout))
+    if layout == "bf16":
+        t_ms = bench_ms(lambda: torch_sparse_mla(q[:, 0], flat, slots[:, 0]), slow=True)
+    else:  # torch on the fp8 cache: gather + dequantize + the same einsums
+        t_ms = bench_ms(lambda: torch_sparse_mla(
+            q[:, 0], ReferenceKVQuant().dequantize_mla(cache.view(-1, 656)[slots.view(-1).long()],
+                                                      layout="fp8_656").bfloat16(),
+            torch.arange(batch * K, device="cuda", dtype=torch.int32).view(batch, K)), slow=True)
+    print(f"{shape}: torch {t_ms * 1e3:.1f} us", flush=True)
+    n_flops = 2 * batch * heads * 1088 * K
+    for cfg, splits in configs:
+        if layout == "bf16":
+            fn = lambda cfg=cfg, n=splits: decode_bf16(q, cache, slots, SCALE, config=cfg, num_splits=n)  # noqa: E731
+            label = f"{cfg.label()} splits {splits or 'auto'}"
+        else:
+            fn = lambda cfg=cfg: decode_fp8_656(q, cache, slots, SCALE, config=cfg)  # noqa: E731
+            label = f"h{cfg.block_h}_n{cfg.block_n}_w{cfg.num_warps}_s{cfg.num_stages}_{cfg.variant} " \
+                    f"splits {cfg.splits or 'auto'}"
+        sw.run(shape, label, fn, n_flops, t_ms, check=lambda got: chk(got, sub), graph=True)
+
+
+def main(out: str, budget_s: float = 230.0) -> int:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randn(8192, 8192, device="cuda").bfloat16()
+    ceiling = 2 * 8192**3 / bench_ms(lambda: a @ a) / 1e9
+    info = device_info()
+    print(info, f"bf16 matmul 8192^3 {ceiling:.1f} TFLOP/s", flush=True)
+    sw = Sweep(ceiling, budget_s)
+    sweep_prefill(sw, gen)
+    torch.cuda.empty_cache()
+    h128, h16 = BF16_CANDIDATES["decode_h128"], BF16_CANDIDATES["decode_h16"]
+    d128, d16 = default_config(128, torch.bfloat16, "decode"), default_config(16, torch.bfloat16, "decode")
+    for batch in (64, 128):
+        sweep_decode(sw, gen, "bf16", batch, 128, [(c, None) for c in dict.fromkeys([d128, *h128])])
+    sweep_decode(sw, gen, "bf16", 64, 16, [(c, None) for c in dict.fromkeys([d16, *h16])])
+    b1 = [(c, n) for c in dict.fromkeys([d128, *h128[:4]]) for n in (None, 8, 16)]
+    sweep_decode(sw, gen, "bf16", 1, 128, b1)
+    torch.cuda.empty_cache()
+    rows = fp8_cache(128 * CTX, gen)
+    f128 = list(dict.fromkeys([fp8_default(128), *FP8_CANDIDATES["decode_h128"]]))
+    for batch in (64, 128):
+        sweep_decode(sw, gen, "fp8", batch, 128, [(c, None) for c in f128], rows)
+    f1 = [DecodeConfig(c.block_h, c.block_n, c.num_warps, c.num_stages, n, c.variant)
+          for c in f128[:3] for n in (0, 4, 8, 16)]
+    sweep_decode(sw, gen, "fp8", 1, 128, [(c, None) for c in dict.fromkeys(f1)], rows)
+    best: dict[str, dict] = {}
+    for r in sw.rows:
+        if "tflops" in r and (r["shape"] not in best or r["tflops"] > best[r["shape"]]["tflops"]):
+            best[r["shape"]] = r
+    print(f"\nbest per shape (bf16 matmul {ceiling:.1f} TFLOP/s on {info['gpu']}):")
+    for shape, r in best.items():
+        us = min(r["us"], r["graph_us"]) if r["graph_us"] == r["graph_us"] else r["us"]
+        print(f"  {shape:24s} {r['label']:40s} {us:9.1f} us {r['tflops']:6.1f} TFLOP/s {r['pct_matmul']:5.1f}% "
+              f"{r['x_torch']:5.2f}x torch")
+    write_json(out, {"device": info, "matmul_tflops": ceiling, "rows": sw.rows, "best": best,
+                     "when": datetime.datetime.now(datetime.timezone.utc).isoformat()})
+    print(f"wrote {out}")
+    return 0
