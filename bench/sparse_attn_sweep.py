@@ -28,8 +28,24 @@ from dsa_runtime.reference.sparse_attn import ReferenceSparseAttn
 from dsa_runtime.testing.compare import out_and_lse
 from dsa_runtime.testing.tolerances import tolerance
 
-SCALE, K, PAGE, CTX = 0.135234, 2048, 64, 32768
+SCALE, PAGE = 0.135234, 64
 REF = ReferenceSparseAttn()
+# The GPU shapes; --dry-run (CPU, TRITON_INTERPRET=1) shrinks them to check this script itself before the GPU run.
+DEV, K, CTX, T_PRE, S_PRE, BATCHES, MAX_CANDIDATES = "cuda", 2048, 32768, 4096, 8192, (1, 64, 128), 99
+
+
+def dry_run_sizes() -> None:
+    """Tiny shapes on the CPU (run under TRITON_INTERPRET=1): the script's plumbing, not its timings."""
+    global DEV, K, CTX, T_PRE, S_PRE, BATCHES, MAX_CANDIDATES
+    DEV, K, CTX, T_PRE, S_PRE, BATCHES, MAX_CANDIDATES = "cpu", 64, 256, 32, 256, (1, 2, 3), 2
+
+
+def timed_ms(fn, slow: bool = False) -> float:
+    if DEV != "cuda":
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e3
+    return bench_ms(fn, slow=slow)
 
 
 def torch_sparse_mla(q: torch.Tensor, rows: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -41,26 +57,26 @@ def torch_sparse_mla(q: torch.Tensor, rows: torch.Tensor, idx: torch.Tensor) -> 
 
 
 def prefill_inputs(gen):
-    q = torch.randn(4096, 128, 576, device="cuda", generator=gen).bfloat16()
-    kv = torch.randn(8192, 576, device="cuda", generator=gen).bfloat16()
-    idx = torch.rand(4096, 8192, device="cuda", generator=gen).argsort(dim=1)[:, :K].to(torch.int32)
-    idx[::7, -100:] = -1
+    q = torch.randn(T_PRE, 128, 576, device=DEV, generator=gen).bfloat16()
+    kv = torch.randn(S_PRE, 576, device=DEV, generator=gen).bfloat16()
+    idx = torch.rand(T_PRE, S_PRE, device=DEV, generator=gen).argsort(dim=1)[:, :K].to(torch.int32)
+    idx[::7, -K // 20:] = -1
     return q, kv, idx
 
 
 def decode_slots(batch: int, gen) -> torch.Tensor:
     """Per request ``K`` distinct slots of its own 32K-token range of pages in a shuffled page table."""
     pages_per = CTX // PAGE
-    table = torch.randperm(batch * pages_per, device="cuda", generator=gen).view(batch, pages_per)
-    pos = torch.rand(batch, CTX, device="cuda", generator=gen).argsort(dim=1)[:, :K]
+    table = torch.randperm(batch * pages_per, device=DEV, generator=gen).view(batch, pages_per)
+    pos = torch.rand(batch, CTX, device=DEV, generator=gen).argsort(dim=1)[:, :K]
     return (torch.gather(table, 1, pos // PAGE) * PAGE + pos % PAGE).to(torch.int32).view(batch, 1, K)
 
 
 def fp8_cache(n_slots: int, gen) -> torch.Tensor:
     """Unit-scale latent rows quantized by the reference (power-of-two scales), as the engine stores them."""
-    c = torch.randn(n_slots, 512, device="cuda", generator=gen).bfloat16()
-    k_pe = torch.randn(n_slots, 64, device="cuda", generator=gen).bfloat16()
-    return ReferenceKVQuant().quantize_mla(c, k_pe, layout="fp8_656").view(-1, PAGE, 656)
+    c = torch.randn(n_slots, 512, device=DEV, generator=gen).bfloat16()
+    k_pe = torch.randn(n_slots, 64, device=DEV, generator=gen).bfloat16()
+    return ReferenceKVQuant().quantize_mla(c, k_pe, layout="fp8_656")  # [n_slots, 656]
 
 
 class Sweep:
@@ -77,8 +93,8 @@ class Sweep:
         try:
             if check is not None and (msg := check(fn())):
                 raise AssertionError(f"wrong result: {msg[:200]}")
-            ms = bench_ms(fn)
-            g_ms = graph_ms(fn) if graph else float("nan")
+            ms = timed_ms(fn)
+            g_ms = graph_ms(fn) if graph and DEV == "cuda" else float("nan")
         except Exception as exc:  # noqa: BLE001 - compile failures, OOM of shared memory: a result, not a crash
             row["error"] = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
             print(f"  {label:40s} FAILED {row['error']}", flush=True)
@@ -100,39 +116,39 @@ def _checker(want):
 
 def sweep_prefill(sw: Sweep, gen) -> None:
     q, kv, idx = prefill_inputs(gen)
-    sub = slice(0, 4096, 256)
+    sub = slice(0, T_PRE, T_PRE // 16)
     chk = _checker(REF.prefill(q[sub], kv, idx[sub], SCALE))
-    t_ms = bench_ms(lambda: torch_sparse_mla(q[:512], kv, idx[:512]), slow=True) * 8  # 512 rows: memory
-    print(f"prefill 4096 x 8192 keys, 128 heads, k {K}: torch gather+einsum {t_ms:.2f} ms", flush=True)
+    part = T_PRE // 8  # an eighth of the rows at a time: the gathered [T, K, 576] tensor is large
+    t_ms = timed_ms(lambda: torch_sparse_mla(q[:part], kv, idx[:part]), slow=True) * 8
+    print(f"prefill {T_PRE} x {S_PRE} keys, 128 heads, k {K}: torch gather+einsum {t_ms:.2f} ms", flush=True)
     default = default_config(128, torch.bfloat16)
-    for cfg in dict.fromkeys([default, *BF16_CANDIDATES["prefill"]]):
+    for cfg in list(dict.fromkeys([default, *BF16_CANDIDATES["prefill"]]))[:MAX_CANDIDATES]:
         sw.run("prefill", cfg.label() + (" (default)" if cfg == default else ""),
-               lambda cfg=cfg: sparse_mla_forward(q, kv, idx, SCALE, config=cfg), 2 * 4096 * 128 * 1088 * K, t_ms,
+               lambda cfg=cfg: sparse_mla_forward(q, kv, idx, SCALE, config=cfg), 2 * T_PRE * 128 * 1088 * K, t_ms,
                check=lambda got: chk(got, sub))
 
 
 def sweep_decode(sw: Sweep, gen, layout: str, batch: int, heads: int, configs: list, fp8_rows=None) -> None:
     shape = f"{layout} decode b{batch} h{heads}"
     slots = decode_slots(batch, gen)
-    q = torch.randn(batch, 1, heads, 576, device="cuda", generator=gen).bfloat16()
+    q = torch.randn(batch, 1, heads, 576, device=DEV, generator=gen).bfloat16()
     if layout == "bf16":
-        cache = torch.randn(batch * CTX // PAGE, PAGE, 576, device="cuda", generator=gen).bfloat16()
+        cache = torch.randn(batch * CTX // PAGE, PAGE, 576, device=DEV, generator=gen).bfloat16()
         flat = cache.view(-1, 576)
     else:
         cache = fp8_rows[: batch * CTX].view(-1, PAGE, 656)
-        flat = ReferenceKVQuant().dequantize_mla(cache.view(-1, 656)[slots.view(-1).long()], layout="fp8_656")
     sub = slice(0, batch, max(1, batch // 4))
     chk = _checker(REF.decode(q[sub], cache, slots[sub], SCALE, layout=layout))
     if layout == "bf16":
-        t_ms = bench_ms(lambda: torch_sparse_mla(q[:, 0], flat, slots[:, 0]), slow=True)
+        t_ms = timed_ms(lambda: torch_sparse_mla(q[:, 0], flat, slots[:, 0]), slow=True)
     else:  # torch on the fp8 cache: gather + dequantize + the same einsums
-        t_ms = bench_ms(lambda: torch_sparse_mla(
+        t_ms = timed_ms(lambda: torch_sparse_mla(
             q[:, 0], ReferenceKVQuant().dequantize_mla(cache.view(-1, 656)[slots.view(-1).long()],
                                                       layout="fp8_656").bfloat16(),
-            torch.arange(batch * K, device="cuda", dtype=torch.int32).view(batch, K)), slow=True)
+            torch.arange(batch * K, device=DEV, dtype=torch.int32).view(batch, K)), slow=True)
     print(f"{shape}: torch {t_ms * 1e3:.1f} us", flush=True)
     n_flops = 2 * batch * heads * 1088 * K
-    for cfg, splits in configs:
+    for cfg, splits in configs[:MAX_CANDIDATES]:
         if layout == "bf16":
             fn = lambda cfg=cfg, n=splits: decode_bf16(q, cache, slots, SCALE, config=cfg, num_splits=n)  # noqa: E731
             label = f"{cfg.label()} splits {splits or 'auto'}"
@@ -143,30 +159,40 @@ def sweep_decode(sw: Sweep, gen, layout: str, batch: int, heads: int, configs: l
         sw.run(shape, label, fn, n_flops, t_ms, check=lambda got: chk(got, sub), graph=True)
 
 
-def main(out: str, budget_s: float = 230.0) -> int:
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    a = torch.randn(8192, 8192, device="cuda").bfloat16()
-    ceiling = 2 * 8192**3 / bench_ms(lambda: a @ a) / 1e9
-    info = device_info()
+def main(out: str, budget_s: float = 240.0, dry_run: bool = False) -> int:
+    if dry_run:
+        dry_run_sizes()
+        ceiling, info = 1.0, {"gpu": "cpu (dry run: interpreter, tiny shapes)"}
+        gen = torch.Generator().manual_seed(0)
+    else:
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        a = torch.randn(8192, 8192, device="cuda").bfloat16()
+        ceiling = 2 * 8192**3 / bench_ms(lambda: a @ a) / 1e9
+        info = device_info()
     print(info, f"bf16 matmul 8192^3 {ceiling:.1f} TFLOP/s", flush=True)
     sw = Sweep(ceiling, budget_s)
+    b_one, b_mid, b_big = BATCHES
+    # Most important shapes first: a spent time budget skips only what comes last (batch 1, 16 heads).
     sweep_prefill(sw, gen)
     torch.cuda.empty_cache()
     h128, h16 = BF16_CANDIDATES["decode_h128"], BF16_CANDIDATES["decode_h16"]
     d128, d16 = default_config(128, torch.bfloat16, "decode"), default_config(16, torch.bfloat16, "decode")
-    for batch in (64, 128):
-        sweep_decode(sw, gen, "bf16", batch, 128, [(c, None) for c in dict.fromkeys([d128, *h128])])
-    sweep_decode(sw, gen, "bf16", 64, 16, [(c, None) for c in dict.fromkeys([d16, *h16])])
-    b1 = [(c, n) for c in dict.fromkeys([d128, *h128[:4]]) for n in (None, 8, 16)]
-    sweep_decode(sw, gen, "bf16", 1, 128, b1)
+    bf16_128 = [(c, None) for c in dict.fromkeys([d128, *h128])]
+    sweep_decode(sw, gen, "bf16", b_mid, 128, bf16_128)
     torch.cuda.empty_cache()
-    rows = fp8_cache(128 * CTX, gen)
+    rows = fp8_cache(b_big * CTX, gen)
     f128 = list(dict.fromkeys([fp8_default(128), *FP8_CANDIDATES["decode_h128"]]))
-    for batch in (64, 128):
-        sweep_decode(sw, gen, "fp8", batch, 128, [(c, None) for c in f128], rows)
+    sweep_decode(sw, gen, "fp8_656", b_mid, 128, [(c, None) for c in f128], rows)
+    sweep_decode(sw, gen, "fp8_656", b_big, 128, [(c, None) for c in f128], rows)
     f1 = [DecodeConfig(c.block_h, c.block_n, c.num_warps, c.num_stages, n, c.variant)
           for c in f128[:3] for n in (0, 4, 8, 16)]
-    sweep_decode(sw, gen, "fp8", 1, 128, [(c, None) for c in dict.fromkeys(f1)], rows)
+    sweep_decode(sw, gen, "fp8_656", b_one, 128, [(c, None) for c in dict.fromkeys(f1)], rows)
+    del rows
+    torch.cuda.empty_cache()
+    sweep_decode(sw, gen, "bf16", b_big, 128, bf16_128)
+    b1 = [(c, n) for c in dict.fromkeys([d128, *h128[:4]]) for n in (None, 8, 16)]
+    sweep_decode(sw, gen, "bf16", b_one, 128, b1)
+    sweep_decode(sw, gen, "bf16", b_mid, 16, [(c, None) for c in dict.fromkeys([d16, *h16])])
     best: dict[str, dict] = {}
     for r in sw.rows:
         if "tflops" in r and (r["shape"] not in best or r["tflops"] > best[r["shape"]]["tflops"]):

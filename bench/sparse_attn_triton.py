@@ -146,16 +146,18 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="first two prefill configs and the default decode only")
     ap.add_argument("--no-check", action="store_true", help="skip the correctness checks")
     ap.add_argument("--sweep", action="store_true", help="time every candidate of sparse_attn_candidates (bf16 + fp8)")
-    ap.add_argument("--budget-s", type=float, default=230.0, help="--sweep: skip what remains after this many seconds")
+    ap.add_argument("--budget-s", type=float, default=240.0, help="--sweep: skip what remains after this many seconds")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="--sweep on the CPU at tiny shapes (set TRITON_INTERPRET=1): checks the script, times nothing")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        print("needs a CUDA GPU")
-        return 2
     if args.sweep:
         from sparse_attn_sweep import main as sweep_main
 
-        out = args.out.replace("sparse_attn_triton.json", "sparse_attn_sweep.json")
-        return sweep_main(out, args.budget_s)
+        out = args.out.replace("sparse_attn_triton.json", "sparse_attn_sweep" + ("_dry" if args.dry_run else "") + ".json")
+        return sweep_main(out, args.budget_s, dry_run=args.dry_run)
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU")
+        return 2
     gen = torch.Generator(device="cuda").manual_seed(0)
     info = device_info()
     print(info, flush=True)

@@ -15,14 +15,18 @@ from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_prefill import AttnConfig
 A, F = AttnConfig, DecodeConfig
 
 # Measured before this module (H100, plain kernel): prefill h64_n32_dv512_w8_s2 192.6 TFLOP/s (24.6%); bf16
-# decode b64 h128 237.8 us (19.7%); fp8 decode b64 h128 0.278 ms (17.9%). The pipe kernels are untimed so far:
-# the defaults below are the expected winners (index prefetch hides the second memory latency of each step).
+# decode b64 h128 237.8 us (19.7%); fp8 decode b64 h128 0.278 ms (17.9%). Why the plain kernels stall (from their
+# sm_90 TTGIR, bench/sparse_attn_compile.py): at 2 or 3 stages the loop waits for every outstanding copy
+# (async_wait num=0) and loads the next indices synchronously right before issuing the next gathers, so each step
+# pays the index latency plus the gather latency with no overlap (~3 us per 32-row step, ~7x the tensor work).
+# The pipe kernels at s >= 3 keep s - 2 blocks of gathers in flight (async_wait num=3*(s-2)) and load indices one
+# step before their gathers. Untimed so far: the defaults are the expected winners (2 blocks in flight, 216 KB).
 BF16_DEFAULTS: dict[str, dict[int, AttnConfig]] = {
-    "prefill": {64: A(64, 32, 512, 8, 3, "pipe"), 32: A(32, 64, 512, 4, 2), 16: A(16, 64, 512, 4, 2)},
-    "decode": {64: A(64, 32, 512, 8, 3, "pipe"), 32: A(32, 64, 512, 4, 2), 16: A(16, 32, 512, 4, 3, "pipe")},
+    "prefill": {64: A(64, 32, 512, 8, 4, "pipe"), 32: A(32, 64, 512, 4, 2), 16: A(16, 64, 512, 4, 2)},
+    "decode": {64: A(64, 32, 512, 8, 4, "pipe"), 32: A(32, 64, 512, 4, 2), 16: A(16, 32, 512, 4, 3, "pipe")},
 }
 FP8_DEFAULTS: dict[int, DecodeConfig] = {
-    64: F(64, 32, 8, 3, 0, "pipe"), 32: F(32, 32, 4, 2), 16: F(16, 32, 4, 3, 0, "pipe"),
+    64: F(64, 32, 8, 4, 0, "pipe"), 32: F(32, 32, 4, 2), 16: F(16, 32, 4, 3, 0, "pipe"),
 }
 
 # Swept on the GPU, keyed by the bench shape they serve. The plain kernel's former defaults come first so the
@@ -31,7 +35,8 @@ _BF16_H64 = [
     A(64, 32, 512, 8, 2), A(64, 32, 512, 8, 3),
     A(64, 32, 512, 8, 2, "pipe"), A(64, 32, 512, 8, 3, "pipe"), A(64, 16, 512, 8, 4, "pipe"),
     A(64, 64, 512, 8, 2, "pipe"), A(64, 32, 256, 8, 2, "pipe"), A(64, 64, 256, 8, 2, "pipe"),
-    A(64, 32, 256, 4, 2, "pipe"), A(64, 32, 256, 8, 3, "pipe"),
+    A(64, 32, 256, 8, 3, "pipe"), A(64, 32, 512, 8, 4, "pipe"), A(64, 16, 512, 8, 5, "pipe"),
+    A(64, 16, 512, 8, 6, "pipe"), A(64, 32, 256, 8, 4, "pipe"), A(64, 16, 256, 8, 6, "pipe"),
 ]
 BF16_CANDIDATES: dict[str, list[AttnConfig]] = {
     "prefill": _BF16_H64,
@@ -41,7 +46,8 @@ BF16_CANDIDATES: dict[str, list[AttnConfig]] = {
 }
 FP8_CANDIDATES: dict[str, list[DecodeConfig]] = {
     "decode_h128": [F(64, 32, 8, 2), F(64, 32, 8, 2, 0, "pipe"), F(64, 32, 8, 3, 0, "pipe"),
-                    F(64, 64, 8, 2, 0, "pipe"), F(64, 16, 8, 4, 0, "pipe"), F(64, 32, 16, 2, 0, "pipe")],
+                    F(64, 32, 8, 4, 0, "pipe"), F(64, 32, 8, 5, 0, "pipe"), F(64, 16, 8, 4, 0, "pipe"),
+                    F(64, 16, 8, 6, 0, "pipe"), F(64, 64, 8, 3, 0, "pipe"), F(64, 32, 8, 3)],
     "decode_h16": [F(16, 64, 4, 2), F(16, 64, 4, 2, 0, "pipe"), F(16, 32, 4, 3, 0, "pipe"),
                    F(16, 128, 4, 2, 0, "pipe")],
 }
