@@ -227,20 +227,24 @@ def decode_fp8_656(q: Tensor, kv_cache: Tensor, indices: Tensor, sm_scale: float
     if cfg.variant not in kernels:
         raise ValueError(f"unknown fp8 decode variant {cfg.variant!r}; valid: {', '.join(kernels)}")
     kernel = kernels[cfg.variant]
+
+    def grid(n_splits: int) -> tuple[int, int, int]:  # the pipe kernel puts head blocks fastest (L2 reuse)
+        return (hblocks, mq, n_splits) if cfg.variant == "pipe" else (mq, hblocks, n_splits)
+
     hblocks = triton.cdiv(heads, cfg.block_h)
     splits = cfg.splits or choose_splits(mq * hblocks, top_k, cfg.block_n, sm_count(q.device))
     per_split = triton.cdiv(triton.cdiv(max(top_k, 1), splits), cfg.block_n) * cfg.block_n
     qk_scale = float(sm_scale) * LOG2E
     launch = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     if splits == 1:
-        kernel[(mq, hblocks, 1)](
+        kernel[grid(1)](
             qf, c8, s32, pe16, idx, out, lse, heads, top_k, per_split, qk_scale,
             qf.stride(0), qf.stride(1), idx.stride(0), out.stride(0), 0, out.stride(1), lse.stride(0), 0,
             D_OUT=d_v, SPLIT=False, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, UPCAST=INTERPRET, **launch)
     else:
         part = torch.empty(mq, splits, heads, D_LATENT, dtype=torch.float32, device=q.device)
         plse = torch.empty(mq, splits, heads, dtype=torch.float32, device=q.device)
-        kernel[(mq, hblocks, splits)](
+        kernel[grid(splits)](
             qf, c8, s32, pe16, idx, part, plse, heads, top_k, per_split, qk_scale,
             qf.stride(0), qf.stride(1), idx.stride(0), part.stride(0), part.stride(1), part.stride(2),
             plse.stride(0), plse.stride(1), D_OUT=D_LATENT, SPLIT=True, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
