@@ -38,7 +38,8 @@ def main() -> int:
     which = set(sys.argv[1:]) or {"prefill", "fp8"}
     if "prefill" in which:
         for cfg in dict.fromkeys(c for cs in BF16_CANDIDATES.values() for c in cs):
-            fn = sp._sparse_mla_pipe_kernel if cfg.variant == "pipe" else pf._sparse_mla_kernel
+            fn = {"pipe": sp._sparse_mla_pipe_kernel, "pipew": sp._sparse_mla_wide_kernel}.get(
+                cfg.variant, pf._sparse_mla_kernel)
             consts = {"BLOCK_H": cfg.block_h, "BLOCK_N": cfg.block_n, "BLOCK_DV": cfg.block_dv, "SPLIT": False,
                       "PRECISION": "tf32", "UPCAST": False}
             print(f"bf16 {cfg.label():32} {compile_report(fn, BF16_SIG, consts, cfg.num_warps, cfg.num_stages, BF16_ALIGNED)}",

@@ -190,7 +190,7 @@ def main(out: str, budget_s: float = 240.0, dry_run: bool = False) -> int:
     del rows
     torch.cuda.empty_cache()
     sweep_decode(sw, gen, "bf16", b_big, 128, bf16_128)
-    b1 = [(c, n) for c in dict.fromkeys([d128, *h128[:4]]) for n in (None, 8, 16)]
+    b1 = [(c, n) for c in dict.fromkeys([d128, *BF16_CANDIDATES["decode_h128_b1"]]) for n in (None, 8, 16)]
     sweep_decode(sw, gen, "bf16", b_one, 128, b1)
     sweep_decode(sw, gen, "bf16", b_mid, 16, [(c, None) for c in dict.fromkeys([d16, *h16])])
     best: dict[str, dict] = {}

@@ -101,11 +101,12 @@ def prefill_checks(gen: torch.Generator) -> int:
                 AttnConfig(block_h=64, block_n=32, block_dv=512, num_warps=8, num_stages=2),  # the GPU default
                 AttnConfig(block_h=32, block_n=64, block_dv=128, num_warps=4, num_stages=1),
                 AttnConfig(64, 32, 512, 8, 2, "plain"), AttnConfig(64, 16, 256, 8, 3, "pipe"),
-                AttnConfig(16, 32, 512, 4, 3, "pipe")):
+                AttnConfig(16, 32, 512, 4, 3, "pipe"), AttnConfig(64, 32, 512, 8, 4, "pipew")):
         bad += check(f"prefill/config_{cfg.label()}", TritonSparseAttn(cfg).prefill(q, kv, idx, SCALE),
                      REF.prefill(q, kv, idx, SCALE))
     # The pipe kernel's value halves: d_v below one half, between halves, and with duplicates and empty rows.
-    for cfg in (AttnConfig(32, 16, 512, 4, 1, "pipe"), AttnConfig(16, 16, 256, 4, 1, "pipe")):
+    for cfg in (AttnConfig(32, 16, 512, 4, 1, "pipe"), AttnConfig(16, 16, 256, 4, 1, "pipe"),
+                AttnConfig(32, 16, 512, 4, 1, "pipew")):
         for d_v in (200, 384):
             bad += check(f"prefill/pipe_{cfg.label()}_d_v{d_v}", TritonSparseAttn(cfg).prefill(q, kv, dup, SCALE, d_v),
                          REF.prefill(q, kv, dup, SCALE, d_v))
@@ -142,6 +143,7 @@ def decode_checks(gen: torch.Generator) -> int:
         else:
             print(f"passed direct/decode/splits{n}_vs_unsplit")
     for cfg in (AttnConfig(32, 32, 512, 4, 1, "pipe"), AttnConfig(16, 64, 256, 4, 1, "pipe"),
+                AttnConfig(32, 32, 512, 4, 1, "pipew"),
                 AttnConfig(32, 32, 512, 4, 1, "plain")):
         for n in (1, 3):
             bad += check(f"decode/{cfg.label()}_splits{n}",

@@ -20,10 +20,11 @@ A, F = AttnConfig, DecodeConfig
 # (async_wait num=0) and loads the next indices synchronously right before issuing the next gathers, so each step
 # pays the index latency plus the gather latency with no overlap (~3 us per 32-row step, ~7x the tensor work).
 # The pipe kernels at s >= 3 keep s - 2 blocks of gathers in flight (async_wait num=3*(s-2)) and load indices one
-# step before their gathers. Untimed so far: the defaults are the expected winners (2 blocks in flight, 216 KB).
+# step before their gathers; "pipew" does the same with one 512-wide latent tile (two S dots and one P V dot per
+# step: fewer wgmma waits). Untimed so far: the defaults are the expected winners (2 blocks in flight, 216 KB).
 BF16_DEFAULTS: dict[str, dict[int, AttnConfig]] = {
-    "prefill": {64: A(64, 32, 512, 8, 4, "pipe"), 32: A(32, 64, 512, 4, 2), 16: A(16, 64, 512, 4, 2)},
-    "decode": {64: A(64, 32, 512, 8, 4, "pipe"), 32: A(32, 64, 512, 4, 2), 16: A(16, 32, 512, 4, 3, "pipe")},
+    "prefill": {64: A(64, 32, 512, 8, 4, "pipew"), 32: A(32, 64, 512, 4, 2), 16: A(16, 64, 512, 4, 2)},
+    "decode": {64: A(64, 32, 512, 8, 4, "pipew"), 32: A(32, 64, 512, 4, 2), 16: A(16, 32, 512, 4, 3, "pipe")},
 }
 FP8_DEFAULTS: dict[int, DecodeConfig] = {
     64: F(64, 32, 8, 4, 0, "pipe"), 32: F(32, 32, 4, 2), 16: F(16, 32, 4, 3, 0, "pipe"),
@@ -37,12 +38,18 @@ _BF16_H64 = [
     A(64, 64, 512, 8, 2, "pipe"), A(64, 32, 256, 8, 2, "pipe"), A(64, 64, 256, 8, 2, "pipe"),
     A(64, 32, 256, 8, 3, "pipe"), A(64, 32, 512, 8, 4, "pipe"), A(64, 16, 512, 8, 5, "pipe"),
     A(64, 16, 512, 8, 6, "pipe"), A(64, 32, 256, 8, 4, "pipe"), A(64, 16, 256, 8, 6, "pipe"),
+    A(64, 32, 512, 8, 3, "pipew"), A(64, 32, 512, 8, 4, "pipew"), A(64, 16, 512, 8, 6, "pipew"),
 ]
 BF16_CANDIDATES: dict[str, list[AttnConfig]] = {
     "prefill": _BF16_H64,
     "decode_h128": _BF16_H64,
     "decode_h16": [A(16, 64, 512, 4, 2), A(16, 32, 512, 4, 3), A(16, 64, 512, 4, 2, "pipe"),
-                   A(16, 32, 512, 4, 3, "pipe"), A(16, 64, 256, 4, 2, "pipe"), A(16, 128, 512, 8, 2, "pipe")],
+                   A(16, 32, 512, 4, 3, "pipe"), A(16, 64, 256, 4, 2, "pipe"), A(16, 128, 512, 8, 2, "pipe"),
+                   A(16, 32, 512, 4, 3, "pipew"), A(16, 32, 512, 4, 5, "pipew"),
+                   A(64, 32, 512, 8, 4, "pipew")],  # 16 heads in a 64-row tile: wgmma (M >= 64) instead of mma.sync
+    # batch 1 (split-K): fewer candidates, each at the planned and two fixed split counts
+    "decode_h128_b1": [A(64, 32, 512, 8, 2), A(64, 32, 512, 8, 4, "pipe"), A(64, 32, 512, 8, 4, "pipew"),
+                       A(64, 16, 512, 8, 6, "pipew"), A(64, 32, 256, 8, 4, "pipe")],
 }
 FP8_CANDIDATES: dict[str, list[DecodeConfig]] = {
     "decode_h128": [F(64, 32, 8, 2), F(64, 32, 8, 2, 0, "pipe"), F(64, 32, 8, 3, 0, "pipe"),

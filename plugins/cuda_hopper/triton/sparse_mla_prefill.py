@@ -39,7 +39,9 @@ class AttnConfig:
     block_dv: int = 512
     num_warps: int = 8
     num_stages: int = 2
-    variant: str = "plain"  # "plain": _sparse_mla_kernel; "pipe": .sparse_mla_pipe (index prefetch, 256-wide halves)
+    # "plain": _sparse_mla_kernel; "pipe": .sparse_mla_pipe (index prefetch, 256-wide halves); "pipew": prefetch
+    # with one 512-wide latent tile (block_dv 512)
+    variant: str = "plain"
 
     def label(self) -> str:
         tail = "" if self.variant == "plain" else f"_{self.variant}"
@@ -203,10 +205,14 @@ def sparse_mla_forward(
         if cfg.block_dv not in (256, 512):
             raise ValueError(f"the pipe variant needs block_dv 256 or 512, got {cfg.block_dv}")
         from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_pipe import _sparse_mla_pipe_kernel as kernel
+    elif cfg.variant == "pipew":
+        if cfg.block_dv != 512:
+            raise ValueError(f"the pipew variant needs block_dv 512, got {cfg.block_dv}")
+        from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_pipe import _sparse_mla_wide_kernel as kernel
     elif cfg.variant == "plain":
         kernel = _sparse_mla_kernel
     else:
-        raise ValueError(f"unknown sparse MLA kernel variant {cfg.variant!r}; valid: plain, pipe")
+        raise ValueError(f"unknown sparse MLA kernel variant {cfg.variant!r}; valid: plain, pipe, pipew")
     kernel[grid](
         q, kv, indices, out, lse,
         t_rows, heads, top_k, kv.shape[0], chunk, d_v, n_hb, n_dvb,
