@@ -28,6 +28,7 @@ from common import copy_ceiling_gbs, device_info, write_json  # noqa: E402
 from dsa_runtime.plugins.cuda_hopper.triton.kv_quant import TritonKVQuant  # noqa: E402
 from dsa_runtime.plugins.cuda_hopper.triton.mla_fp8_decode import (  # noqa: E402
     CANDIDATES,
+    MIN_CHUNK,
     DecodeConfig,
     choose_splits,
     decode_fp8_656,
@@ -198,7 +199,7 @@ def main() -> int:
                     failed[f"{c} b{batch} h{heads}"] = f"{type(exc).__name__}: {str(exc)[:200]}"
                     continue
                 hblocks = -(-heads // c.block_h)
-                splits = c.splits or choose_splits(batch * hblocks, TOPK, c.block_n, res["sms"])
+                splits = c.splits or choose_splits(batch * hblocks, TOPK, c.block_n, res["sms"], MIN_CHUNK)
                 rows.append({"op": "decode", "heads": heads, "batch": batch, "config": str(cfg or "default"),
                              "block_h": c.block_h, "block_n": c.block_n, "warps": c.num_warps, "stages": c.num_stages,
                              "splits": splits, "ms": ms, "tflops": flops / ms / 1e9,

@@ -185,12 +185,12 @@ def main(out: str, budget_s: float = 240.0, dry_run: bool = False) -> int:
     sweep_decode(sw, gen, "fp8_656", b_mid, 128, [(c, None) for c in f128], rows)
     sweep_decode(sw, gen, "fp8_656", b_big, 128, [(c, None) for c in f128], rows)
     f1 = [DecodeConfig(c.block_h, c.block_n, c.num_warps, c.num_stages, n, c.variant)
-          for c in f128[:3] for n in (0, 4, 8, 16)]
+          for c in f128[:3] for n in (0, 4, 8, 32)]
     sweep_decode(sw, gen, "fp8_656", b_one, 128, [(c, None) for c in dict.fromkeys(f1)], rows)
     del rows
     torch.cuda.empty_cache()
     sweep_decode(sw, gen, "bf16", b_big, 128, bf16_128)
-    b1 = [(c, n) for c in dict.fromkeys([d128, *BF16_CANDIDATES["decode_h128_b1"]]) for n in (None, 8, 16)]
+    b1 = [(c, n) for c in dict.fromkeys([d128, *BF16_CANDIDATES["decode_h128_b1"]]) for n in (None, 4, 8, 32)]
     sweep_decode(sw, gen, "bf16", b_one, 128, b1)
     sweep_decode(sw, gen, "bf16", b_mid, 16, [(c, None) for c in dict.fromkeys([d16, *h16])])
     best: dict[str, dict] = {}
