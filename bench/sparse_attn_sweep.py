@@ -83,8 +83,9 @@ class Sweep:
     def __init__(self, ceiling: float, budget_s: float) -> None:
         self.ceiling, self.rows, self.deadline = ceiling, [], time.monotonic() + budget_s
 
-    def run(self, shape: str, label: str, fn, n_flops: int, torch_ms: float, check=None, graph=False) -> None:
-        row = {"shape": shape, "label": label}
+    def run(self, shape: str, label: str, fn, n_flops: int, torch_ms: float, check=None, graph=False,
+            config=None) -> None:
+        row = {"shape": shape, "label": label, "config": repr(config)}
         if time.monotonic() > self.deadline:
             row["error"] = "skipped: sweep time budget spent"
             print(f"  {label:40s} skipped (time budget)", flush=True)
@@ -125,7 +126,7 @@ def sweep_prefill(sw: Sweep, gen) -> None:
     for cfg in list(dict.fromkeys([default, *BF16_CANDIDATES["prefill"]]))[:MAX_CANDIDATES]:
         sw.run("prefill", cfg.label() + (" (default)" if cfg == default else ""),
                lambda cfg=cfg: sparse_mla_forward(q, kv, idx, SCALE, config=cfg), 2 * T_PRE * 128 * 1088 * K, t_ms,
-               check=lambda got: chk(got, sub))
+               check=lambda got: chk(got, sub), config=cfg)
 
 
 def sweep_decode(sw: Sweep, gen, layout: str, batch: int, heads: int, configs: list, fp8_rows=None) -> None:
@@ -156,7 +157,8 @@ def sweep_decode(sw: Sweep, gen, layout: str, batch: int, heads: int, configs: l
             fn = lambda cfg=cfg: decode_fp8_656(q, cache, slots, SCALE, config=cfg)  # noqa: E731
             label = f"h{cfg.block_h}_n{cfg.block_n}_w{cfg.num_warps}_s{cfg.num_stages}_{cfg.variant} " \
                     f"splits {cfg.splits or 'auto'}"
-        sw.run(shape, label, fn, n_flops, t_ms, check=lambda got: chk(got, sub), graph=True)
+        sw.run(shape, label, fn, n_flops, t_ms, check=lambda got: chk(got, sub), graph=True,
+               config=cfg if splits is None else None)  # only planned-split rows can become a default
 
 
 def main(out: str, budget_s: float = 240.0, dry_run: bool = False) -> int:
@@ -172,37 +174,57 @@ def main(out: str, budget_s: float = 240.0, dry_run: bool = False) -> int:
     print(info, f"bf16 matmul 8192^3 {ceiling:.1f} TFLOP/s", flush=True)
     sw = Sweep(ceiling, budget_s)
     b_one, b_mid, b_big = BATCHES
-    # Most important shapes first: a spent time budget skips only what comes last (batch 1, 16 heads).
-    sweep_prefill(sw, gen)
-    torch.cuda.empty_cache()
     h128, h16 = BF16_CANDIDATES["decode_h128"], BF16_CANDIDATES["decode_h16"]
     d128, d16 = default_config(128, torch.bfloat16, "decode"), default_config(16, torch.bfloat16, "decode")
     bf16_128 = [(c, None) for c in dict.fromkeys([d128, *h128])]
-    sweep_decode(sw, gen, "bf16", b_mid, 128, bf16_128)
-    torch.cuda.empty_cache()
-    rows = fp8_cache(b_big * CTX, gen)
+    b1 = [(c, n) for c in dict.fromkeys([d128, *BF16_CANDIDATES["decode_h128_b1"]]) for n in (None, 4, 8, 32)]
     f128 = list(dict.fromkeys([fp8_default(128), *FP8_CANDIDATES["decode_h128"]]))
-    sweep_decode(sw, gen, "fp8_656", b_mid, 128, [(c, None) for c in f128], rows)
-    sweep_decode(sw, gen, "fp8_656", b_big, 128, [(c, None) for c in f128], rows)
     f1 = [DecodeConfig(c.block_h, c.block_n, c.num_warps, c.num_stages, n, c.variant)
           for c in f128[:3] for n in (0, 4, 8, 32)]
-    sweep_decode(sw, gen, "fp8_656", b_one, 128, [(c, None) for c in dict.fromkeys(f1)], rows)
-    del rows
-    torch.cuda.empty_cache()
-    sweep_decode(sw, gen, "bf16", b_big, 128, bf16_128)
-    b1 = [(c, n) for c in dict.fromkeys([d128, *BF16_CANDIDATES["decode_h128_b1"]]) for n in (None, 4, 8, 32)]
-    sweep_decode(sw, gen, "bf16", b_one, 128, b1)
-    sweep_decode(sw, gen, "bf16", b_mid, 16, [(c, None) for c in dict.fromkeys([d16, *h16])])
+    fp8_rows: dict[str, torch.Tensor] = {}
+
+    def fp8(batch: int, configs: list) -> None:
+        if "rows" not in fp8_rows:
+            fp8_rows["rows"] = fp8_cache(b_big * CTX, gen)
+        sweep_decode(sw, gen, "fp8_656", batch, 128, [(c, None) for c in configs], fp8_rows["rows"])
+
+    steps = [  # most important shapes first: a spent time budget skips only what comes last
+        ("prefill", lambda: sweep_prefill(sw, gen)),
+        ("bf16 b64 h128", lambda: sweep_decode(sw, gen, "bf16", b_mid, 128, bf16_128)),
+        ("fp8 b64", lambda: fp8(b_mid, f128)),
+        ("fp8 b128", lambda: fp8(b_big, f128)),
+        ("fp8 b1", lambda: fp8(b_one, list(dict.fromkeys(f1)))),
+        ("bf16 b128 h128", lambda: (fp8_rows.clear(), sweep_decode(sw, gen, "bf16", b_big, 128, bf16_128))),
+        ("bf16 b1 h128", lambda: sweep_decode(sw, gen, "bf16", b_one, 128, b1)),
+        ("bf16 b64 h16", lambda: sweep_decode(sw, gen, "bf16", b_mid, 16, [(c, None) for c in dict.fromkeys([d16, *h16])])),
+    ]
     best: dict[str, dict] = {}
-    for r in sw.rows:
-        if "tflops" in r and (r["shape"] not in best or r["tflops"] > best[r["shape"]]["tflops"]):
-            best[r["shape"]] = r
+    for name, step in steps:
+        try:  # a shape that fails as a whole (memory, a sticky CUDA error) leaves the others and the JSON
+            step()
+        except Exception as exc:  # noqa: BLE001
+            msg = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+            print(f"{name}: FAILED {msg}", flush=True)
+            sw.rows.append({"shape": name, "label": "(whole shape)", "error": msg})
+        torch.cuda.empty_cache()
+        best = {}
+        for r in sw.rows:
+            if "tflops" in r and (r["shape"] not in best or r["tflops"] > best[r["shape"]]["tflops"]):
+                best[r["shape"]] = r
+        write_json(out, {"device": info, "matmul_tflops": ceiling, "rows": sw.rows, "best": best,
+                         "when": datetime.datetime.now(datetime.timezone.utc).isoformat()})
     print(f"\nbest per shape (bf16 matmul {ceiling:.1f} TFLOP/s on {info['gpu']}):")
     for shape, r in best.items():
         us = min(r["us"], r["graph_us"]) if r["graph_us"] == r["graph_us"] else r["us"]
         print(f"  {shape:24s} {r['label']:40s} {us:9.1f} us {r['tflops']:6.1f} TFLOP/s {r['pct_matmul']:5.1f}% "
               f"{r['x_torch']:5.2f}x torch")
-    write_json(out, {"device": info, "matmul_tflops": ceiling, "rows": sw.rows, "best": best,
-                     "when": datetime.datetime.now(datetime.timezone.utc).isoformat()})
+    flips = {"prefill": "BF16_DEFAULTS['prefill'][64]", f"bf16 decode b{b_mid} h128": "BF16_DEFAULTS['decode'][64]",
+             f"bf16 decode b{b_mid} h16": "BF16_DEFAULTS['decode'][16]", f"fp8_656 decode b{b_mid} h128": "FP8_DEFAULTS[64]"}
+    print("\nto adopt the winners, in plugins/cuda_hopper/triton/sparse_attn_candidates.py:")
+    for shape, entry in flips.items():
+        rows = [r for r in sw.rows if r["shape"] == shape and "tflops" in r and r.get("config") not in (None, "None")]
+        rows = [r for r in rows if "splits=0" in r["config"] or "AttnConfig" in r["config"]]  # planned splits only
+        if rows:
+            print(f"  {entry} = {max(rows, key=lambda r: r['tflops'])['config']}")
     print(f"wrote {out}")
     return 0
