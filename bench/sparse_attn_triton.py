@@ -121,7 +121,7 @@ def bench_decode(args, gen, batch: int, heads: int, ceiling: float, rows: list[d
     ok = True
     q, cache, slots = decode_inputs(batch, heads, 32768, gen)
     sms = sm_count(torch.cuda.current_device())
-    cfg0 = default_config(heads, torch.bfloat16)
+    cfg0 = default_config(heads, torch.bfloat16, "decode")
     print(f"decode: batch {batch}, {heads} heads, 32K context, k {K}, page {PAGE} "
           f"(planned splits {plan_splits(batch, heads, K, sms, cfg0)})", flush=True)
     if not args.no_check:

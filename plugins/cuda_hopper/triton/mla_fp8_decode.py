@@ -232,12 +232,15 @@ def decode_fp8_656(q: Tensor, kv_cache: Tensor, indices: Tensor, sm_scale: float
     kernels = _kernels()
     if cfg.variant not in kernels:
         raise ValueError(f"unknown fp8 decode variant {cfg.variant!r}; valid: {', '.join(kernels)}")
-    kernel = kernels[cfg.variant]
-
-    def grid(n_splits: int) -> tuple[int, int, int]:  # the pipe kernel puts head blocks fastest (L2 reuse)
-        return (hblocks, mq, n_splits) if cfg.variant == "pipe" else (mq, hblocks, n_splits)
-
+    # The pipe kernel puts head blocks fastest (L2 reuse), so queries go on grid axis 1 (at most 65535 programs):
+    # beyond that the plain kernel (queries on axis 0) serves the call.
+    head_fast = cfg.variant == "pipe" and mq <= 65535
+    kernel = kernels[cfg.variant] if head_fast or cfg.variant != "pipe" else _decode_kernel
     hblocks = triton.cdiv(heads, cfg.block_h)
+
+    def grid(n_splits: int) -> tuple[int, int, int]:
+        return (hblocks, mq, n_splits) if head_fast else (mq, hblocks, n_splits)
+
     # On the CPU (the interpreter's tests) no chunk floor: small K still exercises the split path.
     splits = cfg.splits or choose_splits(mq * hblocks, top_k, cfg.block_n, sm_count(q.device),
                                          MIN_CHUNK if q.is_cuda else 0)
