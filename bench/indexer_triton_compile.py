@@ -31,9 +31,13 @@ QUANT_SIG = {"h_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "hw_ptr": 
              "R": "i32", "stride_x": "i32", "w_const": "fp32"}
 
 
-def compile_report(fn, sig: dict, consts: dict, num_warps: int, num_stages: int) -> str:
+def compile_report(fn, sig: dict, consts: dict, num_warps: int, num_stages: int, aligned: tuple[str, ...] = ()) -> str:
+    """``aligned``: arguments to compile as divisible by 16 (as the launcher specializes 16-aligned pointers
+    and strides), which is what lets gathers become 16-byte copies."""
     try:
-        src = ASTSource(fn=fn, signature={**sig, **dict.fromkeys(consts, "constexpr")}, constexprs=consts)
+        full = {**sig, **dict.fromkeys(consts, "constexpr")}
+        attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+        src = ASTSource(fn=fn, signature=full, constexprs=consts, attrs=attrs)
         kernel = triton.compile(src, target=TARGET, options={"num_warps": num_warps, "num_stages": num_stages})
     except Exception as exc:  # reported, not fatal
         return f"FAILED {type(exc).__name__}: {str(exc)[:400]}"
@@ -46,7 +50,9 @@ def compile_report(fn, sig: dict, consts: dict, num_warps: int, num_stages: int)
     m = re.search(r"REG:(\d+).*?STACK:(\d+)", usage, re.S)
     regs, stack = (m.group(1), m.group(2)) if m else ("?", "?")
     spill = " SPILLS" if stack not in ("0", "?") else ""
-    return f"regs {regs} stack {stack}{spill} smem {kernel.metadata.shared} wgmma {'wgmma' in kernel.asm['ptx']}"
+    ptx = kernel.asm["ptx"]
+    return (f"regs {regs} stack {stack}{spill} smem {kernel.metadata.shared} wgmma {'wgmma' in ptx} "
+            f"cp.async {ptx.count('cp.async.cg') + ptx.count('cp.async.ca')}")
 
 
 def main() -> int:

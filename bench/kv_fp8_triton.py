@@ -28,6 +28,7 @@ from common import copy_ceiling_gbs, device_info, write_json  # noqa: E402
 from dsa_runtime.plugins.cuda_hopper.triton.kv_quant import TritonKVQuant  # noqa: E402
 from dsa_runtime.plugins.cuda_hopper.triton.mla_fp8_decode import (  # noqa: E402
     CANDIDATES,
+    MIN_CHUNK,
     DecodeConfig,
     choose_splits,
     decode_fp8_656,
@@ -98,13 +99,19 @@ def decode_inputs(cache: torch.Tensor, batch: int, heads: int, gen: torch.Genera
 
 
 def check_decode(cache, q, idx, cfg) -> str | None:
+    """The kit's sparse_attn tolerances with the absolute term scaled by each output row's magnitude: this
+    cache's latent values reach 448 (random e4m3 bytes), so an absolute 1e-2 would flag bf16 rounding of P and
+    of the output; a wrong slot, scale or softmax still errs by a sizeable fraction of the row."""
+    from dsa_runtime.testing.compare import close
+    from dsa_runtime.testing.tolerances import Tolerance, tolerance
+
     out, lse = decode_fp8_656(q, cache, idx, SM_SCALE, config=cfg)
     w_out, w_lse = ReferenceSparseAttn().decode(q, cache, idx, SM_SCALE, layout="fp8_656")
-    err = ((out.float() - w_out.float()).abs() - 1.6e-2 * w_out.float().abs()).max().item()
-    lerr = (lse - w_lse).abs().max().item()
-    if not (err <= 1e-2 and lerr <= 2e-3):
-        return f"out excess error {err:.3g}, lse error {lerr:.3g}"
-    return None
+    kit = tolerance("sparse_attn.out")
+    scaled = Tolerance(rtol=kit.rtol, atol=0.0, row_atol=kit.atol)  # atol x max |want| of the (query, head) row
+    msgs = [close("out", out.float(), w_out.float(), scaled, row_dims=1),
+            close("lse", lse, w_lse, tolerance("sparse_attn.lse"))]
+    return " | ".join(m for m in msgs if m) or None
 
 
 def check_stores(gen: torch.Generator) -> list[str]:
@@ -192,7 +199,7 @@ def main() -> int:
                     failed[f"{c} b{batch} h{heads}"] = f"{type(exc).__name__}: {str(exc)[:200]}"
                     continue
                 hblocks = -(-heads // c.block_h)
-                splits = c.splits or choose_splits(batch * hblocks, TOPK, c.block_n, res["sms"])
+                splits = c.splits or choose_splits(batch * hblocks, TOPK, c.block_n, res["sms"], MIN_CHUNK)
                 rows.append({"op": "decode", "heads": heads, "batch": batch, "config": str(cfg or "default"),
                              "block_h": c.block_h, "block_n": c.block_n, "warps": c.num_warps, "stages": c.num_stages,
                              "splits": splits, "ms": ms, "tflops": flops / ms / 1e9,

@@ -8,6 +8,7 @@ CUDA (on a subset of query rows, to stay fast). Then every candidate launch shap
 the same run. A shape that fails to compile (e.g. out of shared memory) is reported, not fatal.
 
     python3 bench/sparse_attn_triton.py [--out bench/results/sparse_attn_triton.json] [--quick]
+    python3 bench/sparse_attn_triton.py --sweep   # every candidate of sparse_attn_candidates (bench/sparse_attn_sweep.py)
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ def bench_decode(args, gen, batch: int, heads: int, ceiling: float, rows: list[d
     ok = True
     q, cache, slots = decode_inputs(batch, heads, 32768, gen)
     sms = sm_count(torch.cuda.current_device())
-    cfg0 = default_config(heads, torch.bfloat16)
+    cfg0 = default_config(heads, torch.bfloat16, "decode")
     print(f"decode: batch {batch}, {heads} heads, 32K context, k {K}, page {PAGE} "
           f"(planned splits {plan_splits(batch, heads, K, sms, cfg0)})", flush=True)
     if not args.no_check:
@@ -144,7 +145,16 @@ def main() -> int:
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "sparse_attn_triton.json"))
     ap.add_argument("--quick", action="store_true", help="first two prefill configs and the default decode only")
     ap.add_argument("--no-check", action="store_true", help="skip the correctness checks")
+    ap.add_argument("--sweep", action="store_true", help="time every candidate of sparse_attn_candidates (bf16 + fp8)")
+    ap.add_argument("--budget-s", type=float, default=240.0, help="--sweep: skip what remains after this many seconds")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="--sweep on the CPU at tiny shapes (set TRITON_INTERPRET=1): checks the script, times nothing")
     args = ap.parse_args()
+    if args.sweep:
+        from sparse_attn_sweep import main as sweep_main
+
+        out = args.out.replace("sparse_attn_triton.json", "sparse_attn_sweep" + ("_dry" if args.dry_run else "") + ".json")
+        return sweep_main(out, args.budget_s, dry_run=args.dry_run)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
         return 2

@@ -64,6 +64,14 @@ def direct_checks() -> int:
         out, lse = decode_fp8_656(q, cache, idx, SM, d_v=512, config=DecodeConfig(32, 16, 4, 2, splits=splits))
         ok = bool(torch.isposinf(lse[0]).all()) and bool((out[0] == 0).all()) and bool(torch.isfinite(out[1]).all())
         bad += _report(f"all -1 (splits {splits})", None if ok else "request 0 not zeros/+inf or NaN leaked")
+    # Both kernels explicitly (the default picks one): padded slots, a poisoned last slot, split and unsplit.
+    q, cache, idx = _problem(gen, 2, 20, 72)
+    cache.view(-1, 656)[-1] = 0x7F
+    want = ref.decode(q, cache, idx, SM, layout="fp8_656")
+    for variant in ("plain", "pipe"):
+        for splits in (1, 3):
+            got = decode_fp8_656(q, cache, idx, SM, config=DecodeConfig(32, 16, 4, 2, splits, variant))
+            bad += _report(f"{variant} splits {splits}", _close(f"{variant}/{splits}", got, want))
     bad += _store_checks(gen)
     return bad
 

@@ -99,9 +99,19 @@ def prefill_checks(gen: torch.Generator) -> int:
     bad += check("prefill/d_v256", kern.prefill(q, kv, idx, SCALE, 256), REF.prefill(q, kv, idx, SCALE, 256))
     for cfg in (AttnConfig(block_h=16, block_n=16, block_dv=256, num_warps=4, num_stages=1),
                 AttnConfig(block_h=64, block_n=32, block_dv=512, num_warps=8, num_stages=2),  # the GPU default
-                AttnConfig(block_h=32, block_n=64, block_dv=128, num_warps=4, num_stages=1)):
+                AttnConfig(block_h=32, block_n=64, block_dv=128, num_warps=4, num_stages=1),
+                AttnConfig(64, 32, 512, 8, 2, "plain"), AttnConfig(64, 16, 256, 8, 3, "pipe"),
+                AttnConfig(16, 32, 512, 4, 3, "pipe"), AttnConfig(64, 32, 512, 8, 4, "pipew")):
         bad += check(f"prefill/config_{cfg.label()}", TritonSparseAttn(cfg).prefill(q, kv, idx, SCALE),
                      REF.prefill(q, kv, idx, SCALE))
+    # The pipe kernel's value halves: d_v below one half, between halves, and with duplicates and empty rows.
+    for cfg in (AttnConfig(32, 16, 512, 4, 1, "pipe"), AttnConfig(16, 16, 256, 4, 1, "pipe"),
+                AttnConfig(32, 16, 512, 4, 1, "pipew")):
+        for d_v in (200, 384):
+            bad += check(f"prefill/pipe_{cfg.label()}_d_v{d_v}", TritonSparseAttn(cfg).prefill(q, kv, dup, SCALE, d_v),
+                         REF.prefill(q, kv, dup, SCALE, d_v))
+        bad += check(f"prefill/pipe_{cfg.label()}_empty_rows", TritonSparseAttn(cfg).prefill(q, kv, empty, SCALE),
+                     REF.prefill(q, kv, empty, SCALE))
     q32, kv32 = q.float(), kv.float()
     bad += check("prefill/fp32_inputs", kern.prefill(q32, kv32, idx, SCALE), REF.prefill(q32, kv32, idx, SCALE))
     none = torch.empty(3, 0, dtype=torch.int32)
@@ -132,6 +142,12 @@ def decode_checks(gen: torch.Generator) -> int:
             bad += 1
         else:
             print(f"passed direct/decode/splits{n}_vs_unsplit")
+    for cfg in (AttnConfig(32, 32, 512, 4, 1, "pipe"), AttnConfig(16, 64, 256, 4, 1, "pipe"),
+                AttnConfig(32, 32, 512, 4, 1, "pipew"),
+                AttnConfig(32, 32, 512, 4, 1, "plain")):
+        for n in (1, 3):
+            bad += check(f"decode/{cfg.label()}_splits{n}",
+                         TritonSparseAttn(cfg, decode_splits=n).decode(q, cache, idx, SCALE, layout="bf16"), want)
     flat_q, flat_idx = q.reshape(4, 20, 576), idx.reshape(4, 300)
     part = sparse_mla_forward(flat_q, cache.view(-1, 576), flat_idx, SCALE, num_splits=3)
     for block in (1, 4):  # the GPU's per-(row, head) programs and a partial last head block (80 = 20 x 4)

@@ -37,6 +37,7 @@ class DecodeConfig:
     num_warps: int = 8
     num_stages: int = 2
     splits: int = 0
+    variant: str = "plain"  # "plain": _decode_kernel; "pipe": .mla_fp8_decode_pipe (index prefetch, bf16 dequant)
 
 
 # Candidates for the GPU bench (bench/kv_fp8_triton.py); the default picks by head count.
@@ -48,14 +49,14 @@ CANDIDATES: tuple[DecodeConfig, ...] = (
 
 
 def default_config(heads: int) -> DecodeConfig:
-    """By head count; under ``TRITON_INTERPRET=1`` 128 slots per step (the interpreter's cost is per step)."""
-    if INTERPRET:
-        return DecodeConfig(16 if heads <= 16 else 64, 128, 4, 2)
-    if heads <= 16:
-        return DecodeConfig(16, 64, 4, 2)
-    if heads <= 32:
-        return DecodeConfig(32, 32, 4, 2)
-    return DecodeConfig(64, 32, 8, 2)
+    """By head count, from :data:`.sparse_attn_candidates.FP8_DEFAULTS` (the one dict the GPU sweep flips);
+    under ``TRITON_INTERPRET=1`` 128 slots per step (the interpreter's cost is per step)."""
+    from dsa_runtime.plugins.cuda_hopper.triton.sparse_attn_candidates import FP8_DEFAULTS
+
+    gpu = FP8_DEFAULTS[16 if heads <= 16 else 32 if heads <= 32 else 64]
+    if INTERPRET:  # the GPU default's kernel, in wide steps
+        return DecodeConfig(16 if heads <= 16 else 64, 128, 4, 2, 0, gpu.variant)
+    return gpu
 
 
 _SM_COUNT: dict[int, int] = {}
@@ -71,12 +72,18 @@ def sm_count(device: torch.device) -> int:
     return _SM_COUNT[idx]
 
 
-def choose_splits(programs: int, top_k: int, block_n: int, sms: int) -> int:
+# Fewest slots per split on the GPU: each split writes and the combine reads an fp32 [H, 512] partial (256 KB at
+# 128 heads), so at batch 1 sixty-four 32-slot splits moved 16 MB to save almost nothing (0.052 ms on an H100).
+MIN_CHUNK = 128
+
+
+def choose_splits(programs: int, top_k: int, block_n: int, sms: int, min_chunk: int = 0) -> int:
     """Splits of the K slots so that about one wave of programs covers the SMs (one CTA per SM: the fp32
-    accumulator fills the register file); none when the programs already fill three quarters of them."""
+    accumulator fills the register file), each at least ``max(block_n, min_chunk)`` slots; none when the
+    programs already fill three quarters of the SMs."""
     if 4 * programs >= 3 * sms:
         return 1
-    return max(1, min(triton.cdiv(sms, programs), triton.cdiv(top_k, block_n), 64))
+    return max(1, min(triton.cdiv(sms, programs), triton.cdiv(top_k, max(block_n, min_chunk)), 64))
 
 
 @triton.jit
@@ -179,6 +186,12 @@ def _combine_kernel(part_ptr, plse_ptr, out_ptr, lse_ptr, H, SPLITS,
     tl.store(lse_ptr + m * stride_fm + h, lse, mask=hmask)
 
 
+def _kernels():
+    from dsa_runtime.plugins.cuda_hopper.triton.mla_fp8_decode_pipe import _decode_pipe_kernel
+
+    return {"plain": _decode_kernel, "pipe": _decode_pipe_kernel}
+
+
 def decode_fp8_656(q: Tensor, kv_cache: Tensor, indices: Tensor, sm_scale: float, d_v: int = D_LATENT,
                    config: DecodeConfig | None = None) -> tuple[Tensor, Tensor]:
     """Sparse MLA decode over an ``fp8_656`` cache.
@@ -216,20 +229,33 @@ def decode_fp8_656(q: Tensor, kv_cache: Tensor, indices: Tensor, sm_scale: float
     lse = torch.empty(mq, heads, dtype=torch.float32, device=q.device)
     if mq == 0 or heads == 0:
         return out.reshape(batch, n_q, heads, d_v), lse.reshape(batch, n_q, heads)
+    kernels = _kernels()
+    if cfg.variant not in kernels:
+        raise ValueError(f"unknown fp8 decode variant {cfg.variant!r}; valid: {', '.join(kernels)}")
+    # The pipe kernel puts head blocks fastest (L2 reuse), so queries go on grid axis 1 (at most 65535 programs):
+    # beyond that the plain kernel (queries on axis 0) serves the call.
+    head_fast = cfg.variant == "pipe" and mq <= 65535
+    kernel = kernels[cfg.variant] if head_fast or cfg.variant != "pipe" else _decode_kernel
     hblocks = triton.cdiv(heads, cfg.block_h)
-    splits = cfg.splits or choose_splits(mq * hblocks, top_k, cfg.block_n, sm_count(q.device))
+
+    def grid(n_splits: int) -> tuple[int, int, int]:
+        return (hblocks, mq, n_splits) if head_fast else (mq, hblocks, n_splits)
+
+    # On the CPU (the interpreter's tests) no chunk floor: small K still exercises the split path.
+    splits = cfg.splits or choose_splits(mq * hblocks, top_k, cfg.block_n, sm_count(q.device),
+                                         MIN_CHUNK if q.is_cuda else 0)
     per_split = triton.cdiv(triton.cdiv(max(top_k, 1), splits), cfg.block_n) * cfg.block_n
     qk_scale = float(sm_scale) * LOG2E
     launch = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     if splits == 1:
-        _decode_kernel[(mq, hblocks, 1)](
+        kernel[grid(1)](
             qf, c8, s32, pe16, idx, out, lse, heads, top_k, per_split, qk_scale,
             qf.stride(0), qf.stride(1), idx.stride(0), out.stride(0), 0, out.stride(1), lse.stride(0), 0,
             D_OUT=d_v, SPLIT=False, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, UPCAST=INTERPRET, **launch)
     else:
         part = torch.empty(mq, splits, heads, D_LATENT, dtype=torch.float32, device=q.device)
         plse = torch.empty(mq, splits, heads, dtype=torch.float32, device=q.device)
-        _decode_kernel[(mq, hblocks, splits)](
+        kernel[grid(splits)](
             qf, c8, s32, pe16, idx, part, plse, heads, top_k, per_split, qk_scale,
             qf.stride(0), qf.stride(1), idx.stride(0), part.stride(0), part.stride(1), part.stride(2),
             plse.stride(0), plse.stride(1), D_OUT=D_LATENT, SPLIT=True, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,

@@ -68,7 +68,7 @@ def decode_bf16(
     flat = kv_cache.reshape(-1, kv_cache.shape[-1])  # a view for a contiguous cache
     q3 = q.reshape(rows, heads, q.shape[-1])
     idx = indices.reshape(rows, indices.shape[-1])
-    cfg = config or default_config(heads, q.dtype)
+    cfg = config or default_config(heads, q.dtype, "decode")
     if num_splits is None:
         num_splits = plan_splits(rows, heads, idx.shape[1], sm_count(q.device.index if q.is_cuda else None), cfg, d_v)
     if num_splits <= 1 or idx.shape[1] == 0:

@@ -39,9 +39,13 @@ class AttnConfig:
     block_dv: int = 512
     num_warps: int = 8
     num_stages: int = 2
+    # "plain": _sparse_mla_kernel; "pipe": .sparse_mla_pipe (index prefetch, 256-wide halves); "pipew": prefetch
+    # with one 512-wide latent tile (block_dv 512)
+    variant: str = "plain"
 
     def label(self) -> str:
-        return f"h{self.block_h}_n{self.block_n}_dv{self.block_dv}_w{self.num_warps}_s{self.num_stages}"
+        tail = "" if self.variant == "plain" else f"_{self.variant}"
+        return f"h{self.block_h}_n{self.block_n}_dv{self.block_dv}_w{self.num_warps}_s{self.num_stages}{tail}"
 
 
 def head_tile(heads: int) -> int:
@@ -49,14 +53,18 @@ def head_tile(heads: int) -> int:
     return 16 if heads <= 16 else 32 if heads <= 32 else 64
 
 
-def default_config(heads: int, dtype: torch.dtype) -> AttnConfig:
-    """The default launch shape (bench/sparse_attn_triton.py measures the candidates on an H100)."""
+def default_config(heads: int, dtype: torch.dtype, kind: str = "prefill") -> AttnConfig:
+    """The default launch shape for ``kind`` ("prefill" or "decode"): on the GPU the entry of
+    :data:`.sparse_attn_candidates.BF16_DEFAULTS` for the head tile (bench/sparse_attn_triton.py --sweep)."""
     if dtype == torch.float32:  # the fp32 verification mode: twice the bytes per tile, IEEE dots
         return AttnConfig(block_h=min(head_tile(heads), 32), block_n=16, num_warps=4, num_stages=1)
+    from dsa_runtime.plugins.cuda_hopper.triton.sparse_attn_candidates import BF16_DEFAULTS
+
     bh = head_tile(heads)
-    if INTERPRET:  # the interpreter's cost is per loop step: fewer, wider steps (the GPU shapes run in tests too)
-        return AttnConfig(block_h=bh, block_n=128, num_warps=4, num_stages=1)
-    return AttnConfig(block_h=bh, block_n=32 if bh == 64 else 64, num_warps=8 if bh == 64 else 4, num_stages=2)
+    gpu = BF16_DEFAULTS[kind][bh]
+    if INTERPRET:  # the interpreter's cost is per loop step: fewer, wider steps of the GPU default's kernel
+        return AttnConfig(block_h=bh, block_n=128, num_warps=4, num_stages=1, variant=gpu.variant)
+    return gpu
 
 
 # Sizes and counts change per call; specializing on them (value 1, divisibility by 16) would recompile per batch
@@ -193,7 +201,19 @@ def sparse_mla_forward(
     n_dvb = triton.cdiv(d_v, cfg.block_dv)
     so, sl = (out.stride(0), lse.stride(0)) if split else (0, 0)
     grid = (num_splits * t_rows * n_hb * n_dvb,)
-    _sparse_mla_kernel[grid](
+    if cfg.variant == "pipe":
+        if cfg.block_dv not in (256, 512):
+            raise ValueError(f"the pipe variant needs block_dv 256 or 512, got {cfg.block_dv}")
+        from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_pipe import _sparse_mla_pipe_kernel as kernel
+    elif cfg.variant == "pipew":
+        if cfg.block_dv != 512:
+            raise ValueError(f"the pipew variant needs block_dv 512, got {cfg.block_dv}")
+        from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_pipe import _sparse_mla_wide_kernel as kernel
+    elif cfg.variant == "plain":
+        kernel = _sparse_mla_kernel
+    else:
+        raise ValueError(f"unknown sparse MLA kernel variant {cfg.variant!r}; valid: plain, pipe, pipew")
+    kernel[grid](
         q, kv, indices, out, lse,
         t_rows, heads, top_k, kv.shape[0], chunk, d_v, n_hb, n_dvb,
         q.stride(0), q.stride(1), kv.stride(0), indices.stride(0),
