@@ -21,13 +21,15 @@ A, F = AttnConfig, DecodeConfig
 # pays the index latency plus the gather latency with no overlap (~3 us per 32-row step, ~7x the tensor work).
 # The pipe kernels at s >= 3 keep s - 2 blocks of gathers in flight (async_wait num=3*(s-2)) and load indices one
 # step before their gathers; "pipew" does the same with one 512-wide latent tile (two S dots and one P V dot per
-# step: fewer wgmma waits). Untimed so far: the defaults are the expected winners (2 blocks in flight, 216 KB).
+# step: fewer wgmma waits). Timed on an H100 (2026-11-23 04:30 UTC, `bench/sparse_attn_triton.py --sweep`): the bf16
+# defaults below won their shapes (prefill 11.1 ms vs 12.1 ms plain; decode b64 192 us vs 238 us plain).
 BF16_DEFAULTS: dict[str, dict[int, AttnConfig]] = {
     "prefill": {64: A(64, 32, 512, 8, 4, "pipew"), 32: A(32, 64, 512, 4, 2), 16: A(16, 64, 512, 4, 2)},
     "decode": {64: A(64, 32, 512, 8, 4, "pipew"), 32: A(32, 64, 512, 4, 2), 16: A(16, 32, 512, 4, 3, "pipe")},
 }
 FP8_DEFAULTS: dict[int, DecodeConfig] = {
-    64: F(64, 32, 8, 4, 0, "pipe"), 32: F(32, 32, 4, 2), 16: F(16, 32, 4, 3, 0, "pipe"),
+    # 64: n64 s3 won the H100 sweep of 2026-11-23 04:30 UTC at batch 64 / 128 (204 / 389 us; n32 s4: 272 / 522 us)
+    64: F(64, 64, 8, 3, 0, "pipe"), 32: F(32, 32, 4, 2), 16: F(16, 32, 4, 3, 0, "pipe"),
 }
 
 # Swept on the GPU, keyed by the bench shape they serve. The plain kernel's former defaults come first so the
