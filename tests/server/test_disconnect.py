@@ -31,5 +31,7 @@ def test_disconnect_aborts_and_frees_pages(stream):
         srv.wait_idle()  # bounded: raises if pages or requests stay behind
         assert srv.metric("dsa:num_aborted_requests_total") == 1
         assert srv.metric("dsa:kv_cache_pages_used") == 0
-        assert engine.added == [engine.added[0]] and len(engine.added) == 1
+        # one request at most reached the engine: on a loaded machine the disconnect can land before the engine
+        # saw it, and the server then counts the abort without adding anything
+        assert len(engine.added) <= 1
         assert srv.client.post("/v1/chat/completions", json={**BODY, "max_tokens": 3}).status_code == 200
