@@ -156,7 +156,10 @@ def _contiguous(a, b, d, m_indices, *args, **kwargs):
     blk = m_indices.view(-1, MK_ALIGN).long()
     first = blk[:, :1]
     _need(bool(((blk == first) | (blk == -1)).all()), "an aligned block mixes experts")
-    _need(bool(((first >= 0) | (blk == -1).all(1, keepdim=True)).all()), "a block must start with its expert row")
+    # Validity is read per 64-row WGMMA step from its first row (scheduler/gemm.cuh is_computation_valid): the
+    # expert's rows must be a prefix of the block, the -1 padding after them.
+    valid = (blk >= 0).int()
+    _need(bool((valid[:, 1:] <= valid[:, :-1]).all()), "expert rows must come first in a block, -1 padding after")
     _need(bool((blk < b8.shape[0]).all()), "m_indices past the expert count")
     d.fill_(NAN)
     for e in torch.unique(m_indices[m_indices >= 0]).tolist():

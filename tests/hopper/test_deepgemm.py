@@ -295,6 +295,9 @@ def test_fake_refuses_the_layouts_deepgemm_trusts():
     m_idx[120] = 1
     with pytest.raises(AssertionError, match="mixes experts"):
         m.m_grouped_fp8_fp4_gemm_nt_contiguous((a8, a_s), (b8, b_s), d, m_idx)
+    m_idx[120], m_idx[64] = -1, -1
+    with pytest.raises(AssertionError, match="expert rows must come first"):
+        m.m_grouped_fp8_fp4_gemm_nt_contiguous((a8, a_s), (b8, b_s), d, m_idx)
     d3 = torch.empty(2, 128, 128, dtype=torch.bfloat16)
     with pytest.raises(AssertionError, match="masked_m"):
         m.m_grouped_fp8_fp4_gemm_nt_masked((a8.view(2, 128, 128), a_s.view(2, 128, 1)), (b8, b_s), d3,
