@@ -43,10 +43,11 @@ def _tail(text: str, keep, n: int) -> list[str]:
     return [ln[:220] for ln in text.splitlines() if keep(ln)][-n:]
 
 
-def _run_step(name: str, timeout: float) -> tuple[str, str, list[str], float]:
+def _run_step(name: str, timeout: float, **extra_env: str) -> tuple[str, str, list[str], float]:
     """(status, detail, evidence lines, seconds) of one step run in a child process."""
     t0 = time.time()
-    env = dict(os.environ, PYTHONFAULTHANDLER="1", DG_JIT_PRINT_COMPILER_COMMAND="1", DG_JIT_PRINT_LOAD_TIME="1")
+    env = dict(os.environ, PYTHONFAULTHANDLER="1", DG_JIT_PRINT_COMPILER_COMMAND="1", DG_JIT_PRINT_LOAD_TIME="1",
+               **extra_env)
     try:
         run = subprocess.run([sys.executable, os.path.abspath(__file__), "--step", name], capture_output=True,
                              text=True, timeout=timeout, env=env)
@@ -116,6 +117,10 @@ def main_parent() -> int:
         if name == "import" and results[name][0] != "ok":
             print("deep_gemm does not import: nothing else to try", flush=True)
             return 1
+        if name == "jit_transpose" and results[name][0] in ("crashed", "error"):
+            # Is it the nvcc path (popen, nvcc, cubin load) or everything JIT? NVRTC compiles in-process.
+            res = _run_step(name, STEP_TIMEOUT_S, DG_JIT_USE_NVRTC="1")
+            report("jit_transpose NVRTC", res)
     left = TOTAL_BUDGET_S - (time.time() - start)
     with cf.ThreadPoolExecutor(len(PARALLEL)) as pool:
         futs = {n: pool.submit(_run_step, n, max(30.0, min(STEP_TIMEOUT_S, left))) for n in PARALLEL}
