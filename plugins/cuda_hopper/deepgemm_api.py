@@ -22,6 +22,20 @@ from dataclasses import dataclass
 from types import ModuleType
 
 PAGED_BLOCK = 64  # SM90 paged MQA logits: block_kv == 64
+TMA_ALIGN = 16  # bytes: TMA descriptors need 16-byte aligned base addresses (cuTensorMapEncodeTiled)
+
+
+def tma_ready(t):  # noqa: ANN001, ANN201 (a tensor; torch is imported lazily)
+    """``t`` contiguous with a 16-byte aligned base, copied only when it is not already.
+
+    DeepGEMM builds TMA descriptors straight from ``data_ptr()``: a contiguous view at an odd offset of a larger
+    buffer (a slice of a cache, of a fused weight) passes every shape check and is still refused or misread.
+    """
+    if t.is_contiguous() and t.data_ptr() % TMA_ALIGN == 0:
+        return t
+    import torch
+
+    return t.clone(memory_format=torch.contiguous_format)  # a fresh allocation: aligned
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from dsa_runtime.families import INDEX_HEAD_DIM, INDEX_K_ROW_BYTES
-from dsa_runtime.plugins.cuda_hopper.deepgemm_api import PAGED_BLOCK, DeepGEMMAPI, load_api
+from dsa_runtime.plugins.cuda_hopper.deepgemm_api import PAGED_BLOCK, DeepGEMMAPI, load_api, tma_ready
 
 E4M3 = torch.float8_e4m3fn
 
@@ -45,11 +45,16 @@ class DeepGEMMIndexer:
         dev = q8.device
         # DeepGEMM reads int32 windows; clamp to [0, S] as the reference does (the contract allows S).
         ks32 = ks.to(device=dev, dtype=torch.int32).clamp(0, s_total).contiguous()
-        ke32 = ke.to(device=dev, dtype=torch.int32).clamp(0, s_total).contiguous()
+        # An empty window (ke < ks) as ke == ks: the kernel takes [min ks, max ke) of a query block in unsigned
+        # arithmetic, and -inf is all that either form yields.
+        ke32 = torch.maximum(ke.to(device=dev, dtype=torch.int32).clamp(0, s_total), ks32).contiguous()
         if q8.shape[0] == 0 or s_total == 0:
             return torch.full((q8.shape[0], s_total), float("-inf"), dtype=torch.float32, device=dev)
+        if k_scale.dim() != 1 or k_scale.shape[0] != s_total:
+            k_scale = k_scale.reshape(s_total)  # [S, 1] -> [S]: DeepGEMM takes a 1-D fp32 scale per key
+        # q, k, their scales and the weights are TMA operands: contiguous, 16-byte aligned.
         return self.api.mqa_logits(
-            q8.contiguous(), k8.contiguous(), k_scale.float().contiguous(), weights.float().contiguous(), ks32, ke32
+            tma_ready(q8), tma_ready(k8), tma_ready(k_scale.float()), tma_ready(weights.float()), ks32, ke32
         )
 
     def logits_paged(
@@ -76,13 +81,19 @@ class DeepGEMMIndexer:
         # The kernel must never see a negative length (read as unsigned) nor one past the output width (it would
         # write beyond its row): clamped here, while the mask below keeps the exact limit.
         kernel_lens = (limit if self.api.two_d_lens else lens).clamp(0, max_context_len).to(torch.int32).contiguous()
+        if index_cache.dtype != torch.uint8 or index_cache.stride(1) != 1 or index_cache.stride(0) % 16 \
+                or index_cache.data_ptr() % 16:
+            raise ValueError("DeepGEMM reads the index cache as uint8 pages with 16-byte aligned base and page stride, "
+                             f"got {index_cache.dtype} strides {index_cache.stride()} at offset {index_cache.data_ptr() % 16}")
+        # DeepGEMM's fused layout [blocks, 64, 1, 132] uint8: stride(1) == 132, stride(3) == 1 (attention.hpp).
         kv = index_cache.view(index_cache.shape[0], PAGED_BLOCK, 1, INDEX_K_ROW_BYTES)
         table = block_table.to(device=dev, dtype=torch.int32)
         if table.stride(-1) != 1:
             table = table.contiguous()
         schedule = self.api.paged_metadata(kernel_lens, self.api.num_sms())
         logits = self.api.paged_logits(
-            q8.contiguous(), kv, weights.float().contiguous(), kernel_lens, table, schedule, max_context_len
+            tma_ready(q8), kv, tma_ready(weights.float().reshape(batch * n_q, heads)), kernel_lens, table, schedule,
+            max_context_len,
         )
         pos = torch.arange(max_context_len, device=dev, dtype=torch.int32)
         return logits.masked_fill_(pos[None, :] >= limit.reshape(-1, 1), float("-inf"))

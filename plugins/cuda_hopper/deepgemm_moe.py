@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from dsa_runtime.families import QUANT_BLOCK, ExpertWeights, ScaleFmt
-from dsa_runtime.plugins.cuda_hopper.deepgemm_api import DeepGEMMAPI, load_api
+from dsa_runtime.plugins.cuda_hopper.deepgemm_api import DeepGEMMAPI, load_api, tma_ready
 from dsa_runtime.plugins.cuda_hopper.triton.moe_align import align_pairs
 from dsa_runtime.torch_kernels.quant import quantize_blocks
 
@@ -123,7 +123,9 @@ class DeepGEMMMoE:
         self, x8: Tensor, xs: Tensor, wts: Tensor, ids: Tensor, experts: ExpertWeights, fmt: str, out: Tensor
     ) -> None:
         """Add ``sum_j wts[t, j] * E_{ids[t, j]}(x[t])`` into ``out`` ``[T, D]`` fp32."""
-        w13, w2 = experts.w13.contiguous(), experts.w2.contiguous()
+        # DeepGEMM's SM90 B operand: [E, N, K] e4m3, K-major and TMA-aligned; its scales [E, N/128, K/128] fp32
+        # contiguous (check_sf_layout's SM90 SFB check), which it reads without TMA.
+        w13, w2 = tma_ready(experts.w13), tma_ready(experts.w2)
         s13 = experts.w13_scale.float().contiguous()  # type: ignore[union-attr]
         s2 = experts.w2_scale.float().contiguous()  # type: ignore[union-attr]
         if x8.shape[0] <= self.masked_max_tokens:
@@ -188,7 +190,9 @@ class DeepGEMMMoE:
         row = torch.where(fits, key * max_m + rank, slab)  # invalid pairs -> one trailing dump row
         tok = torch.arange(tokens * top_k, device=dev) // top_k
         a = _scatter_rows(_rows(x8, tok), row, slab + 1)
-        a_s = torch.empty(slab + 1, xs.shape[1], dtype=torch.float32, device=dev).index_copy_(0, row, xs[tok])
+        # Scale rows past masked_m are read by the last row block of each expert: zeros, as DeepGEMM's own tests
+        # give (garbage there stays in rows we never read, but a NaN/denormal pattern is not worth the doubt).
+        a_s = torch.zeros(slab + 1, xs.shape[1], dtype=torch.float32, device=dev).index_copy_(0, row, xs[tok])
         masked_m = counts[:n_exp].clamp(max=max_m).to(torch.int32)
         expected_m = max(1, -(-tokens * top_k // n_exp))
         h13 = torch.empty(n_exp, max_m, two_inter, dtype=torch.bfloat16, device=dev)
@@ -198,7 +202,7 @@ class DeepGEMMMoE:
         h8_pairs, hs_pairs = _swiglu_quant(h13.view(slab, two_inter)[row.clamp(max=slab - 1)], two_inter // 2, fmt)
         inter = two_inter // 2
         h8 = _scatter_rows(h8_pairs, row, slab + 1)
-        hs = torch.empty(slab + 1, hs_pairs.shape[1], dtype=torch.float32, device=dev).index_copy_(0, row, hs_pairs)
+        hs = torch.zeros(slab + 1, hs_pairs.shape[1], dtype=torch.float32, device=dev).index_copy_(0, row, hs_pairs)
         y = torch.empty(n_exp, max_m, dim, dtype=torch.bfloat16, device=dev)
         self.api.grouped_masked(
             h8[:slab].view(n_exp, max_m, inter), hs[:slab].view(n_exp, max_m, -1), w2, s2, y, masked_m, expected_m

@@ -231,3 +231,111 @@ def test_paged_clips_lengths_to_the_output_and_masks_short_requests(generation):
         assert float((got[fin] - want[fin]).abs().max()) <= 1e-5 * float(want[fin].abs().max())  # sum order
         # Request 1 holds one token for two queries: query 0 sees nothing, query 1 only position 0.
         assert bool(torch.isinf(got[2]).all()) and bool(torch.isfinite(got[3, 0])) and bool(torch.isinf(got[3, 1:]).all())
+
+
+def _misaligned_e4m3(gen, shape):
+    """A contiguous e4m3 tensor whose base is 1 byte past a 16-byte boundary (a view into a larger buffer)."""
+    from dsa_runtime.testing.fp8util import random_e4m3
+
+    n = 1
+    for s in shape:
+        n *= s
+    flat = random_e4m3(gen, (n + 16,), torch.device("cpu"))
+    off = (1 - flat.data_ptr()) % 16 or 16
+    view = flat[off : off + n].view(shape)
+    assert view.is_contiguous() and view.data_ptr() % 16 == 1
+    return view
+
+
+def _ragged_inputs(gen, t=6, s=40, heads=32):
+    from dsa_runtime.testing.fp8util import random_e4m3
+
+    q8 = random_e4m3(gen, (t, heads, 128), torch.device("cpu"))
+    k8 = random_e4m3(gen, (s, 128), torch.device("cpu"))
+    k_scale = torch.exp2(torch.rand(s, generator=gen) * 6 - 10)
+    w = torch.randn(t, heads, generator=gen) * 1e-3
+    ks = torch.tensor([0, 3, 10, 5, 0, 30][:t], dtype=torch.int32)
+    ke = torch.tensor([4, 20, 10, 2, 40, 40][:t], dtype=torch.int32)  # row 2 empty, row 3 ke < ks
+    return q8, w, k8, k_scale, ks, ke
+
+
+def test_fake_refuses_the_layouts_deepgemm_trusts():
+    """The fake fails where the real library would crash or misread: so the CPU tests check our layouts."""
+    gen = torch.Generator().manual_seed(11)
+    m = make_module("fp8_fp4")
+    q8, w, k8, k_scale, ks, ke = _ragged_inputs(gen)
+    ke = torch.maximum(ke, ks)
+    m.fp8_fp4_mqa_logits((q8, None), (k8, k_scale), w, ks, ke)  # the well-formed call passes
+    with pytest.raises(AssertionError, match="16-byte"):
+        m.fp8_fp4_mqa_logits((_misaligned_e4m3(gen, tuple(q8.shape)), None), (k8, k_scale), w, ks, ke)
+    with pytest.raises(AssertionError, match=r"fp32 \[S\]"):
+        m.fp8_fp4_mqa_logits((q8, None), (k8, k_scale[:, None]), w, ks, ke)
+    with pytest.raises(AssertionError, match="weights"):
+        m.fp8_fp4_mqa_logits((q8, None), (k8, k_scale), w.t().contiguous().t(), ks, ke)
+    with pytest.raises(AssertionError, match="cu_seq_len_k_start"):
+        m.fp8_fp4_mqa_logits((q8, None), (k8, k_scale), w, ks.long(), ke)
+    # Paged: metadata made for other lengths, 1-D lengths with the 2-D API.
+    cache = torch.zeros(2, 64, 1, 132, dtype=torch.uint8)
+    q = q8[:2].view(1, 2, 32, 128)
+    lens = torch.tensor([[30, 31]], dtype=torch.int32)
+    table = torch.tensor([[0, 1]], dtype=torch.int32)
+    meta = m.get_paged_mqa_logits_metadata(lens, 64, m.get_num_sms())
+    m.fp8_fp4_paged_mqa_logits((q, None), cache, w[:2], lens, table, meta, 64)
+    with pytest.raises(AssertionError, match="not made for these lengths"):
+        m.fp8_fp4_paged_mqa_logits((q, None), cache, w[:2], lens + 1, table, meta, 64)
+    with pytest.raises(AssertionError, match="context_lens"):
+        m.fp8_fp4_paged_mqa_logits((q, None), cache, w[:2], lens[:, 1], table, meta, 64)
+    # Grouped GEMMs: a 128-row block mixing experts; int64 masked_m.
+    a8 = torch.zeros(256, 128, dtype=torch.float8_e4m3fn)
+    b8 = torch.zeros(2, 128, 128, dtype=torch.float8_e4m3fn)
+    a_s, b_s = torch.ones(256, 1), torch.ones(2, 1, 1)
+    d = torch.empty(256, 128, dtype=torch.bfloat16)
+    m_idx = torch.tensor([0] * 100 + [-1] * 28 + [1] * 128, dtype=torch.int32)
+    m.m_grouped_fp8_fp4_gemm_nt_contiguous((a8, a_s), (b8, b_s), d, m_idx)
+    m_idx[120] = 1
+    with pytest.raises(AssertionError, match="mixes experts"):
+        m.m_grouped_fp8_fp4_gemm_nt_contiguous((a8, a_s), (b8, b_s), d, m_idx)
+    m_idx[120], m_idx[64] = -1, -1
+    with pytest.raises(AssertionError, match="expert rows must come first"):
+        m.m_grouped_fp8_fp4_gemm_nt_contiguous((a8, a_s), (b8, b_s), d, m_idx)
+    d3 = torch.empty(2, 128, 128, dtype=torch.bfloat16)
+    with pytest.raises(AssertionError, match="masked_m"):
+        m.m_grouped_fp8_fp4_gemm_nt_masked((a8.view(2, 128, 128), a_s.view(2, 128, 1)), (b8, b_s), d3,
+                                           torch.tensor([3, 4]), 4)
+
+
+@pytest.mark.parametrize("generation", GENERATIONS)
+def test_adapter_hands_deepgemm_what_it_trusts(generation):
+    """Misaligned and strided inputs, [S, 1] key scales, an empty and an inverted window: the adapter makes
+    them what DeepGEMM takes (the fake would refuse otherwise) and still equals the reference."""
+    from dsa_runtime.reference.indexer import ReferenceIndexer
+
+    gen = torch.Generator().manual_seed(12)
+    q8, w, k8, k_scale, ks, ke = _ragged_inputs(gen)
+    q_odd = _misaligned_e4m3(gen, tuple(q8.shape))
+    q_odd.view(torch.uint8).copy_(q8.view(torch.uint8))
+    w_strided = w.t().contiguous().t()
+    api, _ = _api(generation)
+    got = DeepGEMMIndexer(api).logits_ragged(q_odd, w_strided, k8, k_scale[:, None], ks, ke)
+    want = ReferenceIndexer().logits_ragged(q8, w, k8, k_scale, ks, ke)
+    assert torch.equal(torch.isinf(got), torch.isinf(want)) and bool(torch.isinf(got[2:4]).all())
+    fin = torch.isfinite(want)
+    assert float((got[fin] - want[fin]).abs().max()) <= 1e-5 * float(want[fin].abs().max())
+    # Paged: [B, N, H] weights are accepted; a cache at an odd byte offset is refused with a clear message.
+    from dsa_runtime.testing.fp8util import random_e4m3
+
+    pages, n_q, heads = 3, 2, 32
+    cache = torch.cat([random_e4m3(gen, (pages, 64 * 128), torch.device("cpu")).view(torch.uint8),
+                       torch.full((pages, 64), 0.01).view(torch.uint8)], dim=1)
+    table = torch.tensor([[2, 0, 1]], dtype=torch.int32)
+    lens = torch.tensor([130], dtype=torch.int32)
+    qp = random_e4m3(gen, (1, n_q, heads, 128), torch.device("cpu"))
+    wp = torch.randn(1, n_q, heads, generator=gen) * 1e-3
+    got = DeepGEMMIndexer(api).logits_paged(qp, wp, cache, lens, table, 192)
+    want = ReferenceIndexer().logits_paged(qp, wp.reshape(n_q, heads), cache, lens, table, 192)
+    assert torch.equal(torch.isinf(got), torch.isinf(want))
+    big = torch.zeros(pages * cache.shape[1] + 16, dtype=torch.uint8)
+    off = (1 - big.data_ptr()) % 16 or 16
+    odd = big[off : off + cache.numel()].view(pages, -1)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        DeepGEMMIndexer(api).logits_paged(qp, wp, odd, lens, table, 192)
