@@ -62,19 +62,35 @@ def variants():
                    {"NPASS": -(-32 // bits), "BITS": bits, "BLOCK": 2048, "FUSE": fuse}, 8)
     crow = {"logits_ptr": P32, "stride_row": I32, "starts_ptr": IP, "ends_ptr": IP, "out_ptr": IP, "cand_ptr": IP,
             "k": I32, "C": I32, **TABLE}
-    chist = {"logits_ptr": P32, "stride_row": I32, "starts_ptr": IP, "ends_ptr": IP, "ws_ptr": IP, "k": I32, "S": I32}
+    chist = {"logits_ptr": P32, "stride_row": I32, "starts_ptr": IP, "ends_ptr": IP, "ws_ptr": IP, "k": I32, "S": I32,
+             "R": I32, "C": I32}
     cfin = {"logits_ptr": P32, "stride_row": I32, "starts_ptr": IP, "ends_ptr": IP, "ws_ptr": IP, "out_ptr": IP,
-            "cand_ptr": IP, "k": I32, "S": I32, "C": I32, **TABLE}
+            "cand_ptr": IP, "k": I32, "S": I32, "R": I32, "C": I32, **TABLE}
     for block, warps in ((1024, 4), (2048, 8), (4096, 8), (4096, 16), (8192, 16)):
         for fuse in (False, True):
             yield f"cand-rows blk{block} w{warps} fuse{fuse}", tc._cand_rows_kernel, crow, {"BLOCK": block, "FUSE": fuse}, warps
             yield (f"cand-scatter blk{block} w{warps} fuse{fuse}", tc._cand_scatter_kernel, cfin,
                    {"BLOCK": block, "FUSE": fuse}, warps)
-        yield f"cand-hist blk{block} w{warps}", tc._cand_hist_kernel, chist, {"BLOCK": block}, warps
-    for block, warps in ((512, 4), (1024, 4), (1024, 8), (2048, 8)):
+        for level in (0, 1):
+            yield (f"cand-hist L{level} blk{block} w{warps}", tc._cand_hist_kernel, chist,
+                   {"LEVEL": level, "BLOCK": block}, warps)
+    for block, warps in ((512, 4), (1024, 4), (1024, 8), (2048, 8), (4096, 16)):
         for fuse in (False, True):
             yield (f"cand-finish blk{block} w{warps} fuse{fuse}", tc._cand_finish_kernel, cfin,
                    {"BLOCK": block, "FUSE": fuse}, warps)
+    # Integer arguments equal to 1 are specialised to constexprs by the launcher (1 row, k = 1, page size 1):
+    # the kernels must compile that way too.
+    ones = ("k", "R", "C", "page_size")
+    for name, fn, sig in (("cand-rows", tc._cand_rows_kernel, crow), ("cand-scatter", tc._cand_scatter_kernel, cfin),
+                          ("cand-finish", tc._cand_finish_kernel, cfin), ("rows", tr._topk_rows_kernel, rows)):
+        spec = {a: 1 for a in ones if a in sig}
+        extra = {"BITS": 8} if fn is tr._topk_rows_kernel else {}
+        yield (f"{name} ints=1", fn, {a: t for a, t in sig.items() if a not in spec},
+               {**spec, **extra, "BLOCK": 1024, "FUSE": True}, 4)
+    for level in (0, 1):
+        yield (f"cand-hist L{level} ints=1", tc._cand_hist_kernel,
+               {a: t for a, t in chist.items() if a not in ("k", "R", "C")}, {"k": 1, "R": 1, "C": 1, "LEVEL": level,
+                                                                             "BLOCK": 1024}, 4)
     slots = {"pos_ptr": IP, "stride_pos": I32, "table_ptr": IP, "stride_table": I32, "batch_ptr": IP, "out_ptr": IP,
              "k": I32, "page_size": I32}
     yield "slots", tsl._slots_kernel, slots, {"BLOCK": 1024}, 4

@@ -166,6 +166,15 @@ def direct() -> int:
     mixed_rows = torch.stack([torch.randn(2048, generator=gen), ties[0]])  # one row fits cap 64, one overflows
     got = TritonTopK(TopKConfig(block=512, cand_cap=64)).topk(mixed_rows, z, full, 1000).sort(dim=1).values
     bad += _check("one row in the buffer, one overflowing, same launch", torch.equal(got, oracle(mixed_rows, z, full, 1000)))
+    # Every key in one top-byte bin (one binade): cap 4096 takes the bin whole (depth 1), cap 64 needs the
+    # second byte's histogram (~16 keys per 16-bit bin: depth 2), cap 4 falls back to the full search.
+    binade = 1 + torch.rand(2, 2048, generator=gen)
+    want_b = oracle(binade, z, full, 300)
+    for cap in (4096, 64, 4):
+        for split in (1, 3):
+            cfg = TopKConfig(block=256, split=split, split_block=256, finish_block=128, cand_cap=cap, split_cand_cap=cap)
+            got = TritonTopK(cfg).topk(binade, z, full, 300).sort(dim=1).values
+            bad += _check(f"one-binade rows, cap {cap}, split {split}", torch.equal(got, want_b))
     # Determinism: 20 runs identical (small tied rows: the interpreter runs programs one by one).
     small, zs, fs = ties[:, :256], z, torch.full((2,), 256, dtype=torch.int32)
     runs = [TritonTopK(TopKConfig(block=256, split=2, split_block=128)).topk(small[:1], zs[:1], fs[:1], 100) for _ in range(20)]

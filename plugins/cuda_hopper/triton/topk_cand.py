@@ -6,14 +6,17 @@ more and writes every key of a higher bin straight to the output (at ``[0, above
 appends the columns of bin ``b`` to a per-row candidate buffer (``[R, C]`` int32, column order: a per-chunk
 ``tl.cumsum`` plus a running offset, no atomics). The remaining three 8-bit radix passes and the final write
 (candidates above the threshold at ``[above, k - need)``, ties by ascending column at ``[k - need, k)``) then
-read only the ``m`` candidates, gathering their logits again. A row whose threshold bin holds more than ``C``
-keys (heavy ties, ``-inf`` floods) takes the full multi-pass path instead; the kernel decides on the device
-from the counts (no host sync), and nothing is written past ``C``. Selections are identical to
+read only the ``m`` candidates, gathering their logits again. When the top byte's threshold bin holds more
+than ``C`` keys (logits within one binade), a second full-row histogram of the next byte inside that bin
+narrows it to a 16-bit prefix first; a row whose 16-bit bin still holds more than ``C`` keys (heavy ties,
+``-inf`` floods) takes the full multi-pass path instead. The kernels decide on the device from the counts
+(no host sync), and nothing is written past ``C``. Selections are identical to
 :func:`.topk_radix.select_row`'s (same output order too); windows of ``n <= k`` keys take the same
 take-all path.
 
 Two launch shapes: one program per row (many rows: one launch), and ``S`` programs per row for few long rows
-(three launches: slice histograms; reduce + scatter; one program per row finishing over the candidates).
+(four launches: top-byte slice histograms; second-byte ones where needed, else a no-op; reduce + scatter;
+one program per row finishing over the candidates).
 """
 
 from __future__ import annotations
@@ -32,18 +35,18 @@ from dsa_runtime.plugins.cuda_hopper.triton.topk_radix import (
 
 
 @triton.jit
-def scatter_top(row_ptr, a, c, lo, b, n_gt, n_c, out_row, cand_row, table_row, page_size,
+def scatter_top(row_ptr, a, c, lo, thr, sh, n_gt, n_c, out_row, cand_row, table_row, page_size,
                 BLOCK: tl.constexpr, FUSE: tl.constexpr):
-    """Columns ``[a, c)``: keys whose top byte (unsigned domain) is above ``b`` go to ``out_row[n_gt + rank]``,
-    those in bin ``b`` to ``cand_row[n_c + rank]`` (absolute columns), both in column order."""
+    """Columns ``[a, c)``: keys with ``key >> sh`` above ``thr`` go to ``out_row[n_gt + rank]``, those equal to
+    it to ``cand_row[n_c + rank]`` (absolute columns), both in column order."""
     offs = tl.arange(0, BLOCK)
     for c0 in range(a, c, BLOCK):
         cols = c0 + offs
         inside = cols < c
         x = tl.load(row_ptr + cols, mask=inside, other=0.0)
-        top = ((radix_key(x) ^ -2147483648) >> 24) & 255
-        gt = inside & (top > b)
-        cd = inside & (top == b)
+        key = radix_key(x) >> sh
+        gt = inside & (key > thr)
+        cd = inside & (key == thr)
         gt_rank = n_gt + tl.cumsum(gt.to(tl.int32), 0) - 1
         cd_rank = n_c + tl.cumsum(cd.to(tl.int32), 0) - 1
         val = cols - lo
@@ -56,20 +59,21 @@ def scatter_top(row_ptr, a, c, lo, b, n_gt, n_c, out_row, cand_row, table_row, p
 
 
 @triton.jit
-def finish_candidates(row_ptr, cand_row, m, b, above, lo, k, out_row, table_row, page_size,
+def finish_candidates(row_ptr, cand_row, m, prefix, d, above, lo, k, out_row, table_row, page_size,
                       BLOCK: tl.constexpr, FUSE: tl.constexpr):
-    """The ``m`` candidates (columns of top byte ``b``; ``above`` keys already written): radix passes over
-    bytes 1..3, then the candidates above the threshold and the first ties by column."""
+    """The ``m`` candidates (columns whose top ``d`` bytes equal ``prefix``'s, unsigned domain; ``above`` keys
+    already written): radix passes over bytes ``d..3``, then the candidates above the threshold and the first
+    ties by column."""
     offs = tl.arange(0, BLOCK)
     need = k - above
-    prefix = b << 24  # unsigned-domain key with the digits found so far
-    sh = tl.full([], 24, tl.int32)
+    sh = 32 - 8 * d
     done = (m == need).to(tl.int32)
     for p in tl.static_range(1, 4):
         shift = 24 - 8 * p  # plain names: the compiler refuses re-binding a constexpr in an unrolled loop
         hi_shift = 32 - 8 * p
+        active = (done == 0) & (d <= p)
         hist = tl.zeros([256], dtype=tl.int32)
-        end = tl.where(done != 0, 0, m)
+        end = tl.where(active, m, 0)
         for c0 in range(0, end, BLOCK):
             i = c0 + offs
             inside = i < end
@@ -78,12 +82,11 @@ def finish_candidates(row_ptr, cand_row, m, b, above, lo, k, out_row, table_row,
             inside = inside & ((v >> hi_shift) == (prefix >> hi_shift))
             hist += tl.histogram((v >> shift) & 255, 256, mask=inside)
         bb, ab, in_bin = pick_bin(hist, tl.maximum(need, 1), 8)
-        upd = done == 0
         new_need = need - ab
-        prefix = tl.where(upd, prefix | (bb << shift), prefix)
-        sh = tl.where(upd, shift, sh)
-        need = tl.where(upd, new_need, need)
-        done = tl.where(upd & (in_bin == new_need), 1, done)
+        prefix = tl.where(active, prefix | (bb << shift), prefix)
+        sh = tl.where(active, shift, sh)
+        need = tl.where(active, new_need, need)
+        done = tl.where(active & (in_bin == new_need), 1, done)
     thr = (prefix ^ -2147483648) >> sh
     eq_base = k - need
     n_gt = above
@@ -113,7 +116,8 @@ def _cand_rows_kernel(
     table_ptr, stride_table, batch_ptr, page_size,
     BLOCK: tl.constexpr, FUSE: tl.constexpr,
 ):
-    """One program per row: top-byte histogram, then the candidate path or (overflow, ``n <= k``) the full one."""
+    """One program per row: top-byte histogram (and the second byte's when the first bin exceeds ``C``), then
+    the candidate path, or the full search (bin still over ``C``; take-all windows ``n <= k``)."""
     r = tl.program_id(0)
     row_ptr = logits_ptr + r.to(tl.int64) * stride_row
     lo = tl.load(starts_ptr + r).to(tl.int32)
@@ -125,21 +129,29 @@ def _cand_rows_kernel(
         table_row = table_ptr + tl.load(batch_ptr + r).to(tl.int64) * stride_table
     search = (hi - lo) > k
     hist = pass_hist(row_ptr, lo, hi, tl.zeros([], dtype=tl.int32), search, 0, 8, BLOCK)
-    b, above, m = pick_bin(hist, k, 8)
-    use_cand = search & (m <= C)
-    if use_cand:
+    b0, above0, m0 = pick_bin(hist, k, 8)
+    deeper = search & (m0 > C)
+    hist = pass_hist(row_ptr, lo, hi, b0 << 24, deeper, 1, 8, BLOCK)
+    b1, above1, m1 = pick_bin(hist, tl.maximum(k - above0, 1), 8)
+    d = tl.where(deeper, 2, 1)
+    prefix = tl.where(deeper, (b0 << 24) | (b1 << 16), b0 << 24)
+    above = tl.where(deeper, above0 + above1, above0)
+    m = tl.where(deeper, m1, m0)
+    if search & (m <= C):
         zero = tl.zeros([], dtype=tl.int32)
-        scatter_top(row_ptr, lo, hi, lo, b, zero, zero, out_row, cand_row, table_row, page_size, BLOCK, FUSE)
+        sh = 32 - 8 * d
+        scatter_top(row_ptr, lo, hi, lo, (prefix ^ -2147483648) >> sh, sh, zero, zero, out_row, cand_row,
+                    table_row, page_size, BLOCK, FUSE)
         tl.debug_barrier()  # the candidates were stored by other threads of this program
-        finish_candidates(row_ptr, cand_row, m, b, above, lo, k, out_row, table_row, page_size, BLOCK, FUSE)
+        finish_candidates(row_ptr, cand_row, m, prefix, d, above, lo, k, out_row, table_row, page_size, BLOCK, FUSE)
     else:
         select_row(row_ptr, lo, hi, k, out_row, table_row, page_size, 8, BLOCK, FUSE)
 
 
 @triton.jit
-def _row_bin(ws_ptr, r, s, S, k):
-    """Reduce row ``r``'s slice histograms: ``(b, above, m, gt_before, c_before)`` (the last two: counts of the
-    slices before ``s``, above and in bin ``b``)."""
+def _row_bin(ws_ptr, r, s, S, need):
+    """Reduce row ``r``'s slice histograms at ``ws_ptr``: ``(b, above, m, gt_before, c_before)`` for the
+    ``need``-th key (the last two: counts of the slices before ``s``, above and in bin ``b``)."""
     idx = tl.arange(0, 256)
     tot = tl.zeros([256], dtype=tl.int32)
     before = tl.zeros([256], dtype=tl.int32)
@@ -148,10 +160,26 @@ def _row_bin(ws_ptr, r, s, S, k):
         h = tl.load(base + j * 256 + idx)
         tot += h
         before += tl.where(j < s, h, 0)
-    b, above, m = pick_bin(tot, k, 8)
+    b, above, m = pick_bin(tot, tl.maximum(need, 1), 8)
     gt_before = tl.sum(tl.where(idx > b, before, 0), 0)
     c_before = tl.sum(tl.where(idx == b, before, 0), 0)
     return b, above, m, gt_before, c_before
+
+
+@triton.jit
+def _row_plan(ws_ptr, r, s, S, R, k, C):
+    """Both levels of the split search: ``(prefix, d, above, m, gt_before, c_before)`` (depth ``d`` bytes)."""
+    b0, above0, m0, gt0, c0 = _row_bin(ws_ptr, r, s, S, k)
+    deeper = m0 > C
+    level1 = ws_ptr + R * S * 256  # no .to(): R == 1 is specialised to a constexpr on the GPU
+    b1, above1, m1, gt1, c1 = _row_bin(level1, r, s, S, k - above0)
+    d = tl.where(deeper, 2, 1)
+    prefix = tl.where(deeper, (b0 << 24) | (b1 << 16), b0 << 24)
+    above = tl.where(deeper, above0 + above1, above0)
+    m = tl.where(deeper, m1, m0)
+    gt_before = tl.where(deeper, gt0 + gt1, gt0)
+    c_before = tl.where(deeper, c1, c0)
+    return prefix, d, above, m, gt_before, c_before
 
 
 @triton.jit
@@ -164,18 +192,26 @@ def _slice_of(starts_ptr, ends_ptr, r, s, S):
 
 
 @triton.jit
-def _cand_hist_kernel(logits_ptr, stride_row, starts_ptr, ends_ptr, ws_ptr, k, S, BLOCK: tl.constexpr):
+def _cand_hist_kernel(logits_ptr, stride_row, starts_ptr, ends_ptr, ws_ptr, k, S, R, C,
+                      LEVEL: tl.constexpr, BLOCK: tl.constexpr):
+    """Slice histogram of the top byte (``LEVEL`` 0) or of the second byte inside the top byte's threshold bin
+    (``LEVEL`` 1, only for rows whose top bin exceeds ``C``; zeros otherwise)."""
     r = tl.program_id(0)
     s = tl.program_id(1)
     lo, hi, a, c = _slice_of(starts_ptr, ends_ptr, r, s, S)
     row_ptr = logits_ptr + r.to(tl.int64) * stride_row
-    hist = pass_hist(row_ptr, a, c, tl.zeros([], dtype=tl.int32), (hi - lo) > k, 0, 8, BLOCK)
-    tl.store(ws_ptr + (r.to(tl.int64) * S + s) * 256 + tl.arange(0, 256), hist)
+    search = (hi - lo) > k
+    if LEVEL == 0:
+        hist = pass_hist(row_ptr, a, c, tl.zeros([], dtype=tl.int32), search, 0, 8, BLOCK)
+    else:
+        b0, above0, m0, gt0, c0 = _row_bin(ws_ptr, r, s, S, k)
+        hist = pass_hist(row_ptr, a, c, b0 << 24, search & (m0 > C), 1, 8, BLOCK)
+    tl.store(ws_ptr + ((LEVEL * R + r).to(tl.int64) * S + s) * 256 + tl.arange(0, 256), hist)
 
 
 @triton.jit
 def _cand_scatter_kernel(
-    logits_ptr, stride_row, starts_ptr, ends_ptr, ws_ptr, out_ptr, cand_ptr, k, S, C,
+    logits_ptr, stride_row, starts_ptr, ends_ptr, ws_ptr, out_ptr, cand_ptr, k, S, R, C,
     table_ptr, stride_table, batch_ptr, page_size,
     BLOCK: tl.constexpr, FUSE: tl.constexpr,
 ):
@@ -187,15 +223,17 @@ def _cand_scatter_kernel(
     table_row = table_ptr
     if FUSE:
         table_row = table_ptr + tl.load(batch_ptr + r).to(tl.int64) * stride_table
-    b, above, m, gt_before, c_before = _row_bin(ws_ptr, r, s, S, k)
+    prefix, d, above, m, gt_before, c_before = _row_plan(ws_ptr, r, s, S, R, k, C)
     if ((hi - lo) > k) & (m <= C):
         cand_row = cand_ptr + r.to(tl.int64) * C
-        scatter_top(row_ptr, a, c, lo, b, gt_before, c_before, out_row, cand_row, table_row, page_size, BLOCK, FUSE)
+        sh = 32 - 8 * d
+        scatter_top(row_ptr, a, c, lo, (prefix ^ -2147483648) >> sh, sh, gt_before, c_before, out_row, cand_row,
+                    table_row, page_size, BLOCK, FUSE)
 
 
 @triton.jit
 def _cand_finish_kernel(
-    logits_ptr, stride_row, starts_ptr, ends_ptr, ws_ptr, out_ptr, cand_ptr, k, S, C,
+    logits_ptr, stride_row, starts_ptr, ends_ptr, ws_ptr, out_ptr, cand_ptr, k, S, R, C,
     table_ptr, stride_table, batch_ptr, page_size,
     BLOCK: tl.constexpr, FUSE: tl.constexpr,
 ):
@@ -207,12 +245,11 @@ def _cand_finish_kernel(
     table_row = table_ptr
     if FUSE:
         table_row = table_ptr + tl.load(batch_ptr + r).to(tl.int64) * stride_table
-    b, above, m, gt_before, c_before = _row_bin(ws_ptr, r, 0, S, k)
-    use_cand = ((hi - lo) > k) & (m <= C)
-    if use_cand:
+    prefix, d, above, m, gt_before, c_before = _row_plan(ws_ptr, r, 0, S, R, k, C)
+    if ((hi - lo) > k) & (m <= C):
         cand_row = cand_ptr + r.to(tl.int64) * C
-        finish_candidates(row_ptr, cand_row, m, b, above, lo, k, out_row, table_row, page_size, BLOCK, FUSE)
-    else:  # take-all window or overflowing threshold bin: the whole row in this program
+        finish_candidates(row_ptr, cand_row, m, prefix, d, above, lo, k, out_row, table_row, page_size, BLOCK, FUSE)
+    else:  # take-all window or a threshold bin over C even at 16 bits: the whole row in this program
         select_row(row_ptr, lo, hi, k, out_row, table_row, page_size, 8, BLOCK, FUSE)
 
 
@@ -236,19 +273,23 @@ def launch_cand_rows(logits, starts, ends, out, k, table, batch, page_size, *, c
 
 def launch_cand_split(logits, starts, ends, out, k, table, batch, page_size, *, split: int, cap: int,
                       block: int, warps: int, finish_block: int, finish_warps: int):
-    """``split`` programs per row for the two row passes, then one per row over the candidates."""
+    """``split`` programs per row for the histograms (top byte; second byte only where the top bin exceeds
+    ``cap``) and the scatter pass, then one program per row over the candidates: four launches."""
     rows, width = logits.shape
     cap = max(1, min(cap, width))
     dev = logits.device
-    ws = torch.empty((rows, split, 256), dtype=torch.int32, device=dev)
+    ws = torch.empty((2, rows, split, 256), dtype=torch.int32, device=dev)
     cand = torch.empty((rows, cap), dtype=torch.int32, device=dev)
     tab, stab, bat, ps, fuse = _table_args(out, starts, table, batch, page_size)
-    _cand_hist_kernel[(rows, split)](logits, logits.stride(0), starts, ends, ws, k, split, BLOCK=block, num_warps=warps)
+    for level in (0, 1):
+        _cand_hist_kernel[(rows, split)](
+            logits, logits.stride(0), starts, ends, ws, k, split, rows, cap, LEVEL=level, BLOCK=block, num_warps=warps,
+        )
     _cand_scatter_kernel[(rows, split)](
-        logits, logits.stride(0), starts, ends, ws, out, cand, k, split, cap, tab, stab, bat, ps,
+        logits, logits.stride(0), starts, ends, ws, out, cand, k, split, rows, cap, tab, stab, bat, ps,
         BLOCK=block, FUSE=fuse, num_warps=warps,
     )
     _cand_finish_kernel[(rows,)](
-        logits, logits.stride(0), starts, ends, ws, out, cand, k, split, cap, tab, stab, bat, ps,
+        logits, logits.stride(0), starts, ends, ws, out, cand, k, split, rows, cap, tab, stab, bat, ps,
         BLOCK=finish_block, FUSE=fuse, num_warps=finish_warps,
     )
