@@ -61,11 +61,11 @@ def variants():
             yield (f"split-final b{bits} fuse{fuse}", ts._split_final_kernel, fin,
                    {"NPASS": -(-32 // bits), "BITS": bits, "BLOCK": 2048, "FUSE": fuse}, 8)
     crow = {"logits_ptr": P32, "stride_row": I32, "starts_ptr": IP, "ends_ptr": IP, "out_ptr": IP, "cand_ptr": IP,
-            "k": I32, "C": I32, **TABLE}
+            "ckey_ptr": IP, "k": I32, "C": I32, **TABLE}
     chist = {"logits_ptr": P32, "stride_row": I32, "starts_ptr": IP, "ends_ptr": IP, "ws_ptr": IP, "k": I32, "S": I32,
              "R": I32, "C": I32}
     cfin = {"logits_ptr": P32, "stride_row": I32, "starts_ptr": IP, "ends_ptr": IP, "ws_ptr": IP, "out_ptr": IP,
-            "cand_ptr": IP, "k": I32, "S": I32, "R": I32, "C": I32, **TABLE}
+            "cand_ptr": IP, "ckey_ptr": IP, "k": I32, "S": I32, "R": I32, "C": I32, **TABLE}
     for block, warps in ((1024, 4), (2048, 8), (4096, 8), (4096, 16), (8192, 16)):
         for fuse in (False, True):
             yield f"cand-rows blk{block} w{warps} fuse{fuse}", tc._cand_rows_kernel, crow, {"BLOCK": block, "FUSE": fuse}, warps

@@ -1,8 +1,10 @@
 """The ``topk`` family of the ``triton`` backend: exact windowed top-k by radix select, and the slot transform.
 
-:meth:`TritonTopK.topk` and :meth:`TritonTopK.topk_transform` run one kernel (:mod:`.topk_radix`: search and
-write in one program per row) or, for few long rows, the split search of :mod:`.topk_split` (several
-programs per row, a fixed handful of launches). Nothing synchronises with the host and every buffer is sized
+:meth:`TritonTopK.topk` and :meth:`TritonTopK.topk_transform` run, by default, the candidate-buffer search of
+:mod:`.topk_cand` (two full-row passes, then radix passes over the threshold bin's few columns; one kernel
+for many rows, four launches with several programs per row for few long rows). ``candidates=False`` (or
+``bits=11``) selects the full radix search of :mod:`.topk_radix` (one program per row) and :mod:`.topk_split`
+(several programs per row, a fixed handful of launches). Nothing synchronises with the host and every buffer is sized
 from shapes, so the calls are CUDA-graph capturable. Results are deterministic and identical to the
 reference's selection (ties at the cut go to the lower column). Window bounds are trusted (checking them
 would read the device): ``0 <= start <= end <= L`` is the caller's contract.
