@@ -40,7 +40,6 @@ CONFIGS = {
     "cand_slice2k": TopKConfig(min_slice=2048, split_block=1024, split_warps=4),
     "cand_slice16k": TopKConfig(min_slice=16384),
     "cand_fin2048_w8": TopKConfig(finish_block=2048, finish_warps=8),
-    "cand_fin512_w4": TopKConfig(finish_block=512, finish_warps=4),
     "cand_fin4096_w16": TopKConfig(finish_block=4096, finish_warps=16),
     "cand_cap8k": TopKConfig(cand_cap=8192),
     "b8_full": TopKConfig(candidates=False),
