@@ -9,7 +9,7 @@ capture. A config that fails is reported and left out of the timings (never a cr
 CUDA-graph replay, beside plain ``torch.topk`` and the reference backend, with a device-copy ceiling (the
 time to read the logits once at copy bandwidth). Prints a table and writes JSON.
 
-    python bench/topk_triton.py [--out bench/results/topk_triton.json] [--quick]
+    python bench/topk_triton.py [--out bench/results/topk_triton.json] [--quick] [--configs cand,b8_full]
 """
 
 from __future__ import annotations
@@ -30,16 +30,22 @@ from dsa_runtime.reference.topk import ReferenceTopK  # noqa: E402
 from dsa_runtime.testing import run_conformance  # noqa: E402
 
 K = 2048
+# The default first; "cand*" use the candidate-buffer search (8-bit passes), "*_full" the full radix search.
 CONFIGS = {
-    "b11_blk2048_w8": TopKConfig(),
-    "b11_blk4096_w8": TopKConfig(block=4096, split_block=4096),
-    "b11_blk1024_w4": TopKConfig(block=1024, warps=4, split_block=1024, split_warps=4),
-    "b11_blk4096_w16": TopKConfig(block=4096, warps=16, split_block=4096, split_warps=16),
-    "b8_blk2048_w8": TopKConfig(bits=8),
-    "b11_slice4k": TopKConfig(min_slice=4096),
-    "b11_slice16k": TopKConfig(min_slice=16384),
-    "b11_nosplit": TopKConfig(split=1),
+    "cand": TopKConfig(),
+    "cand_blk4096": TopKConfig(block=4096, split_block=4096),
+    "cand_blk8192_w16": TopKConfig(block=8192, warps=16, split_block=4096, split_warps=8),
+    "cand_blk1024_w4": TopKConfig(block=1024, warps=4, split_block=1024, split_warps=4),
+    "cand_slice4k": TopKConfig(min_slice=4096),
+    "cand_slice2k": TopKConfig(min_slice=2048, split_block=1024, split_warps=4),
+    "cand_slice16k": TopKConfig(min_slice=16384),
+    "cand_fin2048_w8": TopKConfig(finish_block=2048, finish_warps=8),
+    "cand_fin4096_w16": TopKConfig(finish_block=4096, finish_warps=16),
+    "cand_cap8k": TopKConfig(cand_cap=8192),
+    "b8_full": TopKConfig(candidates=False),
+    "b11_full": TopKConfig(bits=11, candidates=False),
 }
+QUICK_SKIP = ("b11_full",)  # measured slow on the H100 (2048-bin histograms): left out of --quick
 SHAPES = [(64, 32768), (1, 131072), (64, 131072), (4096, 8192)]
 KINDS = ("random", "ties", "neginf")
 
@@ -67,18 +73,26 @@ def _windows(rows: int, width: int, kind: str, gen: torch.Generator) -> tuple[to
     return s.to(torch.int32), e.to(torch.int32)
 
 
-def check_config(name: str, cfg: TopKConfig, ref: ReferenceTopK) -> str | None:
-    """None when every check passes, else the first failure in one line."""
+_INPUTS: dict[tuple, tuple[torch.Tensor, ...]] = {}
+
+
+def check_config(name: str, cfg: TopKConfig, ref: ReferenceTopK, quick: bool = False) -> str | None:
+    """None when every check passes, else the first failure in one line (``quick``: fewer shapes/windows)."""
     kern = TritonTopK(cfg)
     gen = torch.Generator(device="cuda").manual_seed(1)
     shapes = [(64, 32768), (3, 131072), (300, 4096), (2, 65536)]
+    if quick:
+        shapes = [(64, 32768), (3, 131072), (300, 8192)]
     for rows, width in shapes:
         for kind in ("random", "ties", "few", "neginf", "nan"):
-            for win in ("full", "ragged", "short"):
-                x = make_logits(rows, width, kind, gen)
-                s, e = _windows(rows, width, win, gen)
+            for win in ("full", "ragged") if quick else ("full", "ragged", "short"):
+                key = (quick, rows, width, kind, win)
+                if key not in _INPUTS:  # the same inputs for every config: the reference runs once per input
+                    x = make_logits(rows, width, kind, gen)
+                    s, e = _windows(rows, width, win, gen)
+                    _INPUTS[key] = (x, s, e, ref.topk(x, s, e, K))
+                x, s, e, want = _INPUTS[key]
                 got = kern.topk(x, s, e, K)
-                want = ref.topk(x, s, e, K)
                 if not torch.equal(got.sort(dim=1).values, want.sort(dim=1).values):
                     bad = int((got.sort(dim=1).values != want.sort(dim=1).values).any(dim=1).sum())
                     return f"{rows}x{width} {kind}/{win}: {bad} rows differ from the reference selection"
@@ -106,7 +120,8 @@ def check_config(name: str, cfg: TopKConfig, ref: ReferenceTopK) -> str | None:
     return None
 
 
-def time_shape(rows: int, width: int, kind: str, configs: dict[str, TopKConfig], ref: ReferenceTopK, gbs: float) -> dict:
+def time_shape(rows: int, width: int, kind: str, configs: dict[str, TopKConfig], ref: ReferenceTopK | None,
+               gbs: float) -> dict:
     gen = torch.Generator(device="cuda").manual_seed(2)
     x = make_logits(rows, width, kind, gen)
     s, e = _windows(rows, width, "full", gen)
@@ -114,7 +129,7 @@ def time_shape(rows: int, width: int, kind: str, configs: dict[str, TopKConfig],
         "shape": f"{rows}x{width}", "kind": kind,
         "copy_ceiling_ms": rows * width * 4 / gbs / 1e6,  # one read of the logits at copy bandwidth
         "torch_topk_ms": bench_ms(lambda: torch.topk(x, K, dim=1, sorted=False)),
-        "reference_ms": bench_ms(lambda: ref.topk(x, s, e, K), slow=True),
+        "reference_ms": bench_ms(lambda: ref.topk(x, s, e, K), slow=True) if ref is not None else float("nan"),
         "configs": {},
     }
     for name, cfg in configs.items():
@@ -137,17 +152,25 @@ def _table(rows: list[dict], names: list[str]) -> None:
         cells = []
         for n in names:
             c = r["configs"].get(n, {})
-            cells.append(f"{'ERR':>16}" if "error" in c else f"{c['eager_ms']:.3f}/{c['graph_ms']:.3f}s{c['split']}".rjust(16))
+            if not c:
+                cells.append(f"{'-':>16}")
+            elif "error" in c:
+                cells.append(f"{'ERR':>16}")
+            else:
+                cells.append(f"{c['eager_ms']:.3f}/{c['graph_ms']:.3f}s{c['split']}".rjust(16))
         print(f"{r['shape']:>12} {r['kind']:>7} {r['copy_ceiling_ms']:7.3f} {r['torch_topk_ms']:7.3f} {r['reference_ms']:7.2f} | " + " ".join(cells))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "topk_triton.json"))
-    ap.add_argument("--quick", action="store_true", help="only the random kind in the timings")
+    ap.add_argument("--quick", action="store_true",
+                    help="random + tied + mostly -inf timed once each, lighter checks for non-default configs, "
+                         "no reference timings, slow configs skipped (< 90 s on an H100)")
     ap.add_argument("--configs", default="", help="comma-separated config names (default: all)")
     args = ap.parse_args()
-    configs = {n: c for n, c in CONFIGS.items() if not args.configs or n in args.configs.split(",")}
+    configs = {n: c for n, c in CONFIGS.items() if (n in args.configs.split(",") if args.configs
+                                                       else not (args.quick and n in QUICK_SKIP))}
     info = device_info()
     print(info, flush=True)
     report = run_conformance("triton", full=False, families=["topk"], device="cuda", progress=False)
@@ -159,7 +182,7 @@ def main() -> int:
     failed: dict[str, str] = {}
     for name, cfg in configs.items():
         try:
-            msg = check_config(name, cfg, ref)
+            msg = check_config(name, cfg, ref, quick=args.quick and name != "cand")
         except Exception as exc:
             msg = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
             traceback.print_exc()
@@ -170,8 +193,12 @@ def main() -> int:
     gbs = copy_ceiling_gbs()
     rows = []
     for r, w in SHAPES:
-        for kind in KINDS[:1] if args.quick else KINDS:
-            rows.append(time_shape(r, w, kind, good, ref, gbs))
+        for kind in KINDS:
+            # --quick: every config on random rows; tied and mostly -inf rows with the default, the full 8-bit
+            # search and torch only
+            timed = good if kind == "random" or not args.quick else {
+                n: c for n, c in good.items() if n in ("cand", "b8_full")}
+            rows.append(time_shape(r, w, kind, timed, None if args.quick else ref, gbs))
             print(f"timed {r}x{w} {kind}", flush=True)
     _table(rows, list(good))
     best = {}

@@ -5,7 +5,8 @@ kernels load on first use (the ``*_CLAIMS`` constants live in modules that impor
 
 * indexer: :mod:`.indexer_quant` (Hadamard rotation + FP8 quantization of q and k), :mod:`.indexer_logits`
   (ragged prefill and paged decode logits), :mod:`.indexer` (the family object).
-* top-k: :mod:`.topk_radix` (one program per row), :mod:`.topk_split` (a long row over several programs),
+* top-k: :mod:`.topk_cand` (the default: two row passes, then radix passes over a candidate buffer),
+  :mod:`.topk_radix` (full search, one program per row), :mod:`.topk_split` (a long row over several programs),
   :mod:`.topk_slots` (page-table transform), :mod:`.topk` (the family object).
 * sparse attention: :mod:`.sparse_mla_prefill` (the kernel), :mod:`.sparse_mla_decode_bf16`,
   :mod:`.mla_fp8_decode` (656-byte cache), :mod:`.sparse_mla_combine` (split-K merge), :mod:`.sparse_attn`.

@@ -1,8 +1,10 @@
 """The ``topk`` family of the ``triton`` backend: exact windowed top-k by radix select, and the slot transform.
 
-:meth:`TritonTopK.topk` and :meth:`TritonTopK.topk_transform` run one kernel (:mod:`.topk_radix`: search and
-write in one program per row) or, for few long rows, the split search of :mod:`.topk_split` (several
-programs per row, a fixed handful of launches). Nothing synchronises with the host and every buffer is sized
+:meth:`TritonTopK.topk` and :meth:`TritonTopK.topk_transform` run, by default, the candidate-buffer search of
+:mod:`.topk_cand` (two full-row passes, then radix passes over the threshold bin's few columns; one kernel
+for many rows, four launches with several programs per row for few long rows). ``candidates=False`` (or
+``bits=11``) selects the full radix search of :mod:`.topk_radix` (one program per row) and :mod:`.topk_split`
+(several programs per row, a fixed handful of launches). Nothing synchronises with the host and every buffer is sized
 from shapes, so the calls are CUDA-graph capturable. Results are deterministic and identical to the
 reference's selection (ties at the cut go to the lower column). Window bounds are trusted (checking them
 would read the device): ``0 <= start <= end <= L`` is the caller's contract.
@@ -35,22 +37,33 @@ class TopKConfig:
 
     Attributes:
         bits: radix bits per pass (8: 4 passes of 256 bins; 11: 3 passes of 2048 bins, random rows usually
-            done after 2).
+            done after 2; 2048-bin histograms are slow on the GPU: 8 is the default).
         block: columns per chunk of a program.
         warps: warps per program.
         split: programs per row (0: choose by :func:`split_for`; 1: one program per row).
         split_block: columns per chunk in the split kernels.
         split_warps: warps per program of the split kernels.
         min_slice: least columns per program when splitting (bounds the split count of short rows).
+        candidates: with ``bits == 8``, the two-pass candidate-buffer search of :mod:`.topk_cand` (falls back
+            to the full search per row, on the device, when the threshold bin overflows the buffer).
+        cand_cap: candidate-buffer columns per row, one program per row (capped at ``L``).
+        split_cand_cap: the same when rows are split (capped at ``L``).
+        finish_block: columns per chunk of the per-row finish over the candidates (split rows).
+        finish_warps: warps of that finish kernel.
     """
 
-    bits: int = 11
+    bits: int = 8
     block: int = 2048
     warps: int = 8
     split: int = 0
     split_block: int = 2048
     split_warps: int = 8
     min_slice: int = 8192
+    candidates: bool = True
+    cand_cap: int = 4096
+    split_cand_cap: int = 65536
+    finish_block: int = 1024
+    finish_warps: int = 4
 
 
 def split_for(rows: int, width: int, cfg: TopKConfig, sms: int = 132) -> int:
@@ -107,7 +120,17 @@ class TritonTopK:
             batch = batch.to(device=dev, dtype=torch.int32).contiguous()  # type: ignore[union-attr]
         cfg = self.config
         split = split_for(rows, width, cfg, _sms(dev))
-        if split <= 1:
+        if cfg.candidates and cfg.bits == 8:
+            from dsa_runtime.plugins.cuda_hopper.triton.topk_cand import launch_cand_rows, launch_cand_split
+
+            if split <= 1:
+                launch_cand_rows(x, starts, ends, out, k, table, batch, page_size, cap=cfg.cand_cap,
+                                 block=cfg.block, warps=cfg.warps)
+            else:
+                launch_cand_split(x, starts, ends, out, k, table, batch, page_size, split=split,
+                                  cap=cfg.split_cand_cap, block=cfg.split_block, warps=cfg.split_warps,
+                                  finish_block=cfg.finish_block, finish_warps=cfg.finish_warps)
+        elif split <= 1:
             from dsa_runtime.plugins.cuda_hopper.triton.topk_radix import launch_rows
 
             launch_rows(x, starts, ends, out, k, table, batch, page_size, bits=cfg.bits, block=cfg.block, warps=cfg.warps)

@@ -81,19 +81,14 @@ def to_slots(pos, table_row_ptr, page_size, mask):
 
 
 @triton.jit
-def _topk_rows_kernel(
-    logits_ptr, stride_row, starts_ptr, ends_ptr, out_ptr, k,
-    table_ptr, stride_table, batch_ptr, page_size,
+def select_row(
+    row_ptr, lo, hi, k, out_row, table_row, page_size,
     BITS: tl.constexpr, BLOCK: tl.constexpr, FUSE: tl.constexpr,
 ):
-    """One program per row: search, then write the ``[k]`` output row (slots when ``FUSE``)."""
+    """One program selects one row: the full radix search over columns ``[lo, hi)``, then the ``[k]`` output
+    row (slots through ``table_row`` when ``FUSE``), ``-1`` padded."""
     NPASS: tl.constexpr = (32 + BITS - 1) // BITS
-    r = tl.program_id(0)
-    row_ptr = logits_ptr + r.to(tl.int64) * stride_row
-    lo = tl.load(starts_ptr + r).to(tl.int32)
-    hi = tl.load(ends_ptr + r).to(tl.int32)
     n = hi - lo
-    out_row = out_ptr + r.to(tl.int64) * k
     # need: keys still to take at the threshold; done: threshold found; thr/sh: threshold key >> sh.
     take_all = (n <= k).to(tl.int32)
     need = tl.where(take_all != 0, 0, k)
@@ -115,8 +110,6 @@ def _topk_rows_kernel(
     thr = tl.where(take_all != 0, -2147483648, (prefix ^ -2147483648) >> sh)
     sh = tl.where(take_all != 0, 0, sh)
     eq_base = k - need  # keys above the threshold fill [0, k - need); ties fill the rest
-    if FUSE:
-        table_row = table_ptr + tl.load(batch_ptr + r).to(tl.int64) * stride_table
     offs = tl.arange(0, BLOCK)
     n_gt = tl.zeros([], dtype=tl.int32)
     n_eq = tl.zeros([], dtype=tl.int32)
@@ -141,6 +134,24 @@ def _topk_rows_kernel(
     for c0 in range(filled, k, BLOCK):
         idx = c0 + offs
         tl.store(out_row + idx, tl.full([BLOCK], -1, tl.int32), mask=idx < k)
+
+
+@triton.jit
+def _topk_rows_kernel(
+    logits_ptr, stride_row, starts_ptr, ends_ptr, out_ptr, k,
+    table_ptr, stride_table, batch_ptr, page_size,
+    BITS: tl.constexpr, BLOCK: tl.constexpr, FUSE: tl.constexpr,
+):
+    """One program per row: search, then write the ``[k]`` output row (slots when ``FUSE``)."""
+    r = tl.program_id(0)
+    row_ptr = logits_ptr + r.to(tl.int64) * stride_row
+    lo = tl.load(starts_ptr + r).to(tl.int32)
+    hi = tl.load(ends_ptr + r).to(tl.int32)
+    out_row = out_ptr + r.to(tl.int64) * k
+    table_row = table_ptr
+    if FUSE:
+        table_row = table_ptr + tl.load(batch_ptr + r).to(tl.int64) * stride_table
+    select_row(row_ptr, lo, hi, k, out_row, table_row, page_size, BITS, BLOCK, FUSE)
 
 
 def launch_rows(logits, starts, ends, out, k, table, batch, page_size, *, bits: int, block: int, warps: int):
