@@ -5,7 +5,6 @@ claims and the one-line input errors (no kernel runs)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -13,15 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.hopper.test_moe_interpreter import _numpy_converts_size1_arrays
-
-HAS_TRITON = importlib.util.find_spec("triton") is not None
+from tests.hopper.interp_support import HAS_TRITON, NEEDS_INTERPRETER
 
 
-@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (the interpreter ships with it)")
+@NEEDS_INTERPRETER[0]
+@NEEDS_INTERPRETER[1]
 def test_quick_indexer_cases_pass_under_the_triton_interpreter():
-    if not _numpy_converts_size1_arrays():
-        pytest.skip("this numpy refuses int() of 1-element arrays, which Triton 3.6's interpreter needs (numpy<2.3 works)")
     from dsa_runtime.testing.registry import family_cases
 
     quick = sum(c.tier == "quick" for c in family_cases("indexer"))

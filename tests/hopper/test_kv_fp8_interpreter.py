@@ -4,27 +4,15 @@ checks (head counts 1/16/20/128, split = unsplit, all -1, bit-exact stores into 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from dsa_runtime.testing.registry import family_cases
+from tests.hopper.interp_support import NEEDS_INTERPRETER
 
-from .test_moe_interpreter import _numpy_converts_size1_arrays
-
-pytestmark = [
-    pytest.mark.skipif(
-        importlib.util.find_spec("triton") is None, reason="triton is not installed (the interpreter ships with it)"
-    ),
-    pytest.mark.skipif(
-        not _numpy_converts_size1_arrays(),
-        reason="this numpy refuses int() of 1-element arrays, which Triton 3.6's interpreter needs (numpy<2.3 works)",
-    ),
-]
+pytestmark = NEEDS_INTERPRETER
 N_DIRECT = 17
 
 

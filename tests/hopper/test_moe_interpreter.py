@@ -2,40 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from tests.hopper.interp_support import NEEDS_INTERPRETER
 
-
-def _numpy_converts_size1_arrays() -> bool:
-    """Triton 3.6's interpreter turns a runtime loop bound into a 1-element array and calls ``int()`` on it,
-    which newer numpy releases refuse."""
-    import warnings
-
-    import numpy as np
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            int(np.array([1]))
-    except TypeError:
-        return False
-    return True
-
-
-pytestmark = [
-    pytest.mark.skipif(
-        importlib.util.find_spec("triton") is None, reason="triton is not installed (the interpreter ships with it)"
-    ),
-    pytest.mark.skipif(
-        not _numpy_converts_size1_arrays(),
-        reason="this numpy refuses int() of 1-element arrays, which Triton 3.6's interpreter needs (numpy<2.3 works)",
-    ),
-]
+pytestmark = NEEDS_INTERPRETER
 
 
 def test_quick_moe_cases_pass_under_the_triton_interpreter():

@@ -4,25 +4,14 @@ The fp8_656 decode cases belong to ``mla_fp8_decode`` (another module): they are
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from tests.hopper.interp_support import NEEDS_INTERPRETER
 
-from tests.hopper.test_moe_interpreter import _numpy_converts_size1_arrays
-
-pytestmark = [
-    pytest.mark.skipif(
-        importlib.util.find_spec("triton") is None, reason="triton is not installed (the interpreter ships with it)"
-    ),
-    pytest.mark.skipif(
-        not _numpy_converts_size1_arrays(),
-        reason="this numpy refuses int() of 1-element arrays, which Triton 3.6's interpreter needs (numpy<2.3 works)",
-    ),
-]
+pytestmark = NEEDS_INTERPRETER
 
 
 def test_sparse_attn_cases_pass_under_the_triton_interpreter():
