@@ -96,6 +96,44 @@ def _dot(a, b, acc, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def attend_block(q_c, q_pe, c, pe, valid, qk_scale, m_i, l_i, acc, UPCAST: tl.constexpr):
+    """One block of online softmax: scores of the ``[BLOCK_H]`` heads against the block's dequantized rows
+    (``c`` ``[BLOCK_N, 512]``, ``pe`` ``[BLOCK_N, 64]`` bf16; ``valid`` masks empty slots), base-2 with the scale
+    folded into ``qk_scale``; returns the updated running max, sum and fp32 accumulator."""
+    s = _dot(q_c, tl.trans(c), tl.zeros([q_c.shape[0], c.shape[0]], tl.float32), UPCAST)
+    s = _dot(q_pe, tl.trans(pe), s, UPCAST)
+    s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no valid slot yet: keep exp2 finite
+    p = tl.math.exp2(s - m_use[:, None])
+    alpha = tl.math.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = _dot(p.to(tl.bfloat16), c, acc * alpha[:, None], UPCAST)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def store_result(out_ptr, lse_ptr, m, sp, h, hmask, acc, m_i, l_i,
+                 stride_om, stride_os, stride_oh, stride_lm, stride_ls, D_OUT: tl.constexpr, SPLIT: tl.constexpr):
+    """Normalise and store one (query, head block[, split]): with ``SPLIT`` fp32 partials and a base-2 lse
+    (``-inf`` for a split without a valid slot: the combine skips it), else bf16 out and a natural-log lse
+    (``+inf`` and zeros for a query without any valid slot)."""
+    d = tl.arange(0, 512)
+    empty = l_i == 0.0
+    o = acc / tl.where(empty, 1.0, l_i)[:, None]
+    if SPLIT:
+        base = out_ptr + m * stride_om + sp * stride_os + h[:, None] * stride_oh
+        tl.store(base + d[None, :], o, mask=hmask[:, None])
+        lse2 = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))
+        tl.store(lse_ptr + m * stride_lm + sp * stride_ls + h, lse2, mask=hmask)
+    else:
+        base = out_ptr + m * stride_om + h[:, None] * stride_oh
+        tl.store(base + d[None, :], o.to(tl.bfloat16), mask=hmask[:, None] & (d[None, :] < D_OUT))
+        lse = tl.where(empty, float("inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+        tl.store(lse_ptr + m * stride_lm + h, lse, mask=hmask)
+
+
+@triton.jit
 def _decode_kernel(q_ptr, c8_ptr, s32_ptr, pe16_ptr, idx_ptr, out_ptr, lse_ptr,
                    H, K, K_PER_SPLIT, qk_scale,
                    stride_qm, stride_qh, stride_im, stride_om, stride_os, stride_oh, stride_lm, stride_ls,
@@ -129,31 +167,10 @@ def _decode_kernel(q_ptr, c8_ptr, s32_ptr, pe16_ptr, idx_ptr, out_ptr, lse_ptr,
         sc = tl.load(s32_ptr + row[:, None] * 164 + 128 + j[None, :], mask=valid[:, None], other=0.0)
         c = tl.reshape((c8.to(tl.float32) * sc[:, :, None]).to(tl.bfloat16), (BLOCK_N, 512))
         pe = tl.load(pe16_ptr + row[:, None] * 328 + 264 + dp[None, :], mask=valid[:, None], other=0.0)
-        s = _dot(q_c, tl.trans(c), tl.zeros([BLOCK_H, BLOCK_N], tl.float32), UPCAST)
-        s = _dot(q_pe, tl.trans(pe), s, UPCAST)
-        s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no valid slot yet: keep exp2 finite
-        p = tl.math.exp2(s - m_use[:, None])
-        alpha = tl.math.exp2(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = _dot(p.to(tl.bfloat16), c, acc * alpha[:, None], UPCAST)
-        m_i = m_new
+        m_i, l_i, acc = attend_block(q_c, q_pe, c, pe, valid, qk_scale, m_i, l_i, acc, UPCAST)
 
-    empty = l_i == 0.0
-    if SPLIT:
-        # fp32 partials; base-2 lse, -inf for a split without a valid slot (combine skips it).
-        o = acc / tl.where(empty, 1.0, l_i)[:, None]
-        base = out_ptr + m * stride_om + sp * stride_os + h[:, None] * stride_oh
-        tl.store(base + d[None, :], o, mask=hmask[:, None])
-        lse2 = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))
-        tl.store(lse_ptr + m * stride_lm + sp * stride_ls + h, lse2, mask=hmask)
-    else:
-        o = acc / tl.where(empty, 1.0, l_i)[:, None]
-        base = out_ptr + m * stride_om + h[:, None] * stride_oh
-        tl.store(base + d[None, :], o.to(tl.bfloat16), mask=hmask[:, None] & (d[None, :] < D_OUT))
-        lse = tl.where(empty, float("inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
-        tl.store(lse_ptr + m * stride_lm + h, lse, mask=hmask)
+    store_result(out_ptr, lse_ptr, m, sp, h, hmask, acc, m_i, l_i,
+                 stride_om, stride_os, stride_oh, stride_lm, stride_ls, D_OUT, SPLIT)
 
 
 @triton.jit

@@ -18,13 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _dot(a, b, acc, UPCAST: tl.constexpr):
-    """``acc + a @ b`` (bf16 operands, fp32 accumulation); ``UPCAST`` (interpreter only) multiplies fp32 copies."""
-    if UPCAST:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
-    return tl.dot(a, b, acc)
+from dsa_runtime.plugins.cuda_hopper.triton.mla_fp8_decode import attend_block, store_result
 
 
 @triton.jit
@@ -68,27 +62,7 @@ def _decode_pipe_kernel(q_ptr, c8_ptr, s32_ptr, pe16_ptr, idx_ptr, out_ptr, lse_
         else:
             c = tl.reshape(c8.to(tl.bfloat16) * sc.to(tl.bfloat16)[:, :, None], (BLOCK_N, 512))
         pe = tl.load(pe16_ptr + row[:, None] * 328 + 264 + dp[None, :], mask=valid[:, None], other=0.0)
-        s = _dot(q_c, tl.trans(c), tl.zeros([BLOCK_H, BLOCK_N], tl.float32), UPCAST)
-        s = _dot(q_pe, tl.trans(pe), s, UPCAST)
-        s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no valid slot yet: keep exp2 finite
-        p = tl.math.exp2(s - m_use[:, None])
-        alpha = tl.math.exp2(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = _dot(p.to(tl.bfloat16), c, acc * alpha[:, None], UPCAST)
-        m_i = m_new
+        m_i, l_i, acc = attend_block(q_c, q_pe, c, pe, valid, qk_scale, m_i, l_i, acc, UPCAST)
 
-    empty = l_i == 0.0
-    o = acc / tl.where(empty, 1.0, l_i)[:, None]
-    if SPLIT:
-        # fp32 partials; base-2 lse, -inf for a split without a valid slot (the combine skips it).
-        base = out_ptr + m * stride_om + sp * stride_os + h[:, None] * stride_oh
-        tl.store(base + d[None, :], o, mask=hmask[:, None])
-        lse2 = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))
-        tl.store(lse_ptr + m * stride_lm + sp * stride_ls + h, lse2, mask=hmask)
-    else:
-        base = out_ptr + m * stride_om + h[:, None] * stride_oh
-        tl.store(base + d[None, :], o.to(tl.bfloat16), mask=hmask[:, None] & (d[None, :] < D_OUT))
-        lse = tl.where(empty, float("inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
-        tl.store(lse_ptr + m * stride_lm + h, lse, mask=hmask)
+    store_result(out_ptr, lse_ptr, m, sp, h, hmask, acc, m_i, l_i,
+                 stride_om, stride_os, stride_oh, stride_lm, stride_ls, D_OUT, SPLIT)
