@@ -69,11 +69,7 @@ class TritonSparseAttn:
 
             return decode_bf16(q, kv_cache, indices, sm_scale, d_v, config=self.config, num_splits=self.decode_splits)
         if layout == "fp8_656":
-            try:
-                from dsa_runtime.plugins.cuda_hopper.triton.mla_fp8_decode import decode_fp8_656
-            except ImportError as exc:
-                raise NotImplementedError(
-                    f"Triton fp8_656 sparse decode is not available (mla_fp8_decode failed to import: {exc})"
-                ) from exc
+            from dsa_runtime.plugins.cuda_hopper.triton.mla_fp8_decode import decode_fp8_656
+
             return decode_fp8_656(q, kv_cache, indices, sm_scale, d_v)
         raise ValueError(f"unknown MLA layout {layout!r}; valid: bf16, fp8_656")
