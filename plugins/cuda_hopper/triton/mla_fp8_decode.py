@@ -24,6 +24,7 @@ from torch import Tensor
 
 from dsa_runtime.families import D_LATENT, D_QK, FP8_MLA_ROW_BYTES
 from dsa_runtime.plugins.cuda_hopper.triton.moe_quant import INTERPRET
+from dsa_runtime.plugins.cuda_hopper.triton.online_softmax import softmax_block
 
 LOG2E = 1.4426950408889634
 
@@ -102,12 +103,7 @@ def attend_block(q_c, q_pe, c, pe, valid, qk_scale, m_i, l_i, acc, UPCAST: tl.co
     folded into ``qk_scale``; returns the updated running max, sum and fp32 accumulator."""
     s = _dot(q_c, tl.trans(c), tl.zeros([q_c.shape[0], c.shape[0]], tl.float32), UPCAST)
     s = _dot(q_pe, tl.trans(pe), s, UPCAST)
-    s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no valid slot yet: keep exp2 finite
-    p = tl.math.exp2(s - m_use[:, None])
-    alpha = tl.math.exp2(m_i - m_use)
-    l_i = l_i * alpha + tl.sum(p, axis=1)
+    m_new, l_i, alpha, p = softmax_block(s, valid, qk_scale, m_i, l_i)
     acc = _dot(p.to(tl.bfloat16), c, acc * alpha[:, None], UPCAST)
     return m_new, l_i, acc
 

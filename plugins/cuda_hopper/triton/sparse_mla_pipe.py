@@ -24,6 +24,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from dsa_runtime.plugins.cuda_hopper.triton.online_softmax import finish_rows, softmax_block
+
 
 @triton.jit
 def _dot(a, b, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
@@ -86,12 +88,7 @@ def _sparse_mla_pipe_kernel(
         s = _dot(q_own, tl.trans(k_own), tl.zeros((BLOCK_H, BLOCK_N), tl.float32), PRECISION, UPCAST)
         s = _dot(q_oth, tl.trans(k_oth), s, PRECISION, UPCAST)
         s = _dot(q_rope, tl.trans(k_rope), s, PRECISION, UPCAST)
-        s = tl.where(valid[None, :], s * scale_log2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing valid yet: keep exp2 away from nan
-        alpha = tl.math.exp2(m_i - m_use)
-        p = tl.math.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_new, l_i, alpha, p = softmax_block(s, valid, scale_log2, m_i, l_i)
         p16 = p.to(kv_ptr.dtype.element_ty)  # P rounded to the KV dtype, as in the plain kernel
         acc_a = _dot(p16, k_own, acc_a * alpha[:, None], PRECISION, UPCAST)
         if BLOCK_DV == 512:
@@ -163,18 +160,11 @@ def _sparse_mla_wide_kernel(
         k_rope = tl.load(kv_rows[:, None] + offs_r[None, :], mask=valid[:, None], other=0.0)
         s = _dot(q_nope, tl.trans(k_nope), tl.zeros((BLOCK_H, BLOCK_N), tl.float32), PRECISION, UPCAST)
         s = _dot(q_rope, tl.trans(k_rope), s, PRECISION, UPCAST)
-        s = tl.where(valid[None, :], s * scale_log2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2(m_i - m_use)
-        p = tl.math.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_new, l_i, alpha, p = softmax_block(s, valid, scale_log2, m_i, l_i)
         acc = _dot(p.to(kv_ptr.dtype.element_ty), k_nope, acc * alpha[:, None], PRECISION, UPCAST)
         m_i = m_new
 
-    seen = l_i > 0.0
-    out = acc / tl.where(seen, l_i, 1.0)[:, None]
-    lse = (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453
+    out, lse, seen = finish_rows(acc, m_i, l_i)
     o_ptrs = (out_ptr + split.to(tl.int64) * stride_os + t.to(tl.int64) * stride_ot
               + offs_h[:, None] * stride_oh + offs_d[None, :])
     o_mask = h_ok[:, None] & (offs_d < d_v)[None, :]

@@ -23,6 +23,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from dsa_runtime.plugins.cuda_hopper.triton.online_softmax import finish_rows, softmax_block
+
 D_NOPE = 512
 D_ROPE = 64
 LOG2E = 1.4426950408889634
@@ -119,12 +121,7 @@ def _sparse_mla_kernel(
             k_rope = k_rope.to(tl.float32)
         s = tl.dot(q_nope, tl.trans(k_nope), input_precision=PRECISION)
         s = tl.dot(q_rope, tl.trans(k_rope), s, input_precision=PRECISION)
-        s = tl.where(valid[None, :], s * scale_log2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing valid yet: keep exp2 away from nan
-        alpha = tl.math.exp2(m_i - m_use)
-        p = tl.math.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_new, l_i, alpha, p = softmax_block(s, valid, scale_log2, m_i, l_i)
         if BLOCK_DV == 512:
             v = k_nope
         else:
@@ -134,9 +131,7 @@ def _sparse_mla_kernel(
         acc = tl.dot(p.to(kv_ptr.dtype.element_ty).to(v.dtype), v, acc, input_precision=PRECISION)
         m_i = m_new
 
-    seen = l_i > 0.0
-    out = acc / tl.where(seen, l_i, 1.0)[:, None]
-    lse = (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453
+    out, lse, seen = finish_rows(acc, m_i, l_i)
     o_ptrs = (out_ptr + split.to(tl.int64) * stride_os + t.to(tl.int64) * stride_ot
               + offs_h[:, None] * stride_oh + offs_v[None, :])
     o_mask = h_ok[:, None] & (offs_v < d_v)[None, :]
