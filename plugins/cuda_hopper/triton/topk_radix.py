@@ -114,26 +114,35 @@ def select_row(
     n_gt = tl.zeros([], dtype=tl.int32)
     n_eq = tl.zeros([], dtype=tl.int32)
     for c0 in range(lo, hi, BLOCK):
-        cols = c0 + offs
-        inside = cols < hi
-        x = tl.load(row_ptr + cols, mask=inside, other=0.0)
-        key = radix_key(x) >> sh
-        gt = inside & (key > thr)
-        eq = inside & (key == thr) & (take_all == 0)
-        gt_rank = n_gt + tl.cumsum(gt.to(tl.int32), 0) - 1
-        eq_rank = n_eq + tl.cumsum(eq.to(tl.int32), 0) - 1
-        eq = eq & (eq_rank < need)
-        dest = tl.where(gt, gt_rank, eq_base + eq_rank)
-        val = cols - lo
-        if FUSE:
-            val = to_slots(val, table_row, page_size, gt | eq)
-        tl.store(out_row + dest, val, mask=gt | eq)
-        n_gt += tl.sum(gt.to(tl.int32), 0)
-        n_eq += tl.sum(eq.to(tl.int32), 0)
+        n_gt, n_eq = write_block(row_ptr, out_row, c0 + offs, hi, lo, sh, thr, take_all, need, eq_base, n_gt, n_eq,
+                                 table_row, page_size, FUSE)
     filled = tl.minimum(n, k)
     for c0 in range(filled, k, BLOCK):
         idx = c0 + offs
         tl.store(out_row + idx, tl.full([BLOCK], -1, tl.int32), mask=idx < k)
+
+
+@triton.jit
+def write_block(row_ptr, out_row, cols, end, lo, sh, thr, take_all, need, eq_base, n_gt, n_eq, table_row, page_size,
+                FUSE: tl.constexpr):
+    """Final pass over one block of columns (``< end``): keys above the threshold go to ``n_gt + rank``, ties
+    to ``eq_base + n_eq + rank`` while fewer than ``need`` are taken, both in column order (deterministic, ties to
+    the lower column); positions are row-relative, or slots when ``FUSE``. Returns the updated counts (``n_eq``
+    counts every tie seen: one past ``need`` is never taken either way)."""
+    inside = cols < end
+    x = tl.load(row_ptr + cols, mask=inside, other=0.0)
+    key = radix_key(x) >> sh
+    gt = inside & (key > thr)
+    eq = inside & (key == thr) & (take_all == 0)
+    gt_rank = n_gt + tl.cumsum(gt.to(tl.int32), 0) - 1
+    eq_rank = n_eq + tl.cumsum(eq.to(tl.int32), 0) - 1
+    take = eq & (eq_rank < need)
+    dest = tl.where(gt, gt_rank, eq_base + eq_rank)
+    val = cols - lo
+    if FUSE:
+        val = to_slots(val, table_row, page_size, gt | take)
+    tl.store(out_row + dest, val, mask=gt | take)
+    return n_gt + tl.sum(gt.to(tl.int32), 0), n_eq + tl.sum(eq.to(tl.int32), 0)
 
 
 @triton.jit

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dsa_runtime.plugins.cuda_hopper.triton.topk_radix import pass_hist, pick_bin, radix_key, to_slots
+from dsa_runtime.plugins.cuda_hopper.triton.topk_radix import pass_hist, pick_bin, write_block
 
 # state fields, per (row, split); tl.constexpr globals, which compiled kernels may read (the interpreter
 # also accepts plain ints, the compiler does not)
@@ -126,26 +126,13 @@ def _split_final_kernel(
     eq_base = k - need
     row_ptr = logits_ptr + r.to(tl.int64) * stride_row
     out_row = out_ptr + r.to(tl.int64) * k
+    table_row = table_ptr
     if FUSE:
         table_row = table_ptr + tl.load(batch_ptr + r).to(tl.int64) * stride_table
     offs = tl.arange(0, BLOCK)
     for c0 in range(a, b, BLOCK):
-        cols = c0 + offs
-        inside = cols < b
-        x = tl.load(row_ptr + cols, mask=inside, other=0.0)
-        key = radix_key(x) >> sh
-        gt = inside & (key > thr)
-        eq = inside & (key == thr) & (take_all == 0)
-        gt_rank = n_gt + tl.cumsum(gt.to(tl.int32), 0) - 1
-        eq_rank = n_eq + tl.cumsum(eq.to(tl.int32), 0) - 1
-        eq = eq & (eq_rank < need)
-        dest = tl.where(gt, gt_rank, eq_base + eq_rank)
-        val = cols - lo
-        if FUSE:
-            val = to_slots(val, table_row, page_size, gt | eq)
-        tl.store(out_row + dest, val, mask=gt | eq)
-        n_gt += tl.sum(gt.to(tl.int32), 0)
-        n_eq += tl.sum((inside & (key == thr) & (take_all == 0)).to(tl.int32), 0)
+        n_gt, n_eq = write_block(row_ptr, out_row, c0 + offs, b, lo, sh, thr, take_all, need, eq_base, n_gt, n_eq,
+                                 table_row, page_size, FUSE)
     filled = tl.minimum(n, k)
     for c0 in range(filled + s * BLOCK, k, S * BLOCK):
         idx = c0 + offs
