@@ -24,19 +24,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import attention_setup as S  # noqa: E402
-from common import bench_ms, copy_ceiling_gbs, device_info, write_json  # noqa: E402
+from common import bench_ms, bf16_matmul_ceiling_tflops, copy_ceiling_gbs, device_info, write_json  # noqa: E402
 
 from dsa_runtime.testing.compare import out_and_lse  # noqa: E402
 from dsa_runtime.testing.tolerances import tolerance  # noqa: E402
 
 SUBJECTS = ("triton", "torch", "flaggems", "flashmla")
 SLOW_REF_S = 10.0  # a reference call slower than this is not timed (said in the table)
-
-
-def bf16_ceiling_tflops(n: int = 8192) -> float:
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    return 2 * n**3 / bench_ms(lambda: a @ b) / 1e9
 
 
 def attn_subjects(method: str, layout: str, needs: dict, fg: dict) -> dict[str, tuple]:
@@ -142,7 +136,7 @@ def main() -> int:
     args = ap.parse_args()
     started = time.perf_counter()
     info = device_info()
-    ceil = {"bf16_tflops": bf16_ceiling_tflops(), "copy_gbs": copy_ceiling_gbs()}
+    ceil = {"bf16_tflops": bf16_matmul_ceiling_tflops(), "copy_gbs": copy_ceiling_gbs()}
     print(f"{info['gpu']}: bf16 matmul 8192^3 {ceil['bf16_tflops']:.0f} TFLOP/s, copy {ceil['copy_gbs']:.0f} GB/s",
           flush=True)
     fg, fg_note = S.flaggems()

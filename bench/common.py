@@ -45,6 +45,13 @@ def copy_ceiling_gbs(nbytes: int = 1 << 30) -> float:
     return 2 * nbytes / ms / 1e6
 
 
+def bf16_matmul_ceiling_tflops(n: int = 8192) -> float:
+    """bf16 ``torch.matmul`` at ``n^3``, TFLOP/s (the sparse-attention benches' compute ceiling)."""
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    return 2 * n**3 / bench_ms(lambda: a @ b) / 1e9
+
+
 def fp8_matmul_ceiling_tflops(n: int = 8192) -> float:
     """``torch._scaled_mm`` e4m3 x e4m3 -> bf16 at ``n^3`` (per-tensor scales), TFLOP/s."""
     a = (torch.randn(n, n, device="cuda") * 8).to(torch.float8_e4m3fn)

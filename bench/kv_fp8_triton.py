@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import statistics
 import sys
 import traceback
 from pathlib import Path
@@ -23,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import copy_ceiling_gbs, device_info, write_json  # noqa: E402
+from common import bf16_matmul_ceiling_tflops, copy_ceiling_gbs, device_info, time_ms, write_json  # noqa: E402
 
 from dsa_runtime.plugins.cuda_hopper.triton.kv_quant import TritonKVQuant  # noqa: E402
 from dsa_runtime.plugins.cuda_hopper.triton.mla_fp8_decode import (  # noqa: E402
@@ -53,28 +52,7 @@ def graph_time_ms(fn, reps: int = 20) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    return event_ms(graph.replay, reps)
-
-
-def event_ms(fn, reps: int = 20, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
-
-
-def bf16_matmul_tflops(n: int = 8192) -> float:
-    a = torch.randn(n, n, device=DEV, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=DEV, dtype=torch.bfloat16)
-    return 2 * n**3 / event_ms(lambda: a @ b, reps=10) / 1e9
+    return time_ms(graph.replay, reps=reps)
 
 
 def random_fp8_cache(slots: int) -> torch.Tensor:
@@ -157,7 +135,7 @@ def main() -> int:
     gen = torch.Generator(device=DEV).manual_seed(0)
     res: dict = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "device": device_info(),
                  "sms": sm_count(DEV)}
-    res["bf16_matmul_tflops"] = bf16_matmul_tflops()
+    res["bf16_matmul_tflops"] = bf16_matmul_ceiling_tflops()
     res["copy_gbs"] = copy_ceiling_gbs()
     print(f"ceilings: bf16 matmul {res['bf16_matmul_tflops']:.0f} TFLOP/s, copy {res['copy_gbs']:.0f} GB/s", flush=True)
 
@@ -213,7 +191,7 @@ def main() -> int:
                     rows.append({"op": "decode_splits", "heads": heads, "batch": batch, "config": str(c),
                                  "splits": splits, "ms": ms, "x_read_time": ms / read_ms})
             if batch in (1, 64):
-                ms = event_ms(lambda: ReferenceSparseAttn().decode(q, cache, idx, SM_SCALE, layout="fp8_656"), reps=3)
+                ms = time_ms(lambda: ReferenceSparseAttn().decode(q, cache, idx, SM_SCALE, layout="fp8_656"), reps=3)
                 rows.append({"op": "decode_reference", "heads": heads, "batch": batch, "ms": ms})
             print(f"decode h{heads} b{batch} done", flush=True)
 
@@ -225,23 +203,23 @@ def main() -> int:
         for layout, width, dt in (("fp8_656", 656, torch.uint8), ("bf16", 576, torch.bfloat16)):
             cc = torch.zeros(CTX * 4 // PAGE, PAGE, width, dtype=dt, device=DEV)
             for name, impl in (("triton", kq), ("reference", ref)):
-                ms = event_ms(lambda impl=impl: impl.store_mla(cc, slots, c, k_pe, layout=layout))
+                ms = time_ms(lambda impl=impl: impl.store_mla(cc, slots, c, k_pe, layout=layout))
                 rows.append({"op": f"store_mla_{layout}", "impl": name, "tokens": n, "ms": ms})
         ic = torch.zeros(CTX * 4 // PAGE, PAGE * 132, dtype=torch.uint8, device=DEV)
         k8 = torch.randn(n, 128, device=DEV, generator=gen).to(torch.float8_e4m3fn)
         ks = torch.rand(n, device=DEV, generator=gen)
         for name, impl in (("triton", kq), ("reference", ref)):
-            ms = event_ms(lambda impl=impl: impl.store_index_k(ic, slots, k8, ks))
+            ms = time_ms(lambda impl=impl: impl.store_index_k(ic, slots, k8, ks))
             rows.append({"op": "store_index_k", "impl": name, "tokens": n, "ms": ms})
     flat = cache.view(-1, 656)
     for n in (4096, 32768):
         sel = torch.randperm(flat.shape[0], device=DEV, generator=gen)[:n]
         gathered = flat[sel]
         for name, impl in (("triton", kq), ("reference", ref)):
-            ms = event_ms(lambda impl=impl: impl.dequantize_mla(gathered, layout="fp8_656"))
+            ms = time_ms(lambda impl=impl: impl.dequantize_mla(gathered, layout="fp8_656"))
             rows.append({"op": "dequantize_mla", "impl": name, "tokens": n, "ms": ms,
                          "gbs": n * (656 + 1152) / ms / 1e6})
-        ms = event_ms(lambda: kq.dequantize_mla(flat[sel], layout="fp8_656"))
+        ms = time_ms(lambda: kq.dequantize_mla(flat[sel], layout="fp8_656"))
         rows.append({"op": "gather+dequantize_mla", "impl": "triton", "tokens": n, "ms": ms,
                      "gbs": n * (2 * 656 + 1152) / ms / 1e6})
     res["rows"], res["configs_failed"] = rows, failed

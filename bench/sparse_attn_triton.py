@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import bench_ms, device_info, graph_ms, write_json  # noqa: E402
+from common import bench_ms, bf16_matmul_ceiling_tflops, device_info, graph_ms, write_json  # noqa: E402
 
 from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_decode_bf16 import decode_bf16, plan_splits, sm_count  # noqa: E402
 from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_prefill import (  # noqa: E402
@@ -95,12 +95,6 @@ def timed(label: str, fn, n_flops: int, ceiling: float, rows: list[dict], extra:
                  "pct_of_matmul": 100 * tf / ceiling})
 
 
-def matmul_ceiling() -> float:
-    """bf16 ``torch.matmul`` at 8192^3, TFLOP/s."""
-    a = torch.randn(8192, 8192, device="cuda").bfloat16()
-    return 2 * 8192**3 / bench_ms(lambda: a @ a) / 1e9
-
-
 def bench_prefill(args, gen, ceiling: float, rows: list[dict]) -> bool:
     heads, ok = 128, True
     q, kv, idx = prefill_inputs(4096, 8192, heads, gen)
@@ -161,7 +155,7 @@ def main() -> int:
     gen = torch.Generator(device="cuda").manual_seed(0)
     info = device_info()
     print(info, flush=True)
-    ceiling = matmul_ceiling()
+    ceiling = bf16_matmul_ceiling_tflops()
     print(f"bf16 matmul 8192^3: {ceiling:.1f} TFLOP/s", flush=True)
     results: dict = {"device": info, "matmul_tflops": ceiling, "prefill": [], "decode": []}
     ok = bench_prefill(args, gen, ceiling, results["prefill"])
