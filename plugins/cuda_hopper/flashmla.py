@@ -103,7 +103,10 @@ def _api() -> tuple[Any, bool]:
 
 
 class FlashMLASparse:
-    """``sparse_attn.prefill`` through ``flash_mla_sparse_fwd`` (bf16 flat KV, 64/128 heads, k % 128 == 0)."""
+    """``sparse_attn.prefill`` through ``flash_mla_sparse_fwd`` (bf16 flat KV, 64/128 heads, k % 128 == 0).
+
+    Only the claimed method exists: resolution binds methods one by one from the claims, so decode comes from
+    ``flashmla_kv`` or another backend (a claim without its method would be a PluginError at resolution)."""
 
     def __init__(self) -> None:
         self.lib, _ = _api()
@@ -122,12 +125,10 @@ class FlashMLASparse:
             lse = torch.where(torch.isneginf(lse), math.inf, lse * LN2)
         return out, lse
 
-    def decode(self, *args, **kwargs):
-        raise NotImplementedError("flashmla_sparse runs prefill only; FP8 decode is the flashmla_kv backend")
-
 
 class FlashMLAKV:
-    """``sparse_attn.decode`` through ``flash_mla_with_kvcache(..., indices=...)`` on the ``fp8_656`` cache."""
+    """``sparse_attn.decode`` through ``flash_mla_with_kvcache(..., indices=...)`` on the ``fp8_656`` cache (the
+    only method: prefill comes from ``flashmla_sparse`` or another backend)."""
 
     def __init__(self) -> None:
         self.lib, self.lazy = _api()
@@ -183,9 +184,6 @@ class FlashMLAKV:
             raise RuntimeError(f"flash_mla returned lse of shape {tuple(lse.shape)}, expected [b, h_q, s_q] = "
                                f"{[b, heads, n_q]}")
         return out, lse.transpose(1, 2).contiguous()
-
-    def prefill(self, *args, **kwargs):
-        raise NotImplementedError("flashmla_kv runs FP8 decode only; sparse prefill is the flashmla_sparse backend")
 
 
 def flashmla_backends() -> list:
