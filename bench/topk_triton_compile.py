@@ -17,6 +17,10 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
+from indexer_triton_compile import compile_report  # noqa: E402
+
+from dsa_runtime.plugins.cuda_hopper.triton import topk_bisect as tb
 from dsa_runtime.plugins.cuda_hopper.triton import topk_cand as tc
 from dsa_runtime.plugins.cuda_hopper.triton import topk_radix as tr
 from dsa_runtime.plugins.cuda_hopper.triton import topk_slots as tsl
@@ -91,6 +95,12 @@ def variants():
         yield (f"cand-hist L{level} ints=1", tc._cand_hist_kernel,
                {a: t for a, t in chist.items() if a not in ("k", "R", "C")}, {"k": 1, "R": 1, "C": 1, "LEVEL": level,
                                                                              "BLOCK": 1024}, 4)
+    for width, warps in ((1024, 4), (4096, 4), (8192, 8), (16384, 16), (32768, 32), (32768, 16)):
+        for fuse in (False, True):
+            yield (f"bisect W{width} w{warps} fuse{fuse}", tb._topk_bisect_kernel, rows,
+                   {"WIDTH": width, "BLOCK": min(1024, width), "FUSE": fuse}, warps)
+    yield ("bisect ints=1", tb._topk_bisect_kernel, {a: t for a, t in rows.items() if a not in ("k", "page_size")},
+           {"k": 1, "page_size": 1, "WIDTH": 8192, "BLOCK": 1024, "FUSE": True}, 8)
     slots = {"pos_ptr": IP, "stride_pos": I32, "table_ptr": IP, "stride_table": I32, "batch_ptr": IP, "out_ptr": IP,
              "k": I32, "page_size": I32}
     yield "slots", tsl._slots_kernel, slots, {"BLOCK": 1024}, 4
@@ -103,6 +113,8 @@ def main() -> int:
         if only and only not in name:
             continue
         res = comp(fn, sig, consts, warps)
+        if fn is tb._topk_bisect_kernel and res.startswith("ok"):  # register-resident: spills matter
+            res = compile_report(fn, sig, consts, warps, 3)
         print(f"{name}: {res}", flush=True)
         bad += res.startswith("FAILED")
     print("all compiled" if not bad else f"{bad} FAILED")

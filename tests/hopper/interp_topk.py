@@ -27,21 +27,22 @@ from dsa_runtime.testing.registry import family_cases  # noqa: E402
 from dsa_runtime.testing.runner import RunContext, run_case  # noqa: E402
 
 CPU = torch.device("cpu")
-DEFAULT = TopKConfig(block=256)
-# Each direct check runs the default (8-bit candidate-buffer search, one program per row), one of SPLITS and
-# one of OTHERS in turn (the interpreter is slow: every config on every check would take minutes).
+DEFAULT = TopKConfig(block=256, bisect_block=128)  # rows <= 32K: the register-resident bisection
+# Each direct check runs the default (the bisection of topk_bisect: every row here is <= 32K columns), one of
+# SPLITS and one of OTHERS in turn (the radix paths that rows over 32K take, forced with bisect=False; the
+# interpreter is slow: every config on every check would take minutes).
 SPLITS = (
-    TopKConfig(bits=8, block=128, split=3, split_block=128, finish_block=64),
-    TopKConfig(bits=11, block=64, split=4, split_block=64),
+    TopKConfig(bisect=False, bits=8, block=128, split=3, split_block=128, finish_block=64),
+    TopKConfig(bisect=False, bits=11, block=64, split=4, split_block=64),
 )
 # The full-search paths (no candidates, 8 and 11 bits) and the candidate paths with a buffer so small that
 # the threshold bin overflows it (the per-row fallback to the full search, decided on the device).
 OTHERS = (
-    TopKConfig(bits=8, block=128, candidates=False),
-    TopKConfig(block=128, cand_cap=8),
-    TopKConfig(bits=11, block=128),
-    TopKConfig(block=128, split=2, split_block=128, split_cand_cap=8, finish_block=64),
-    TopKConfig(bits=8, block=64, split=3, split_block=64, candidates=False),
+    TopKConfig(bisect=False, bits=8, block=128, candidates=False),
+    TopKConfig(bisect=False, block=128, cand_cap=8),
+    TopKConfig(bisect=False, bits=11, block=128),
+    TopKConfig(bisect=False, block=128, split=2, split_block=128, split_cand_cap=8, finish_block=64),
+    TopKConfig(bisect=False, bits=8, block=64, split=3, split_block=64, candidates=False),
 )
 # Kit cases too slow for the interpreter (minutes); the direct check named beside each covers the property.
 TOO_SLOW = {"r64/l65536": "'long rows: ties / few values / mostly -inf' (3 x 8K, split 1, 3 and 4)"}
@@ -107,7 +108,7 @@ def direct() -> int:
         for cfg in cfgs:
             got = TritonTopK(cfg).topk(logits, s, e, k)
             ok = got.dtype == torch.int32 and torch.equal(got.sort(dim=1).values, w)
-            tag = f"bits{cfg.bits}/split{cfg.split}/cand{int(cfg.candidates)}:{cfg.cand_cap}/{cfg.split_cand_cap}"
+            tag = f"bits{cfg.bits}/split{cfg.split}/cand{int(cfg.candidates)}:{cfg.cand_cap}/{cfg.split_cand_cap}/bisect{int(cfg.bisect)}"
             res += _check(f"{name} {tag}", ok, "" if ok else f"{got[:2, :8]} vs {w[:2, :8]}")
         return res
 
@@ -143,28 +144,33 @@ def direct() -> int:
     long[2] = torch.where(torch.rand(8192, generator=gen) < 0.98, float("-inf"), long[2])
     z3, f3 = torch.tensor([0, 100, 0], dtype=torch.int32), torch.tensor([8192, 8000, 8192], dtype=torch.int32)
     bad += same("long rows: ties / few values / mostly -inf", long, z3, f3, 512,
-                (TopKConfig(block=1024), TopKConfig(bits=8, block=1024, split=3, split_block=1024),
-                 TopKConfig(bits=11, block=512, split=4, split_block=512),
-                 TopKConfig(block=512, cand_cap=256, split=2, split_block=512, split_cand_cap=256)))
+                (DEFAULT, TopKConfig(bisect=False, block=1024), TopKConfig(bisect=False, bits=8, block=1024, split=3, split_block=1024),
+                 TopKConfig(bisect=False, bits=11, block=512, split=4, split_block=512),
+                 TopKConfig(bisect=False, block=512, cand_cap=256, split=2, split_block=512, split_cand_cap=256)))
     ties = torch.floor(torch.randn(2, 2048, generator=gen) * 2).clamp(-3, 3)
     z, full = torch.zeros(2, dtype=torch.int32), torch.full((2,), 2048, dtype=torch.int32)
     bad += same("long tied rows", ties, z, full, 700)
-    big = TritonTopK(TopKConfig(block=512))
+    big = TritonTopK(TopKConfig(bisect=False, block=512))
     # Multi-program path forced on small rows equals the one-program path exactly (same output order too).
     one = big.topk(ties, z, full, 700)
     for split in (2, 5):
-        got = TritonTopK(TopKConfig(block=512, split=split, split_block=256)).topk(ties, z, full, 700)
+        got = TritonTopK(TopKConfig(bisect=False, block=512, split=split, split_block=256)).topk(ties, z, full, 700)
         bad += _check(f"split {split} == one program (exact, order included)", torch.equal(got, one))
+    # The bisection writes the same output as the radix search, order included (same final pass).
+    got = TritonTopK(DEFAULT).topk(ties, z, full, 700)
+    bad += _check("bisection == one-program radix search (exact, order included)", torch.equal(got, one))
+    wide = TritonTopK(TopKConfig(bisect_keys_per_thread=8, bisect_block=4096)).topk(ties, z, full, 700)
+    bad += _check("bisection, more warps and one write chunk == the same", torch.equal(wide, one))
     # Candidate buffer vs its overflow fallback (tied rows: the threshold bin holds ~300 keys): one program
     # and split rows give the same output, order included, whether the bin fits the buffer or not.
     for cap in (16, 4096):
-        one_c = TritonTopK(TopKConfig(block=512, cand_cap=cap)).topk(ties, z, full, 700)
+        one_c = TritonTopK(TopKConfig(bisect=False, block=512, cand_cap=cap)).topk(ties, z, full, 700)
         bad += _check(f"candidates cap {cap} (one program) == default (exact, order included)", torch.equal(one_c, one))
-        got = TritonTopK(TopKConfig(block=512, split=3, split_block=256, split_cand_cap=cap, finish_block=128)).topk(
+        got = TritonTopK(TopKConfig(bisect=False, block=512, split=3, split_block=256, split_cand_cap=cap, finish_block=128)).topk(
             ties, z, full, 700)
         bad += _check(f"candidates cap {cap} (split 3) == one program (exact, order included)", torch.equal(got, one))
     mixed_rows = torch.stack([torch.randn(2048, generator=gen), ties[0]])  # one row fits cap 64, one overflows
-    got = TritonTopK(TopKConfig(block=512, cand_cap=64)).topk(mixed_rows, z, full, 1000).sort(dim=1).values
+    got = TritonTopK(TopKConfig(bisect=False, block=512, cand_cap=64)).topk(mixed_rows, z, full, 1000).sort(dim=1).values
     bad += _check("one row in the buffer, one overflowing, same launch", torch.equal(got, oracle(mixed_rows, z, full, 1000)))
     # Every key in one top-byte bin (one binade): cap 4096 takes the bin whole (depth 1), cap 64 needs the
     # second byte's histogram (~16 keys per 16-bit bin: depth 2), cap 4 falls back to the full search.
@@ -172,23 +178,27 @@ def direct() -> int:
     want_b = oracle(binade, z, full, 300)
     for cap in (4096, 64, 4):
         for split in (1, 3):
-            cfg = TopKConfig(block=256, split=split, split_block=256, finish_block=128, cand_cap=cap, split_cand_cap=cap)
+            cfg = TopKConfig(bisect=False, block=256, split=split, split_block=256, finish_block=128, cand_cap=cap, split_cand_cap=cap)
             got = TritonTopK(cfg).topk(binade, z, full, 300).sort(dim=1).values
             bad += _check(f"one-binade rows, cap {cap}, split {split}", torch.equal(got, want_b))
     # Determinism: 20 runs identical (small tied rows: the interpreter runs programs one by one).
     small, zs, fs = ties[:, :256], z, torch.full((2,), 256, dtype=torch.int32)
-    runs = [TritonTopK(TopKConfig(block=256, split=2, split_block=128)).topk(small[:1], zs[:1], fs[:1], 100) for _ in range(20)]
+    runs = [TritonTopK(TopKConfig(bisect=False, block=256, split=2, split_block=128)).topk(small[:1], zs[:1], fs[:1], 100) for _ in range(20)]
     bad += _check("20 runs identical (split 2)", all(torch.equal(r, runs[0]) for r in runs))
     runs = [big.topk(small, zs, fs, 100) for _ in range(20)]
     bad += _check("20 runs identical (one program)", all(torch.equal(r, runs[0]) for r in runs))
+    runs = [TritonTopK(DEFAULT).topk(small, zs, fs, 100) for _ in range(20)]
+    bad += _check("20 runs identical (bisection)", all(torch.equal(r, runs[0]) for r in runs))
     # Fused transform == topk then transform (both paths), and the stand-alone transform == reference.
     table = torch.randperm(64, generator=gen).to(torch.int32).reshape(2, 32)
     owner = torch.tensor([1, 0], dtype=torch.int32)
-    for split, cap in ((1, 4096), (3, 65536), (1, 16), (3, 16)):
-        kern = TritonTopK(TopKConfig(block=512, split=split, split_block=256, cand_cap=cap, split_cand_cap=cap))
+    for split, cap in ((1, 4096), (3, 65536), (1, 16), (3, 16), (0, 0)):
+        kern = TritonTopK(TopKConfig(bisect=False, block=512, split=split, split_block=256, cand_cap=cap, split_cand_cap=cap)
+                          if cap else DEFAULT)
         fused = kern.topk_transform(ties, z, full, 700, table, owner, 128)
         want = ref.page_table_transform(kern.topk(ties, z, full, 700), table, owner, 128)
-        bad += _check(f"fused transform (split {split}, cap {cap}) == topk then transform", torch.equal(fused, want))
+        tag = f"split {split}, cap {cap}" if cap else "bisection"
+        bad += _check(f"fused transform ({tag}) == topk then transform", torch.equal(fused, want))
     pos = torch.randint(-1, 2048, (2, 700), generator=gen, dtype=torch.int32)
     got = TritonTopK().page_table_transform(pos, table, owner, 128)
     bad += _check("page_table_transform == reference", torch.equal(got, ref.page_table_transform(pos, table, owner, 128)))

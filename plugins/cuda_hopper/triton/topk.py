@@ -1,7 +1,8 @@
 """The ``topk`` family of the ``triton`` backend: exact windowed top-k by radix select, and the slot transform.
 
-:meth:`TritonTopK.topk` and :meth:`TritonTopK.topk_transform` run, by default, the candidate-buffer search of
-:mod:`.topk_cand` (two full-row passes, then radix passes over the threshold bin's few columns; one kernel
+:meth:`TritonTopK.topk` and :meth:`TritonTopK.topk_transform` run, for rows of up to 32K columns, the
+register-resident bit-by-bit search of :mod:`.topk_bisect` (one read of the row, data-independent cost); longer
+rows take, by default, the candidate-buffer search of :mod:`.topk_cand` (two full-row passes, then radix passes over the threshold bin's few columns; one kernel
 for many rows, four launches with several programs per row for few long rows). ``candidates=False`` (or
 ``bits=11``) selects the full radix search of :mod:`.topk_radix` (one program per row) and :mod:`.topk_split`
 (several programs per row, a fixed handful of launches). Nothing synchronises with the host and every buffer is sized
@@ -22,6 +23,7 @@ if TYPE_CHECKING:  # torch is imported on first use: the plugin reads TOPK_CLAIM
     from torch import Tensor
 
 MAX_K = 16384
+BISECT_MAX_WIDTH = 32768  # rows up to this many columns fit one program's registers (:mod:`.topk_bisect`)
 
 # k is any value in [1, MAX_K] (2048 for V3.2); page sizes and devices are not restricted.
 TOPK_CLAIMS: dict[str, MethodClaim] = {
@@ -50,6 +52,10 @@ class TopKConfig:
         split_cand_cap: the same when rows are split (capped at ``L``).
         finish_block: columns per chunk of the per-row finish over the candidates (split rows).
         finish_warps: warps of that finish kernel.
+        bisect: rows of at most :data:`BISECT_MAX_WIDTH` columns are read once into registers and searched bit by
+            bit (:mod:`.topk_bisect`); longer rows take the paths above.
+        bisect_keys_per_thread: keys each thread holds there (sets the warps: 32 keys -> 32 warps for 32K).
+        bisect_block: columns per chunk of its final write pass.
     """
 
     bits: int = 8
@@ -64,6 +70,9 @@ class TopKConfig:
     split_cand_cap: int = 65536
     finish_block: int = 1024
     finish_warps: int = 4
+    bisect: bool = True
+    bisect_keys_per_thread: int = 32
+    bisect_block: int = 1024
 
 
 def split_for(rows: int, width: int, cfg: TopKConfig, sms: int = 132) -> int:
@@ -119,6 +128,12 @@ class TritonTopK:
             table = table.to(device=dev, dtype=torch.int32).contiguous()
             batch = batch.to(device=dev, dtype=torch.int32).contiguous()  # type: ignore[union-attr]
         cfg = self.config
+        if cfg.bisect and width <= BISECT_MAX_WIDTH:
+            from dsa_runtime.plugins.cuda_hopper.triton.topk_bisect import launch_bisect
+
+            launch_bisect(x, starts, ends, out, k, table, batch, page_size, block=cfg.bisect_block,
+                          keys_per_thread=cfg.bisect_keys_per_thread)
+            return out
         split = split_for(rows, width, cfg, _sms(dev))
         if cfg.candidates and cfg.bits == 8:
             from dsa_runtime.plugins.cuda_hopper.triton.topk_cand import launch_cand_rows, launch_cand_split

@@ -1,0 +1,110 @@
+"""Exact top-k for rows that fit in one program's registers: one read of the row, then a bit-by-bit search.
+
+A row of up to 32K fp32 logits fits in the registers of one program (32 keys per thread at 32 warps), so the
+window is read from memory once and kept as int32 keys (the order-preserving keys of :mod:`.topk_radix`). The
+k-th largest key is then built one bit at a time from the top, in the unsigned key domain: bit ``b`` is kept
+when at least ``k`` keys are ``>=`` the prefix with that bit set. Each step is one compare-and-count over the
+registers (a block-wide ``tl.sum``), so the cost does not depend on the data (ties and ``-inf`` floods cost what
+random rows cost) and there are no histograms, which dominate the radix passes in Triton. The search stops as
+soon as a prefix is matched by exactly ``k`` keys (random rows: after about ``log2(n) + 2`` steps).
+
+The final pass is :func:`.topk_radix.write_block`'s (the row comes from L2 this time): keys above the threshold
+by ascending column, then ties by ascending column until ``k``, ``-1`` padding, and slots through the page
+table when fused. Selections and output order are identical to :func:`.topk_radix.select_row`'s. Nothing is
+sized by data and nothing syncs with the host: CUDA-graph capturable.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from dsa_runtime.plugins.cuda_hopper.triton.topk import BISECT_MAX_WIDTH as MAX_WIDTH
+from dsa_runtime.plugins.cuda_hopper.triton.topk_radix import radix_key, write_block
+
+
+def bisect_width(width: int) -> int:
+    """Columns one program holds: the row length rounded up to a power of two (at least 1024)."""
+    return max(1024, 1 << max(0, (width - 1).bit_length()))
+
+
+def bisect_warps(block_width: int, keys_per_thread: int = 32) -> int:
+    """Warps so that each thread holds ``keys_per_thread`` keys (4..32; sm_90 compiles at 32 keys per thread:
+    64-94 registers, no spills, from 1K to 32K columns)."""
+    return min(32, max(4, block_width // (32 * keys_per_thread)))
+
+
+@triton.jit
+def kth_key(key, k, live):
+    """The ``k``-th largest of the int32 ``key`` values (padding is ``INT_MIN``, which no logit's key equals:
+    it never counts; more than ``k`` real keys when ``live``; returns ``INT_MIN`` when not ``live``). Built from
+    the top bit in the unsigned domain (``u = key ^ INT_MIN``, padding ``u = 0``, every prefix tried ``>= 1``);
+    stops early once exactly ``k`` keys reach the prefix (that prefix then selects exactly the top ``k`` as
+    ``key >= prefix``, which the caller's ``> thr`` / ``== thr`` split handles)."""
+    thr_u = tl.zeros([], dtype=tl.int32)
+    bit = tl.where(live, tl.full([], -2147483648, tl.int32), 0)
+    while bit != 0:
+        cand_u = thr_u | bit
+        cnt = tl.sum((key >= (cand_u ^ -2147483648)).to(tl.int32), 0)
+        thr_u = tl.where(cnt >= k, cand_u, thr_u)
+        # arithmetic >> on the top bit would smear it: mask to a logical shift
+        bit = tl.where(cnt == k, 0, (bit >> 1) & 0x7FFFFFFF)
+    return thr_u ^ -2147483648
+
+
+@triton.jit
+def _topk_bisect_kernel(
+    logits_ptr, stride_row, starts_ptr, ends_ptr, out_ptr, k,
+    table_ptr, stride_table, batch_ptr, page_size,
+    WIDTH: tl.constexpr, BLOCK: tl.constexpr, FUSE: tl.constexpr,
+):
+    """One program per row: load the window ``[lo, hi)`` (``hi - lo <= WIDTH``) once, search, write ``[k]``."""
+    r = tl.program_id(0)
+    row_ptr = logits_ptr + r.to(tl.int64) * stride_row
+    lo = tl.load(starts_ptr + r).to(tl.int32)
+    hi = tl.load(ends_ptr + r).to(tl.int32)
+    out_row = out_ptr + r.to(tl.int64) * k
+    table_row = table_ptr
+    if FUSE:
+        table_row = table_ptr + tl.load(batch_ptr + r).to(tl.int64) * stride_table
+    n = hi - lo
+    cols = lo + tl.arange(0, WIDTH)
+    inside = cols < hi
+    # Only the keys stay live in registers: padding folds into them as INT_MIN (radix_key never yields it).
+    key = tl.where(inside, radix_key(tl.load(row_ptr + cols, mask=inside, other=0.0)), -2147483648)
+    take_all = (n <= k).to(tl.int32)
+    thr = kth_key(key, k, take_all == 0)  # INT_MIN for a take-all row: every key is "above"
+    n_gt = tl.sum((key > thr).to(tl.int32), 0)
+    need = tl.where(take_all != 0, 0, k - n_gt)
+    eq_base = k - need
+    offs = tl.arange(0, BLOCK)
+    zero = tl.zeros([], dtype=tl.int32)
+    c_gt = zero
+    c_eq = zero
+    for c0 in range(lo, hi, BLOCK):
+        c_gt, c_eq = write_block(row_ptr, out_row, c0 + offs, hi, lo, zero, thr, take_all, need, eq_base,
+                                 c_gt, c_eq, table_row, page_size, FUSE)
+    filled = tl.minimum(n, k)
+    for c0 in range(filled, k, BLOCK):
+        idx = c0 + offs
+        tl.store(out_row + idx, tl.full([BLOCK], -1, tl.int32), mask=idx < k)
+
+
+def launch_bisect(logits, starts, ends, out, k, table, batch, page_size, *, block: int = 1024,
+                  keys_per_thread: int = 32, warps: int = 0) -> None:
+    """One program per row over ``[R, L]`` logits with ``L <= MAX_WIDTH`` (``table``/``batch`` None: positions,
+    else slots). ``warps`` 0: :func:`bisect_warps`."""
+    width = logits.shape[1]
+    if width > MAX_WIDTH:
+        raise ValueError(f"rows of {width} columns do not fit one program (at most {MAX_WIDTH})")
+    block_width = bisect_width(width)
+    fuse = table is not None
+    if not fuse:
+        table, batch, stride_table, page_size = out, starts, 0, 1
+    else:
+        stride_table = table.stride(0)
+    _topk_bisect_kernel[(logits.shape[0],)](
+        logits, logits.stride(0), starts, ends, out, k, table, stride_table, batch, page_size,
+        WIDTH=block_width, BLOCK=min(block, block_width), FUSE=fuse,
+        num_warps=warps or bisect_warps(block_width, keys_per_thread),
+    )
