@@ -156,11 +156,21 @@ def direct() -> int:
     for split in (2, 5):
         got = TritonTopK(TopKConfig(bisect=False, block=512, split=split, split_block=256)).topk(ties, z, full, 700)
         bad += _check(f"split {split} == one program (exact, order included)", torch.equal(got, one))
-    # The bisection writes the same output as the radix search, order included (same final pass).
+    # Tied rows run the bisection to the last bit: the same output as the radix search, order included (same
+    # final pass); the one-scan register write and other launch shapes give it too.
     got = TritonTopK(DEFAULT).topk(ties, z, full, 700)
     bad += _check("bisection == one-program radix search (exact, order included)", torch.equal(got, one))
-    wide = TritonTopK(TopKConfig(bisect_keys_per_thread=8, bisect_block=4096)).topk(ties, z, full, 700)
-    bad += _check("bisection, more warps and one write chunk == the same", torch.equal(wide, one))
+    for cfg in (TopKConfig(bisect_keys_per_thread=8, bisect_block=4096), TopKConfig(bisect_reg_write=True)):
+        wide = TritonTopK(cfg).topk(ties, z, full, 700)
+        bad += _check(f"bisection keys/thread {cfg.bisect_keys_per_thread}, block {cfg.bisect_block}, "
+                      f"reg_write {cfg.bisect_reg_write} == the same", torch.equal(wide, one))
+    # Random rows stop early (plain column order): the register write equals the chunked one, order included.
+    rnd = torch.randn(3, 2048, generator=gen)
+    rs, re_ = torch.tensor([0, 9, 2000], dtype=torch.int32), torch.tensor([2048, 1500, 2048], dtype=torch.int32)
+    a = TritonTopK(DEFAULT).topk(rnd, rs, re_, 300)
+    b = TritonTopK(TopKConfig(bisect_reg_write=True)).topk(rnd, rs, re_, 300)
+    bad += _check("bisection early stop: register write == chunked write (order included), set == oracle",
+                  torch.equal(a, b) and torch.equal(a.sort(dim=1).values, oracle(rnd, rs, re_, 300)))
     # Candidate buffer vs its overflow fallback (tied rows: the threshold bin holds ~300 keys): one program
     # and split rows give the same output, order included, whether the bin fits the buffer or not.
     for cap in (16, 4096):
@@ -192,12 +202,12 @@ def direct() -> int:
     # Fused transform == topk then transform (both paths), and the stand-alone transform == reference.
     table = torch.randperm(64, generator=gen).to(torch.int32).reshape(2, 32)
     owner = torch.tensor([1, 0], dtype=torch.int32)
-    for split, cap in ((1, 4096), (3, 65536), (1, 16), (3, 16), (0, 0)):
+    for split, cap in ((1, 4096), (3, 65536), (1, 16), (3, 16), (0, 0), (0, -1)):
         kern = TritonTopK(TopKConfig(bisect=False, block=512, split=split, split_block=256, cand_cap=cap, split_cand_cap=cap)
-                          if cap else DEFAULT)
+                          if cap > 0 else TopKConfig(bisect_reg_write=cap < 0))
         fused = kern.topk_transform(ties, z, full, 700, table, owner, 128)
         want = ref.page_table_transform(kern.topk(ties, z, full, 700), table, owner, 128)
-        tag = f"split {split}, cap {cap}" if cap else "bisection"
+        tag = f"split {split}, cap {cap}" if cap > 0 else f"bisection, reg_write {cap < 0}"
         bad += _check(f"fused transform ({tag}) == topk then transform", torch.equal(fused, want))
     pos = torch.randint(-1, 2048, (2, 700), generator=gen, dtype=torch.int32)
     got = TritonTopK().page_table_transform(pos, table, owner, 128)

@@ -56,6 +56,7 @@ class TopKConfig:
             bit (:mod:`.topk_bisect`); longer rows take the paths above.
         bisect_keys_per_thread: keys each thread holds there (sets the warps: 32 keys -> 32 warps for 32K).
         bisect_block: columns per chunk of its final write pass.
+        bisect_reg_write: that final pass as one scan over the keys held in registers (no second read).
     """
 
     bits: int = 8
@@ -73,6 +74,7 @@ class TopKConfig:
     bisect: bool = True
     bisect_keys_per_thread: int = 32
     bisect_block: int = 1024
+    bisect_reg_write: bool = False
 
 
 def split_for(rows: int, width: int, cfg: TopKConfig, sms: int = 132) -> int:
@@ -132,7 +134,7 @@ class TritonTopK:
             from dsa_runtime.plugins.cuda_hopper.triton.topk_bisect import launch_bisect
 
             launch_bisect(x, starts, ends, out, k, table, batch, page_size, block=cfg.bisect_block,
-                          keys_per_thread=cfg.bisect_keys_per_thread)
+                          keys_per_thread=cfg.bisect_keys_per_thread, reg_write=cfg.bisect_reg_write)
             return out
         split = split_for(rows, width, cfg, _sms(dev))
         if cfg.candidates and cfg.bits == 8:

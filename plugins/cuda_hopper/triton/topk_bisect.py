@@ -10,8 +10,10 @@ soon as a prefix is matched by exactly ``k`` keys (random rows: after about ``lo
 
 The final pass is :func:`.topk_radix.write_block`'s (the row comes from L2 this time): keys above the threshold
 by ascending column, then ties by ascending column until ``k``, ``-1`` padding, and slots through the page
-table when fused. Selections and output order are identical to :func:`.topk_radix.select_row`'s. Nothing is
-sized by data and nothing syncs with the host: CUDA-graph capturable.
+table when fused. Selections are identical to :func:`.topk_radix.select_row`'s; the order inside a row is too
+when the search runs to the last bit, while an early stop makes every selected key "above" its prefix, so the
+row is in plain column order (fixed for a given input either way: deterministic). Nothing is sized by data and
+nothing syncs with the host: CUDA-graph capturable.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import triton
 import triton.language as tl
 
 from dsa_runtime.plugins.cuda_hopper.triton.topk import BISECT_MAX_WIDTH as MAX_WIDTH
-from dsa_runtime.plugins.cuda_hopper.triton.topk_radix import radix_key, write_block
+from dsa_runtime.plugins.cuda_hopper.triton.topk_radix import radix_key, to_slots, write_block
 
 
 def bisect_width(width: int) -> int:
@@ -56,7 +58,7 @@ def kth_key(key, k, live):
 def _topk_bisect_kernel(
     logits_ptr, stride_row, starts_ptr, ends_ptr, out_ptr, k,
     table_ptr, stride_table, batch_ptr, page_size,
-    WIDTH: tl.constexpr, BLOCK: tl.constexpr, FUSE: tl.constexpr,
+    WIDTH: tl.constexpr, BLOCK: tl.constexpr, FUSE: tl.constexpr, REG_WRITE: tl.constexpr = False,
 ):
     """One program per row: load the window ``[lo, hi)`` (``hi - lo <= WIDTH``) once, search, write ``[k]``."""
     r = tl.program_id(0)
@@ -78,12 +80,26 @@ def _topk_bisect_kernel(
     need = tl.where(take_all != 0, 0, k - n_gt)
     eq_base = k - need
     offs = tl.arange(0, BLOCK)
-    zero = tl.zeros([], dtype=tl.int32)
-    c_gt = zero
-    c_eq = zero
-    for c0 in range(lo, hi, BLOCK):
-        c_gt, c_eq = write_block(row_ptr, out_row, c0 + offs, hi, lo, zero, thr, take_all, need, eq_base,
-                                 c_gt, c_eq, table_row, page_size, FUSE)
+    if REG_WRITE:
+        # One scan over the registers instead of a chunked pass over memory: both ranks in one int32
+        # (above-threshold count < k <= 16384 < 2**15 in the low 15 bits, ties <= 32768 above them).
+        gt = key > thr
+        eq = (key == thr) & (take_all == 0)
+        ranks = tl.cumsum(gt.to(tl.int32) + (eq.to(tl.int32) << 15), 0)
+        eq_rank = (ranks >> 15) - 1
+        take = eq & (eq_rank < need)
+        dest = tl.where(gt, (ranks & 0x7FFF) - 1, eq_base + eq_rank)
+        val = cols - lo
+        if FUSE:
+            val = to_slots(val, table_row, page_size, gt | take)
+        tl.store(out_row + dest, val, mask=gt | take)
+    else:
+        zero = tl.zeros([], dtype=tl.int32)
+        c_gt = zero
+        c_eq = zero
+        for c0 in range(lo, hi, BLOCK):
+            c_gt, c_eq = write_block(row_ptr, out_row, c0 + offs, hi, lo, zero, thr, take_all, need, eq_base,
+                                     c_gt, c_eq, table_row, page_size, FUSE)
     filled = tl.minimum(n, k)
     for c0 in range(filled, k, BLOCK):
         idx = c0 + offs
@@ -91,9 +107,10 @@ def _topk_bisect_kernel(
 
 
 def launch_bisect(logits, starts, ends, out, k, table, batch, page_size, *, block: int = 1024,
-                  keys_per_thread: int = 32, warps: int = 0) -> None:
+                  keys_per_thread: int = 32, warps: int = 0, reg_write: bool = False) -> None:
     """One program per row over ``[R, L]`` logits with ``L <= MAX_WIDTH`` (``table``/``batch`` None: positions,
-    else slots). ``warps`` 0: :func:`bisect_warps`."""
+    else slots). ``warps`` 0: :func:`bisect_warps`; ``reg_write``: the final pass is one scan over the keys in
+    registers instead of a chunked pass over the row in memory."""
     width = logits.shape[1]
     if width > MAX_WIDTH:
         raise ValueError(f"rows of {width} columns do not fit one program (at most {MAX_WIDTH})")
@@ -105,6 +122,6 @@ def launch_bisect(logits, starts, ends, out, k, table, batch, page_size, *, bloc
         stride_table = table.stride(0)
     _topk_bisect_kernel[(logits.shape[0],)](
         logits, logits.stride(0), starts, ends, out, k, table, stride_table, batch, page_size,
-        WIDTH=block_width, BLOCK=min(block, block_width), FUSE=fuse,
+        WIDTH=block_width, BLOCK=min(block, block_width), FUSE=fuse, REG_WRITE=reg_write,
         num_warps=warps or bisect_warps(block_width, keys_per_thread),
     )
