@@ -115,8 +115,28 @@ def detect_generation(module: ModuleType) -> str:
     )
 
 
+def share_cxx_runtime() -> None:
+    """Put the process's ``libstdc++`` in the global symbol scope before ``deep_gemm``'s extension loads.
+
+    ``deep_gemm/_C.so`` also defines libstdc++'s locale symbols (``std::collate<char>::id``,
+    ``std::locale::classic``), and the libstdc++ that torch pulled in is only in torch's local scope, so the
+    extension binds to its own copies: its ``std::regex`` (the JIT's include parser) then looks up a facet with
+    an id the process's locale never registered and jumps through a wrong vtable slot. On the lent H100 and H200
+    (torch 2.11 cu130, g++ 13) every JIT call died that way with SIGSEGV inside ``collate<char>::transform``;
+    preloading libstdc++ made the same calls pass (2026-11-23). Re-opening the already loaded library with
+    ``RTLD_GLOBAL`` promotes it to the global scope, which is what the preload did. A missing library is no
+    error (then nothing was loaded that could clash)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libstdc++.so.6", mode=ctypes.RTLD_GLOBAL)
+    except OSError:
+        pass
+
+
 @functools.lru_cache(maxsize=1)
 def load_api() -> DeepGEMMAPI:
     """Import ``deep_gemm`` (once) and detect its generation; ImportError with the reason if unusable."""
+    share_cxx_runtime()
     module = importlib.import_module("deep_gemm")
     return DeepGEMMAPI(module, detect_generation(module))

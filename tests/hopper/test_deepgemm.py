@@ -339,3 +339,15 @@ def test_adapter_hands_deepgemm_what_it_trusts(generation):
     odd = big[off : off + cache.numel()].view(pages, -1)
     with pytest.raises(ValueError, match="16-byte aligned"):
         DeepGEMMIndexer(api).logits_paged(qp, wp, odd, lens, table, 192)
+
+
+def test_share_cxx_runtime_puts_libstdcxx_locale_symbols_in_the_global_scope():
+    """deep_gemm's extension must bind std::locale's symbols to the process's libstdc++ (the JIT's std::regex
+    crashed otherwise): after the call they resolve through the global scope (dlsym(RTLD_DEFAULT))."""
+    import ctypes
+
+    from dsa_runtime.plugins.cuda_hopper.deepgemm_api import share_cxx_runtime
+
+    share_cxx_runtime()
+    share_cxx_runtime()  # idempotent
+    assert hasattr(ctypes.CDLL(None), "_ZNSt6locale7classicEv")

@@ -156,6 +156,10 @@ def main_child(name: str) -> int:
     faulthandler.enable()
     _unbuffered_c_stdout()
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    if os.environ.get("DSA_DG_SHARE_CXX", "1") == "1":  # 0 reproduces the std::regex crash (docs/hopper.md)
+        from dsa_runtime.plugins.cuda_hopper.deepgemm_api import share_cxx_runtime
+
+        share_cxx_runtime()
     from diag_deepgemm_steps import STEPS  # the child alone imports torch and deep_gemm
 
     try:
