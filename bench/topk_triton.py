@@ -35,9 +35,13 @@ K = 2048
 NO_BISECT = {"bisect": False}
 CONFIGS = {
     "bisect": TopKConfig(),
-    "bisect_k16": TopKConfig(bisect_keys_per_thread=16),
     "bisect_k64": TopKConfig(bisect_keys_per_thread=64),
-    "bisect_blk2048": TopKConfig(bisect_block=2048),
+    "bisect_regs": TopKConfig(bisect_reg_write=True),
+    "bisect_regs_k64": TopKConfig(bisect_reg_write=True, bisect_keys_per_thread=64),
+    "bisect_1prog": TopKConfig(bisect_split=1),
+    "bisect_1prog_regs_k64": TopKConfig(bisect_split=1, bisect_reg_write=True, bisect_keys_per_thread=64),
+    "bisect_s4": TopKConfig(bisect_split=4),
+    "bisect_s4_k64": TopKConfig(bisect_split=4, bisect_keys_per_thread=64),
     "cand": TopKConfig(**NO_BISECT),
     "cand_blk4096": TopKConfig(block=4096, split_block=4096, **NO_BISECT),
     "cand_blk8192_w16": TopKConfig(block=8192, warps=16, split_block=4096, split_warps=8, **NO_BISECT),
@@ -53,7 +57,7 @@ CONFIGS = {
 }
 # Left out of --quick: b11 measured slow on the H100 (2048-bin histograms); the candidate-search variants that
 # differ only for rows <= 32K (now the bisection's) or lost every shape in the 2026-11-23 sweep.
-QUICK_SKIP = ("b11_full", "cand_blk4096", "cand_blk8192_w16", "cand_fin4096_w16", "cand_cap8k", "cand_slice16k")
+QUICK_SKIP = ("b11_full", "cand_blk4096", "cand_slice2k", "cand_blk1024_w4", "cand_fin2048_w8", "cand_blk8192_w16", "cand_fin4096_w16", "cand_cap8k", "cand_slice16k")
 DEFAULT = "bisect"
 SHAPES = [(64, 32768), (1, 131072), (64, 131072), (4096, 8192)]
 KINDS = ("random", "ties", "neginf")

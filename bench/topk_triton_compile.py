@@ -21,6 +21,7 @@ sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
 from indexer_triton_compile import compile_report  # noqa: E402
 
 from dsa_runtime.plugins.cuda_hopper.triton import topk_bisect as tb
+from dsa_runtime.plugins.cuda_hopper.triton import topk_bisect_split as tbs
 from dsa_runtime.plugins.cuda_hopper.triton import topk_cand as tc
 from dsa_runtime.plugins.cuda_hopper.triton import topk_radix as tr
 from dsa_runtime.plugins.cuda_hopper.triton import topk_slots as tsl
@@ -99,6 +100,16 @@ def variants():
         for fuse in (False, True):
             yield (f"bisect W{width} w{warps} fuse{fuse}", tb._topk_bisect_kernel, rows,
                    {"WIDTH": width, "BLOCK": min(1024, width), "FUSE": fuse}, warps)
+    for width, warps in ((8192, 8), (16384, 16), (32768, 32)):
+        yield (f"bisect regs W{width} w{warps}", tb._topk_bisect_kernel, rows,
+               {"WIDTH": width, "BLOCK": 1024, "FUSE": True, "REG_WRITE": True}, warps)
+        sl = {"logits_ptr": P32, "stride_row": I32, "starts_ptr": IP, "ends_ptr": IP, "ckey_ptr": IP, "ccol_ptr": IP,
+              "k": I32, "S": I32, "SLICE": I32}
+        yield f"bisect-slice W{width} w{warps}", tbs._slice_kernel, sl, {"WIDTH": width, "BLOCK": 1024}, warps
+        mg = {"ckey_ptr": IP, "ccol_ptr": IP, "starts_ptr": IP, "out_ptr": IP, "k": I32, "SK": I32, **TABLE}
+        for fuse in (False, True):
+            yield (f"bisect-merge W{width} w{warps} fuse{fuse}", tbs._merge_kernel, mg,
+                   {"WIDTH": width, "BLOCK": 1024, "FUSE": fuse}, warps)
     yield ("bisect ints=1", tb._topk_bisect_kernel, {a: t for a, t in rows.items() if a not in ("k", "page_size")},
            {"k": 1, "page_size": 1, "WIDTH": 8192, "BLOCK": 1024, "FUSE": True}, 8)
     slots = {"pos_ptr": IP, "stride_pos": I32, "table_ptr": IP, "stride_table": I32, "batch_ptr": IP, "out_ptr": IP,
@@ -113,7 +124,7 @@ def main() -> int:
         if only and only not in name:
             continue
         res = comp(fn, sig, consts, warps)
-        if fn is tb._topk_bisect_kernel and res.startswith("ok"):  # register-resident: spills matter
+        if fn in (tb._topk_bisect_kernel, tbs._slice_kernel, tbs._merge_kernel) and res.startswith("ok"):  # register-resident: spills matter
             res = compile_report(fn, sig, consts, warps, 3)
         print(f"{name}: {res}", flush=True)
         bad += res.startswith("FAILED")

@@ -126,12 +126,11 @@ def share_cxx_runtime() -> None:
     preloading libstdc++ made the same calls pass (2026-11-23). Re-opening the already loaded library with
     ``RTLD_GLOBAL`` promotes it to the global scope, which is what the preload did. A missing library is no
     error (then nothing was loaded that could clash)."""
+    import contextlib
     import ctypes
 
-    try:
+    with contextlib.suppress(OSError):
         ctypes.CDLL("libstdc++.so.6", mode=ctypes.RTLD_GLOBAL)
-    except OSError:
-        pass
 
 
 @functools.lru_cache(maxsize=1)

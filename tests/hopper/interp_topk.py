@@ -171,6 +171,17 @@ def direct() -> int:
     b = TritonTopK(TopKConfig(bisect_reg_write=True)).topk(rnd, rs, re_, 300)
     bad += _check("bisection early stop: register write == chunked write (order included), set == oracle",
                   torch.equal(a, b) and torch.equal(a.sort(dim=1).values, oracle(rnd, rs, re_, 300)))
+    # Several programs per row (each slice's top-k, then a merge): exact on every kind of row, windows that
+    # leave slices empty or shorter than k, and the tie order of the one-program search (ties to lower columns).
+    for name, rows_x in (("random", x), ("mostly -inf", neg), ("NaN", nan), ("-FLT_MAX/-inf/NaN", mixed)):
+        for split, kk in ((2, 16), (3, 200), (7, 40)):
+            got = TritonTopK(TopKConfig(bisect_split=split)).topk(rows_x, s, e, kk)
+            bad += _check(f"bisect split {split}, {name}, k {kk}", torch.equal(got.sort(dim=1).values,
+                                                                               oracle(rows_x, s, e, kk)))
+    one_t = TritonTopK(TopKConfig(bisect_split=1)).topk(ties, z, full, 700)
+    for split in (2, 3):
+        got = TritonTopK(TopKConfig(bisect_split=split)).topk(ties, z, full, 700)
+        bad += _check(f"bisect split {split} on tied rows == one program (order included)", torch.equal(got, one_t))
     # Candidate buffer vs its overflow fallback (tied rows: the threshold bin holds ~300 keys): one program
     # and split rows give the same output, order included, whether the bin fits the buffer or not.
     for cap in (16, 4096):
@@ -199,15 +210,17 @@ def direct() -> int:
     bad += _check("20 runs identical (one program)", all(torch.equal(r, runs[0]) for r in runs))
     runs = [TritonTopK(DEFAULT).topk(small, zs, fs, 100) for _ in range(20)]
     bad += _check("20 runs identical (bisection)", all(torch.equal(r, runs[0]) for r in runs))
+    runs = [TritonTopK(TopKConfig(bisect_split=2)).topk(small, zs, fs, 100) for _ in range(20)]
+    bad += _check("20 runs identical (bisection, split 2)", all(torch.equal(r, runs[0]) for r in runs))
     # Fused transform == topk then transform (both paths), and the stand-alone transform == reference.
     table = torch.randperm(64, generator=gen).to(torch.int32).reshape(2, 32)
     owner = torch.tensor([1, 0], dtype=torch.int32)
-    for split, cap in ((1, 4096), (3, 65536), (1, 16), (3, 16), (0, 0), (0, -1)):
+    for split, cap in ((1, 4096), (3, 65536), (1, 16), (3, 16), (1, 0), (1, -1), (3, 0)):
         kern = TritonTopK(TopKConfig(bisect=False, block=512, split=split, split_block=256, cand_cap=cap, split_cand_cap=cap)
-                          if cap > 0 else TopKConfig(bisect_reg_write=cap < 0))
+                          if cap > 0 else TopKConfig(bisect_reg_write=cap < 0, bisect_split=split))
         fused = kern.topk_transform(ties, z, full, 700, table, owner, 128)
         want = ref.page_table_transform(kern.topk(ties, z, full, 700), table, owner, 128)
-        tag = f"split {split}, cap {cap}" if cap > 0 else f"bisection, reg_write {cap < 0}"
+        tag = f"split {split}, cap {cap}" if cap > 0 else f"bisection split {split}, reg_write {cap < 0}"
         bad += _check(f"fused transform ({tag}) == topk then transform", torch.equal(fused, want))
     pos = torch.randint(-1, 2048, (2, 700), generator=gen, dtype=torch.int32)
     got = TritonTopK().page_table_transform(pos, table, owner, 128)

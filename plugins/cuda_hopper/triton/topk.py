@@ -57,6 +57,11 @@ class TopKConfig:
         bisect_keys_per_thread: keys each thread holds there (sets the warps: 32 keys -> 32 warps for 32K).
         bisect_block: columns per chunk of its final write pass.
         bisect_reg_write: that final pass as one scan over the keys held in registers (no second read).
+        bisect_split: slices per row for :mod:`.topk_bisect_split` (each slice's top-k, then a merge): 0 chooses
+            (:func:`.topk_bisect_split.bisect_split_for`: few rows spread over the SMs, rows over 32K cut into
+            32K slices), 1 never splits.
+        bisect_merge_max: most candidates (slices x k) one merge program takes; rows needing more take the
+            radix paths.
     """
 
     bits: int = 8
@@ -75,6 +80,8 @@ class TopKConfig:
     bisect_keys_per_thread: int = 32
     bisect_block: int = 1024
     bisect_reg_write: bool = False
+    bisect_split: int = 0
+    bisect_merge_max: int = 8192
 
 
 def split_for(rows: int, width: int, cfg: TopKConfig, sms: int = 132) -> int:
@@ -130,12 +137,22 @@ class TritonTopK:
             table = table.to(device=dev, dtype=torch.int32).contiguous()
             batch = batch.to(device=dev, dtype=torch.int32).contiguous()  # type: ignore[union-attr]
         cfg = self.config
-        if cfg.bisect and width <= BISECT_MAX_WIDTH:
-            from dsa_runtime.plugins.cuda_hopper.triton.topk_bisect import launch_bisect
+        if cfg.bisect:
+            from dsa_runtime.plugins.cuda_hopper.triton.topk_bisect_split import bisect_split_for
 
-            launch_bisect(x, starts, ends, out, k, table, batch, page_size, block=cfg.bisect_block,
-                          keys_per_thread=cfg.bisect_keys_per_thread, reg_write=cfg.bisect_reg_write)
-            return out
+            split = cfg.bisect_split or bisect_split_for(rows, width, k, _sms(dev), cfg.bisect_merge_max)
+            if split == 1 and width <= BISECT_MAX_WIDTH:
+                from dsa_runtime.plugins.cuda_hopper.triton.topk_bisect import launch_bisect
+
+                launch_bisect(x, starts, ends, out, k, table, batch, page_size, block=cfg.bisect_block,
+                              keys_per_thread=cfg.bisect_keys_per_thread, reg_write=cfg.bisect_reg_write)
+                return out
+            if split > 1 and split * k <= BISECT_MAX_WIDTH and -(-width // split) <= BISECT_MAX_WIDTH:
+                from dsa_runtime.plugins.cuda_hopper.triton.topk_bisect_split import launch_bisect_split
+
+                launch_bisect_split(x, starts, ends, out, k, table, batch, page_size, split=split,
+                                    keys_per_thread=cfg.bisect_keys_per_thread, block=cfg.bisect_block)
+                return out
         split = split_for(rows, width, cfg, _sms(dev))
         if cfg.candidates and cfg.bits == 8:
             from dsa_runtime.plugins.cuda_hopper.triton.topk_cand import launch_cand_rows, launch_cand_split

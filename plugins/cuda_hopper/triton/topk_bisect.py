@@ -55,6 +55,20 @@ def kth_key(key, k, live):
 
 
 @triton.jit
+def rank_selected(key, thr, take_all, need):
+    """Where each selected key goes in a ``[k]`` row: keys above ``thr`` at ``[0, k - need)``, then the first
+    ``need`` keys equal to it, each group in tensor order. Returns ``(dest, selected)``. One packed scan: the
+    above-threshold count (< k <= 16384) in the low 15 bits, the tie count (<= 32768) above them."""
+    gt = key > thr
+    eq = (key == thr) & (take_all == 0)
+    ranks = tl.cumsum(gt.to(tl.int32) + (eq.to(tl.int32) << 15), 0)
+    n_gt = tl.sum(gt.to(tl.int32), 0)
+    eq_rank = (ranks >> 15) - 1
+    take = eq & (eq_rank < need)
+    return tl.where(gt, (ranks & 0x7FFF) - 1, n_gt + eq_rank), gt | take
+
+
+@triton.jit
 def _topk_bisect_kernel(
     logits_ptr, stride_row, starts_ptr, ends_ptr, out_ptr, k,
     table_ptr, stride_table, batch_ptr, page_size,
@@ -80,19 +94,12 @@ def _topk_bisect_kernel(
     need = tl.where(take_all != 0, 0, k - n_gt)
     eq_base = k - need
     offs = tl.arange(0, BLOCK)
-    if REG_WRITE:
-        # One scan over the registers instead of a chunked pass over memory: both ranks in one int32
-        # (above-threshold count < k <= 16384 < 2**15 in the low 15 bits, ties <= 32768 above them).
-        gt = key > thr
-        eq = (key == thr) & (take_all == 0)
-        ranks = tl.cumsum(gt.to(tl.int32) + (eq.to(tl.int32) << 15), 0)
-        eq_rank = (ranks >> 15) - 1
-        take = eq & (eq_rank < need)
-        dest = tl.where(gt, (ranks & 0x7FFF) - 1, eq_base + eq_rank)
+    if REG_WRITE:  # one scan over the registers instead of a chunked pass over memory
+        dest, sel = rank_selected(key, thr, take_all, need)
         val = cols - lo
         if FUSE:
-            val = to_slots(val, table_row, page_size, gt | take)
-        tl.store(out_row + dest, val, mask=gt | take)
+            val = to_slots(val, table_row, page_size, sel)
+        tl.store(out_row + dest, val, mask=sel)
     else:
         zero = tl.zeros([], dtype=tl.int32)
         c_gt = zero

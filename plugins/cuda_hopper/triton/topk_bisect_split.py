@@ -1,0 +1,138 @@
+"""Exact top-k over several programs per row: each slice's own top-k, then one merge (Triton).
+
+A few rows leave most SMs idle under :mod:`.topk_bisect` (one program per row), and rows longer than 32K do
+not fit one program's registers. Here a row's window is cut into ``S`` slices of at most 32K columns; program
+``(r, j)`` selects slice ``j``'s top-k exactly as :mod:`.topk_bisect` does (one read into registers, the
+bit-by-bit search) and writes its keys and absolute columns to a ``[R, S, k]`` candidate buffer (``INT_MIN``
+keys pad a short slice). One program per row then selects the top-k of the row's ``S * k`` candidates.
+
+Why it is exact: every key of the row's top-k is in its own slice's top-k (the same total order: larger key
+first, then the lower column), so the candidates hold the whole answer. Ties at the row's threshold go to the
+lower column: each slice lists the keys equal to any given value in column order, and slices come in column
+order, so the merge's candidate order breaks ties as the row's column order does. Output order is fixed for a
+given input (keys above the threshold, then the threshold's ties, each in candidate order): deterministic.
+Buffers are sized by shapes only and nothing syncs with the host (CUDA-graph capturable).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from dsa_runtime.plugins.cuda_hopper.triton.topk import BISECT_MAX_WIDTH as MAX_WIDTH
+from dsa_runtime.plugins.cuda_hopper.triton.topk_bisect import (
+    bisect_warps,
+    bisect_width,
+    kth_key,
+    rank_selected,
+)
+from dsa_runtime.plugins.cuda_hopper.triton.topk_radix import radix_key, to_slots
+
+INT_MIN = tl.constexpr(-2147483648)
+
+
+SLICE_MAX = 16384  # the slice kernel's one-scan write spills at 32K columns (sm_90: 232 bytes); 16K: 40 bytes
+
+
+def bisect_split_for(rows: int, width: int, k: int, sms: int, merge_max: int = 8192) -> int:
+    """Slices per row: enough for slices of at most :data:`SLICE_MAX` columns when the row exceeds
+    :data:`MAX_WIDTH`, then doubled while the rows leave SMs idle and each slice stays at least
+    ``max(2k, 4096)`` wide; 1 when one program per row is best; 0 when the candidates of the slices a row needs
+    (``S * k``) exceed ``merge_max`` (another search must take the row)."""
+    s = 1
+    while width > MAX_WIDTH and s * SLICE_MAX < width:
+        s *= 2
+    while rows * s * 2 <= sms and width // (s * 2) >= max(2 * k, 4096) and s * 2 * k <= merge_max:
+        s *= 2
+    if s > 1 and s * k > merge_max:
+        return 0
+    return s
+
+
+@triton.jit
+def _slice_kernel(
+    logits_ptr, stride_row, starts_ptr, ends_ptr, ckey_ptr, ccol_ptr, k, S, SLICE,
+    WIDTH: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Program ``(r, j)``: the top-k of columns ``[lo + j * SLICE, min(hi, lo + (j + 1) * SLICE))`` as keys and
+    absolute columns in ``[r, j, :]`` (``INT_MIN`` keys past the slice's own count)."""
+    r = tl.program_id(0)
+    j = tl.program_id(1)
+    lo = tl.load(starts_ptr + r).to(tl.int32)
+    hi = tl.load(ends_ptr + r).to(tl.int32)
+    a = lo + j * SLICE
+    b = tl.minimum(hi, a + SLICE)
+    n = tl.maximum(b - a, 0)
+    cols = a + tl.arange(0, WIDTH)
+    inside = cols < b
+    x = tl.load(logits_ptr + r.to(tl.int64) * stride_row + cols, mask=inside, other=0.0)
+    key = tl.where(inside, radix_key(x), INT_MIN)
+    take_all = (n <= k).to(tl.int32)
+    thr = kth_key(key, k, take_all == 0)
+    need = tl.where(take_all != 0, 0, k - tl.sum((key > thr).to(tl.int32), 0))
+    dest, sel = rank_selected(key, thr, take_all, need)
+    base = (r.to(tl.int64) * S + j) * k
+    tl.store(ckey_ptr + base + dest, key, mask=sel)
+    tl.store(ccol_ptr + base + dest, cols, mask=sel)
+    offs = tl.arange(0, BLOCK)
+    for c0 in range(tl.minimum(n, k), k, BLOCK):
+        idx = c0 + offs
+        tl.store(ckey_ptr + base + idx, tl.full([BLOCK], INT_MIN, tl.int32), mask=idx < k)
+
+
+@triton.jit
+def _merge_kernel(
+    ckey_ptr, ccol_ptr, starts_ptr, out_ptr, k, SK,
+    table_ptr, stride_table, batch_ptr, page_size,
+    WIDTH: tl.constexpr, BLOCK: tl.constexpr, FUSE: tl.constexpr,
+):
+    """Program ``r``: the top-k of the row's ``SK = S * k`` candidates -> ``[k]`` row-relative positions (slots
+    when ``FUSE``), ``-1`` padded."""
+    r = tl.program_id(0)
+    lo = tl.load(starts_ptr + r).to(tl.int32)
+    out_row = out_ptr + r.to(tl.int64) * k
+    offs = tl.arange(0, WIDTH)
+    inside = offs < SK
+    base = r.to(tl.int64) * SK
+    key = tl.load(ckey_ptr + base + offs, mask=inside, other=INT_MIN)
+    n = tl.sum((key != INT_MIN).to(tl.int32), 0)
+    take_all = (n <= k).to(tl.int32)
+    thr = kth_key(key, k, take_all == 0)
+    need = tl.where(take_all != 0, 0, k - tl.sum((key > thr).to(tl.int32), 0))
+    dest, sel = rank_selected(key, thr, take_all, need)
+    val = tl.load(ccol_ptr + base + offs, mask=sel, other=0) - lo
+    if FUSE:
+        table_row = table_ptr + tl.load(batch_ptr + r).to(tl.int64) * stride_table
+        val = to_slots(val, table_row, page_size, sel)
+    tl.store(out_row + dest, val, mask=sel)
+    wo = tl.arange(0, BLOCK)
+    for c0 in range(tl.minimum(n, k), k, BLOCK):
+        idx = c0 + wo
+        tl.store(out_row + idx, tl.full([BLOCK], -1, tl.int32), mask=idx < k)
+
+
+def launch_bisect_split(logits, starts, ends, out, k, table, batch, page_size, *, split: int,
+                        keys_per_thread: int = 32, block: int = 1024) -> None:
+    """``split`` programs per row, then one merge program per row (two launches)."""
+    rows, width = logits.shape
+    slice_w = -(-width // split)
+    if slice_w > MAX_WIDTH or split * k > MAX_WIDTH:
+        raise ValueError(f"{split} slices of {width} columns with k = {k} do not fit one program each")
+    dev = logits.device
+    cand = torch.empty((2, rows, split, k), dtype=torch.int32, device=dev)  # keys, absolute columns
+    w1 = bisect_width(slice_w)
+    _slice_kernel[(rows, split)](
+        logits, logits.stride(0), starts, ends, cand[0], cand[1], k, split, slice_w,
+        WIDTH=w1, BLOCK=min(block, w1), num_warps=bisect_warps(w1, keys_per_thread),
+    )
+    fuse = table is not None
+    if not fuse:
+        table, batch, stride_table, page_size = out, starts, 0, 1
+    else:
+        stride_table = table.stride(0)
+    w2 = bisect_width(split * k)
+    _merge_kernel[(rows,)](
+        cand[0], cand[1], starts, out, k, split * k, table, stride_table, batch, page_size,
+        WIDTH=w2, BLOCK=min(block, w2), FUSE=fuse, num_warps=bisect_warps(w2, keys_per_thread),
+    )

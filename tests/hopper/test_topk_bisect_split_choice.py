@@ -1,0 +1,27 @@
+"""How many programs the register-resident top-k gives each row (pure host arithmetic, no GPU)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.hopper.interp_support import NEEDS_INTERPRETER
+
+pytestmark = NEEDS_INTERPRETER  # the module imports triton
+
+
+@pytest.mark.parametrize(
+    ("rows", "width", "k", "want"),
+    [
+        (64, 32768, 2048, 2),  # 64 rows on 132 SMs: two slices each, merge 4096 candidates
+        (4096, 8192, 2048, 1),  # rows fill the GPU
+        (16, 32768, 2048, 4),  # slices stop at 8K (>= max(2k, 4096)) and merge_max 8192
+        (1, 131072, 2048, 0),  # 8 slices of 16K would need 16384 candidates: the radix paths take it
+        (64, 131072, 2048, 0),
+        (8, 65536, 1024, 8),  # 16K slices, 8 x 1024 candidates
+        (64, 32768, 8192, 1),  # k too large to split
+    ],
+)
+def test_bisect_split_for(rows, width, k, want):
+    from dsa_runtime.plugins.cuda_hopper.triton.topk_bisect_split import bisect_split_for
+
+    assert bisect_split_for(rows, width, k, 132) == want
