@@ -188,16 +188,31 @@ def test_bad_inputs_are_one_line_errors():
                     0.1, layout="fp8_656")
 
 
-@pytest.mark.skipif(not HAS_TILELANG, reason="tilelang is not installed (CI does not install it; pip install "
-                    "'dsa-runtime[hopper]' to run this lowering check)")
-def test_program_lowers_to_sm90a_cuda_source():
-    from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import (
-        DEFAULT_CONFIG,
-        cuda_source,
-        source_problems,
-    )
+NO_TILELANG = pytest.mark.skipif(not HAS_TILELANG, reason="tilelang is not installed (CI does not install it; "
+                                 "pip install 'dsa-runtime[hopper]' to run this lowering check)")
 
-    src, smem = cuda_source(64, 128, 0.135234, DEFAULT_CONFIG)
-    assert "__global__" in src and "sparse_mla_pipe" in src
+
+@NO_TILELANG
+@pytest.mark.parametrize(("variant", "split"), [("pipe", False), ("ws", True)])
+def test_program_lowers_to_sm90a_cuda_source(variant, split):
+    from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import CANDIDATES, cuda_source, source_problems
+
+    cfg = next(c for c in CANDIDATES if c.variant == variant)
+    src, smem = cuda_source(64, 192, 0.135234, cfg, split)  # 3 chunks: the ws ring's odd tail
+    assert "__global__" in src and f"sparse_mla_{variant}" in src
     assert source_problems(src) == []
+    assert ("float* __restrict__ Out" in src) == split  # split partials are fp32
     assert 0 < smem <= 227 * 1024  # fits an H100's shared memory per block
+
+
+def test_bad_launch_shapes_are_refused():
+    from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import TLConfig, check_shape
+
+    with pytest.raises(ValueError, match="multiples of 64"):
+        check_shape(96, 128, TLConfig())
+    with pytest.raises(ValueError, match="multiple of block_i"):
+        check_shape(64, 96, TLConfig())
+    with pytest.raises(ValueError, match="384 threads"):
+        check_shape(64, 128, TLConfig(variant="ws"))
+    with pytest.raises(ValueError, match="unknown"):
+        check_shape(64, 128, TLConfig(variant="fast"))

@@ -58,6 +58,7 @@ CANDIDATES = (
     TLConfig(block_i=64, num_stages=1),
     TLConfig(block_i=32, num_stages=2),
     TLConfig(block_i=32, num_stages=3),
+    TLConfig(block_i=64, num_stages=2, threads=384, variant="ws"),
 )
 
 
@@ -195,8 +196,11 @@ def source_problems(src: str) -> list[str]:
     gathers = re.findall(r"cp_async_gs(?:_conditional)?<16>\([^;]*KV\[[^;]*;", src)
     if not gathers:
         out.append("KV rows are not gathered with cp.async")
+    # The pipe schedule's predicate reads the index in place; the ws one names it (bool ok = 0 <= row < n_kv).
+    named = re.search(r"bool ok = \(\(0 <= row\) && \(row < n_kv\)\);", src) is not None
     for g in gathers:
-        if "cp_async_gs_conditional" not in g or "0 <= Idx" not in g or "< n_kv" not in g:
+        guarded = "< n_kv" in g and ("0 <= Idx" in g or (named and "(ok &&" in g))
+        if "cp_async_gs_conditional" not in g or not guarded:
             out.append("a KV gather is not predicated on 0 <= index < n_kv (a -1 would be read)")
             break
     return out
