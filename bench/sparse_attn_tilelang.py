@@ -31,7 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import bf16_matmul_ceiling_tflops, time_ms, write_json  # noqa: E402
 
 from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_attn import TileLangSparseAttn, plan_splits  # noqa: E402
-from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import CANDIDATES, DEFAULT_CONFIG, flops  # noqa: E402
+from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import (  # noqa: E402
+    CANDIDATES,
+    DEFAULT_CONFIG,
+    flops,
+    precompile,
+)
 from dsa_runtime.reference.sparse_attn import ReferenceSparseAttn  # noqa: E402
 from dsa_runtime.testing.compare import out_and_lse  # noqa: E402
 from dsa_runtime.testing.tolerances import tolerance  # noqa: E402
@@ -82,15 +87,32 @@ def check(name: str, got, want) -> bool:
     return msg is None
 
 
+CHECK_SHAPES = [(3, 300, 64, 64), (3, 300, 128, 128), (512, 4096, 128, 2048), (512, 3000, 64, 2048)]
+
+
+def warm(configs, quick: bool) -> None:
+    """Compile every kernel this run uses up front, in parallel (a cold compile takes tens of seconds each)."""
+    keys = []
+    for _t, _s, heads, k in CHECK_SHAPES[2:3] if quick else CHECK_SHAPES:
+        for cfg in configs if k == 2048 and heads == 128 else configs[:1]:
+            keys.append((heads, k, SCALE, TileLangSparseAttn(config=cfg)._config(k), False))
+    for rows in (4, 64):
+        n = plan_splits(rows, 128, K) if rows == 4 else 1
+        keys.append((128, K // n, SCALE, DEFAULT_CONFIG, n > 1))
+    keys.append((128, K // 2, SCALE, DEFAULT_CONFIG, True))  # decode timed with 2 splits
+    t0 = time.time()
+    errors = precompile(keys)
+    for key, why in errors.items():
+        print(f"  compile FAILED heads {key[0]} k {key[1]} {key[3].label()} split {key[4]}: {why}", flush=True)
+    print(f"compiled {len(set(keys))} kernels in {time.time() - t0:.0f} s ({len(errors)} failed)", flush=True)
+
+
 def correctness(gen: torch.Generator, configs, quick: bool) -> bool:
     ok = True
-    shapes = [(3, 300, 64, 64), (3, 300, 128, 128), (512, 4096, 128, 2048), (512, 3000, 64, 2048)]
-    if quick:
-        shapes = shapes[2:3]
-    for t, s, heads, k in shapes:
+    for t, s, heads, k in CHECK_SHAPES[2:3] if quick else CHECK_SHAPES:
         q, kv, idx = prefill_case(gen, t, s, heads, k)
         want = REF.prefill(q[:64], kv, idx[:64], SCALE)  # the reference on the first rows (keeps it quick)
-        for cfg in configs if (t, k) == (512, 2048) else configs[:1]:
+        for cfg in configs if (heads, k) == (128, 2048) else configs[:1]:
             poison_allocator(4 * t * heads * 512 * 2)
             got = TileLangSparseAttn(config=cfg).prefill(q, kv, idx, SCALE)
             torch.cuda.synchronize()
@@ -193,6 +215,7 @@ def main() -> int:
     start = time.time()
     gen = torch.Generator(device="cuda").manual_seed(0)
     configs = [DEFAULT_CONFIG] if args.quick else list(CANDIDATES)
+    warm(configs, args.quick)
     ok = True if args.no_check else correctness(gen, configs, args.quick)
     print(f"correctness {'PASS' if ok else 'FAIL'} ({time.time() - start:.0f} s)", flush=True)
     ceiling = bf16_matmul_ceiling_tflops()

@@ -215,6 +215,25 @@ def compiled(heads: int, k: int, sm_scale: float, cfg: TLConfig, split: bool = F
     return tilelang.compile(program(heads, k, sm_scale, cfg, split), target=target, pass_configs=PASS_CONFIGS)
 
 
+def precompile(keys: list[tuple[int, int, float, TLConfig, bool]], workers: int = 8) -> dict[tuple, str]:
+    """Compile the kernels of ``keys`` (``(heads, k, sm_scale, config, split)``) in parallel threads (TileLang's
+    lowering releases the GIL and nvcc is a subprocess); returns the error of each key that failed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    unique = list(dict.fromkeys(keys))
+    errors: dict[tuple, str] = {}
+
+    def one(key: tuple) -> None:
+        try:
+            compiled(*key)
+        except Exception as exc:  # noqa: BLE001 - reported per key; the caller decides
+            errors[key] = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:300]
+
+    with ThreadPoolExecutor(max(1, min(workers, len(unique)))) as pool:
+        list(pool.map(one, unique))
+    return errors
+
+
 def flops(tokens: int, heads: int, k: int) -> int:
     """``2 * H * (576 + 512) * K`` per query row: the two GEMMs (scores and ``P @ V``)."""
     return 2 * tokens * heads * (D_QK + D_LATENT) * k
