@@ -111,6 +111,8 @@ class TileLangSparseAttn:
         if width != D_QK or kv.dim() != 2 or kv.shape[-1] != D_QK:
             raise ValueError(f"tilelang sparse MLA needs q [T, H, {D_QK}] and kv [S, {D_QK}], got "
                              f"{tuple(q.shape)} and {tuple(kv.shape)}")
+        if indices.dim() != 2 or indices.shape[0] != rows:
+            raise ValueError(f"tilelang sparse MLA needs indices [T, K] with T = {rows}, got {tuple(indices.shape)}")
         if q.dtype != torch.bfloat16 or kv.dtype != torch.bfloat16:
             raise ValueError(f"tilelang sparse MLA runs bf16 q and kv, got {q.dtype} and {kv.dtype}")
         out_dtype = torch.float32 if split else torch.bfloat16
@@ -167,7 +169,7 @@ class TileLangSparseAttn:
 
         # Split s of row r is row (s, r) of a problem with n * rows rows and k / n indices each.
         sq = flat_q.unsqueeze(0).expand(n, rows, heads, D_QK).reshape(n * rows, heads, D_QK)
-        sidx = flat_idx.view(rows, n, k // n).transpose(0, 1).reshape(n * rows, k // n)
+        sidx = flat_idx.reshape(rows, n, k // n).transpose(0, 1).reshape(n * rows, k // n)
         part, part_lse = self._run(sq, flat_kv, sidx, sm_scale, split=True)
         out, lse = combine_splits(part.view(n, rows, heads, D_V), part_lse.view(n, rows, heads))
         return out.view(b, n_q, heads, D_V), lse.view(b, n_q, heads)
