@@ -216,3 +216,35 @@ def test_bad_launch_shapes_are_refused():
         check_shape(64, 128, TLConfig(variant="ws"))
     with pytest.raises(ValueError, match="unknown"):
         check_shape(64, 128, TLConfig(variant="fast"))
+
+
+def test_gpu_bench_script_plumbing_runs_on_cpu(tmp_path):
+    """bench/sparse_attn_tilelang.py --dry-run: the lead's GPU script end to end at tiny sizes, the reference
+    standing in for the kernel (a typo there would otherwise cost a GPU run)."""
+    import json
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "bench" / "sparse_attn_tilelang.py"
+    out = tmp_path / "dry.json"
+    run = subprocess.run([sys.executable, str(script), "--dry-run", "--out", str(out)], capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["checks_ok"] is True and "FAIL" not in run.stdout
+    labels = {r["label"] for r in result["rows"]}
+    assert any(lbl.startswith("tilelang ws_") for lbl in labels) and any("splits" in lbl for lbl in labels)
+
+
+def test_launch_shape_from_the_environment(monkeypatch):
+    from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import CANDIDATES, DEFAULT_CONFIG
+
+    monkeypatch.delenv(tl_attn.CONFIG_ENV, raising=False)
+    assert tl_attn.TileLangSparseAttn()._config(2048) == DEFAULT_CONFIG
+    ws = next(c for c in CANDIDATES if c.variant == "ws")
+    monkeypatch.setenv(tl_attn.CONFIG_ENV, ws.label())
+    assert tl_attn.TileLangSparseAttn()._config(2048) == ws
+    narrow = next(c for c in CANDIDATES if c.block_i == 32)
+    assert tl_attn.TileLangSparseAttn(config=narrow)._config(64) == narrow  # 64 % 32 == 0: kept
+    monkeypatch.setenv(tl_attn.CONFIG_ENV, "fastest")
+    with pytest.raises(ValueError, match="names no candidate; valid: pipe_i64_s2_t256"):
+        tl_attn.TileLangSparseAttn()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -34,6 +35,9 @@ TILELANG_SPARSE_ATTN_CLAIMS: dict[str, MethodClaim] = {
     "sparse_attn.prefill": MethodClaim(kv_layouts=ValueSet.one_of("bf16"), heads=HEADS, k=K_VALUES),
     "sparse_attn.decode": MethodClaim(kv_layouts=ValueSet.one_of("bf16"), heads=HEADS, k=K_VALUES),
 }
+# Launch shape by label (e.g. ``ws_i64_s2_t384``), to run another candidate of .sparse_mla.CANDIDATES everywhere
+# (conformance, engine) without a code change, once bench/sparse_attn_tilelang.py has measured it.
+CONFIG_ENV = "DSA_TILELANG_SPARSE_MLA"
 INSTALL_HINT = "pip install 'dsa-runtime[hopper]' (offline GPU hosts: /work/shared/tools/offline-wheels, docs/hopper.md)"
 # Decode splits: at ~226 KB of shared memory one block runs per SM, so split until the (row, head block, split)
 # blocks fill one wave of an H100's 132 SMs, with chunks of at least MIN_CHUNK indices.
@@ -68,6 +72,19 @@ def tilelang_available() -> tuple[bool, str]:
     return True, f"{why}; {detection.reason}"
 
 
+def config_from_env() -> TLConfig | None:
+    """The candidate whose label ``$DSA_TILELANG_SPARSE_MLA`` names (None when unset; ValueError when unknown)."""
+    label = os.environ.get(CONFIG_ENV)
+    if not label:
+        return None
+    from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import CANDIDATES
+
+    for cfg in CANDIDATES:
+        if cfg.label() == label:
+            return cfg
+    raise ValueError(f"{CONFIG_ENV}={label!r} names no candidate; valid: {', '.join(c.label() for c in CANDIDATES)}")
+
+
 def plan_splits(rows: int, heads: int, k: int) -> int:
     """Index-list splits for ``rows`` query rows: 1 once ``rows * heads / 64`` blocks fill the GPU, else the
     largest power of two (<= 16) that keeps one wave and chunks of >= 128 indices, a multiple of 64 each."""
@@ -83,12 +100,13 @@ class TileLangSparseAttn:
     """:class:`dsa_runtime.families.SparseAttnKernels` with our TileLang kernel on SM90.
 
     Args:
-        config: fixed launch shape for every call (default :data:`.sparse_mla.DEFAULT_CONFIG`).
+        config: fixed launch shape for every call (default: the candidate named by ``$DSA_TILELANG_SPARSE_MLA``,
+            else :data:`.sparse_mla.DEFAULT_CONFIG`).
         decode_splits: fixed number of index-list splits in decode (default: :func:`plan_splits`).
     """
 
     def __init__(self, config: TLConfig | None = None, decode_splits: int | None = None) -> None:
-        self.config = config
+        self.config = config or config_from_env()
         self.decode_splits = decode_splits
 
     def _config(self, k: int) -> TLConfig:
