@@ -193,13 +193,14 @@ NO_TILELANG = pytest.mark.skipif(not HAS_TILELANG, reason="tilelang is not insta
 
 
 @NO_TILELANG
-@pytest.mark.parametrize(("variant", "split"), [("pipe", False), ("ws", True)])
+@pytest.mark.parametrize(("variant", "split"), [("pipe", False), ("ws", True), ("wsa", False)])
 def test_program_lowers_to_sm90a_cuda_source(variant, split):
     from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import CANDIDATES, cuda_source, source_problems
 
     cfg = next(c for c in CANDIDATES if c.variant == variant)
     src, smem = cuda_source(64, 192, 0.135234, cfg, split)  # 3 chunks: the ws ring's odd tail
-    assert "__global__" in src and f"sparse_mla_{variant}" in src
+    assert "__global__" in src and ("sparse_mla_pipe" if variant == "pipe" else "sparse_mla_ws") in src
+    assert ("wait_wgmma<1>" in src) == (variant == "wsa")  # only wsa overlaps the softmax with its P . V
     assert source_problems(src) == []
     assert ("float* __restrict__ Out" in src) == split  # split partials are fp32
     assert 0 < smem <= 227 * 1024  # fits an H100's shared memory per block

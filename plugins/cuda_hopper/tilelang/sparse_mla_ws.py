@@ -1,4 +1,4 @@
-"""The warp-specialised schedule (``variant="ws"``) of the sparse MLA forward, as a TileLang program.
+"""The warp-specialised schedules (``variant="ws"`` / ``"wsa"``) of the sparse MLA forward, as a TileLang program.
 
 384 threads per (query row, 64-head group) block, in three warpgroups with fixed roles:
 
@@ -18,6 +18,11 @@ Chunk ``c`` lives in stage ``c % 2``; its ready/free phase is ``c // 2`` and its
 uses that phase's parity. While ``value`` multiplies by ``P`` of chunk ``c``, ``score`` already computes the
 scores of chunk ``c + 1``: the two wgmma streams overlap, and the gathers run two chunks ahead.
 
+``variant="wsa"`` also overlaps inside the score warpgroup: for chunk ``c`` it issues the wgmma of ``S(c + 1)``
+and of ``P(c) . V(c)[:, 0:256]`` back to back, waits only for the scores (``wgmma.wait_group 1``), runs the
+softmax of ``c + 1`` while the tensor cores still multiply ``P(c)``, then waits for that and publishes ``P(c + 1)``
+(P stays in registers meanwhile, so one ``p_sh`` buffer is enough).
+
 Register split (``setmaxnreg``): 240 for ``score`` (128 accumulators of O, 32 of S), 160 for ``value``,
 56 for ``gather``: ``(240 + 160 + 56) * 128 <= 65536``.
 """
@@ -33,17 +38,57 @@ REGS = (240, 160, 56)  # score, value, gather
 
 
 def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = False) -> Any:
-    """The ``ws`` schedule as a TileLang ``PrimFunc`` (imports tilelang); ``split`` as in
+    """The ``ws`` / ``wsa`` schedule as a TileLang ``PrimFunc`` (imports tilelang); ``split`` as in
     :func:`.sparse_mla.program`. ``k`` must be a multiple of 64 (the chunk); chunks past the last are skipped."""
     import tilelang.language as T
 
     hb, d, dr, half = HEAD_BLOCK, D_LATENT, D_ROPE, D_LATENT // 2
+    overlap = cfg.variant == "wsa"
     n_chunks = k // BI
     n_rounds = -(-n_chunks // 2)
     scale2 = sm_scale * LOG2E
     n_tok, n_kv = T.dynamic("n_tok"), T.dynamic("n_kv")
     bf16, f32 = "bfloat16", "float32"
     out_t = f32 if split else bf16
+
+    @T.macro
+    def scores(acc_s, idx_sh, q_lat, q_rope, kv_lat, kv_rope, st, asynchronous):
+        """acc_s = mask + Q . K^T of stage ``st`` (issued only, when ``asynchronous``)."""
+        for h, j in T.Parallel(hb, BI):
+            acc_s[h, j] = T.if_then_else(
+                (idx_sh[st, j] >= 0) and (idx_sh[st, j] < n_kv), 0, -T.infinity(f32))
+        if asynchronous:
+            T.wgmma_gemm(q_lat, kv_lat[st, :, :], acc_s, transpose_B=True)
+            T.wgmma_gemm(q_rope, kv_rope[st, :, :], acc_s, transpose_B=True)
+        else:
+            T.gemm(q_lat, kv_lat[st, :, :], acc_s, transpose_B=True)
+            T.gemm(q_rope, kv_rope[st, :, :], acc_s, transpose_B=True)
+
+    @T.macro
+    def softmax(acc_s, m_i, m_prev, l_i, l_blk, alpha):
+        """Scores -> probabilities in acc_s; m_i, l_i and the rescale factor alpha updated."""
+        T.copy(m_i, m_prev)
+        T.reduce_max(acc_s, m_i, dim=1, clear=False)
+        for h in T.Parallel(hb):
+            alpha[h] = T.exp2((m_prev[h] - m_i[h]) * scale2)
+        for h, j in T.Parallel(hb, BI):
+            acc_s[h, j] = T.exp2(acc_s[h, j] * scale2 - m_i[h] * scale2)
+        T.reduce_sum(acc_s, l_blk, dim=1)
+        for h in T.Parallel(hb):
+            l_i[h] = l_i[h] * alpha[h] + l_blk[h]
+
+    @T.macro
+    def publish(acc_s, alpha, p_sh, alpha_sh, acc_o_lo, p_ready, p_free, c):
+        """P and alpha of chunk ``c`` into shared memory, once the value warpgroup has read chunk c - 1's."""
+        if c > 0:
+            T.barrier_wait(p_free, (c + 1) % 2)
+        T.copy(acc_s, p_sh)
+        T.copy(alpha, alpha_sh)
+        T.fence_proxy_async()  # generic-proxy stores of P, read next by wgmma (async proxy)
+        T.barrier_arrive(p_ready)
+        for h, e in T.Parallel(hb, half):
+            acc_o_lo[h, e] *= alpha[h]
+
 
     @T.prim_func
     def sparse_mla_ws(
@@ -89,35 +134,41 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
                 T.fill(acc_o_lo, 0)
                 T.fill(l_i, 0)
                 T.fill(m_i, -(2.0**30))  # finite floor: (m_prev - m) stays finite while all was masked
-                for r in T.serial(n_rounds):
-                    for st in T.unroll(2):
-                        if r * 2 + st < n_chunks:
-                            T.barrier_wait(ready[st], r % 2)
-                            for h, j in T.Parallel(hb, BI):
-                                acc_s[h, j] = T.if_then_else(
-                                    (idx_sh[st, j] >= 0) and (idx_sh[st, j] < n_kv), 0, -T.infinity(f32))
-                            T.gemm(q_lat, kv_lat[st, :, :], acc_s, transpose_B=True)
-                            T.gemm(q_rope, kv_rope[st, :, :], acc_s, transpose_B=True)
-                            T.copy(m_i, m_prev)
-                            T.reduce_max(acc_s, m_i, dim=1, clear=False)
-                            for h in T.Parallel(hb):
-                                alpha[h] = T.exp2((m_prev[h] - m_i[h]) * scale2)
-                            for h, j in T.Parallel(hb, BI):
-                                acc_s[h, j] = T.exp2(acc_s[h, j] * scale2 - m_i[h] * scale2)
-                            T.reduce_sum(acc_s, l_blk, dim=1)
-                            for h in T.Parallel(hb):
-                                l_i[h] = l_i[h] * alpha[h] + l_blk[h]
-                            # P and alpha of the previous chunk must have been read by the value warpgroup.
-                            if r * 2 + st > 0:
-                                T.barrier_wait(p_free, (r * 2 + st + 1) % 2)
-                            T.copy(acc_s, p_sh)
-                            T.copy(alpha, alpha_sh)
-                            T.fence_proxy_async()  # generic-proxy stores of P, read next by wgmma (async proxy)
-                            T.barrier_arrive(p_ready)
-                            for h, e in T.Parallel(hb, half):
-                                acc_o_lo[h, e] *= alpha[h]
-                            T.gemm(p_sh, kv_lat[st, :, 0:half], acc_o_lo)
-                            T.barrier_arrive(free[st])
+                if overlap:
+                    # Chunk 0 up front; then per chunk c: issue S(c + 1) and P(c) . V(c) back to back, run the
+                    # softmax of c + 1 while the tensor cores still multiply P(c), publish P(c + 1) after.
+                    T.barrier_wait(ready[0], 0)
+                    scores(acc_s, idx_sh, q_lat, q_rope, kv_lat, kv_rope, 0, False)
+                    softmax(acc_s, m_i, m_prev, l_i, l_blk, alpha)
+                    publish(acc_s, alpha, p_sh, alpha_sh, acc_o_lo, p_ready, p_free, 0)
+                    for r in T.serial(n_rounds):
+                        for st in T.unroll(2):
+                            if r * 2 + st < n_chunks:
+                                if r * 2 + st + 1 < n_chunks:
+                                    T.barrier_wait(ready[1 - st], (r + st) % 2)
+                                    scores(acc_s, idx_sh, q_lat, q_rope, kv_lat, kv_rope, 1 - st, True)
+                                    T.wgmma_gemm(p_sh, kv_lat[st, :, 0:half], acc_o_lo)
+                                    T.wait_wgmma(1)  # the scores of c + 1 are in; P(c) . V(c) may still run
+                                    # Pin the accumulators after each wait: nvcc must not hoist their reads above it.
+                                    T.warpgroup_fence_operand(acc_s, num_regs=hb * BI // 128)
+                                    softmax(acc_s, m_i, m_prev, l_i, l_blk, alpha)
+                                    T.wait_wgmma(0)
+                                    T.warpgroup_fence_operand(acc_o_lo, num_regs=hb * half // 128)
+                                    T.barrier_arrive(free[st])
+                                    publish(acc_s, alpha, p_sh, alpha_sh, acc_o_lo, p_ready, p_free, r * 2 + st + 1)
+                                else:
+                                    T.gemm(p_sh, kv_lat[st, :, 0:half], acc_o_lo)
+                                    T.barrier_arrive(free[st])
+                else:
+                    for r in T.serial(n_rounds):
+                        for st in T.unroll(2):
+                            if r * 2 + st < n_chunks:
+                                T.barrier_wait(ready[st], r % 2)
+                                scores(acc_s, idx_sh, q_lat, q_rope, kv_lat, kv_rope, st, False)
+                                softmax(acc_s, m_i, m_prev, l_i, l_blk, alpha)
+                                publish(acc_s, alpha, p_sh, alpha_sh, acc_o_lo, p_ready, p_free, r * 2 + st)
+                                T.gemm(p_sh, kv_lat[st, :, 0:half], acc_o_lo)
+                                T.barrier_arrive(free[st])
                 T.copy(l_i, l_sh)
                 T.barrier_arrive(done)
                 for h, e in T.Parallel(hb, half):
