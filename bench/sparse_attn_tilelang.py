@@ -52,7 +52,7 @@ PROGRESS = {"t": time.time(), "what": "start", "limit": 600.0}
 RESULTS: dict = {"rows": [], "checks": {}}
 
 
-def step(what: str, limit: float = 120.0) -> None:
+def step(what: str, limit: float = 180.0) -> None:
     """Record what runs now; the watchdog exits (code 3) when one step takes longer than ``limit`` seconds."""
     PROGRESS.update(t=time.time(), what=what, limit=limit)
 

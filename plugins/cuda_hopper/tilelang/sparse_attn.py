@@ -183,11 +183,16 @@ class TileLangSparseAttn:
             return out.view(b, n_q, heads, D_V), lse.view(b, n_q, heads)
         if k % (n * 64):
             raise ValueError(f"decode splits {n} need k a multiple of {n * 64}, got {k}")
-        from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_combine import combine_splits
-
         # Split s of row r is row (s, r) of a problem with n * rows rows and k / n indices each.
         sq = flat_q.unsqueeze(0).expand(n, rows, heads, D_QK).reshape(n * rows, heads, D_QK)
         sidx = flat_idx.reshape(rows, n, k // n).transpose(0, 1).reshape(n * rows, k // n)
         part, part_lse = self._run(sq, flat_kv, sidx, sm_scale, split=True)
-        out, lse = combine_splits(part.view(n, rows, heads, D_V), part_lse.view(n, rows, heads))
+        out, lse = self._combine(part.view(n, rows, heads, D_V), part_lse.view(n, rows, heads))
         return out.view(b, n_q, heads, D_V), lse.view(b, n_q, heads)
+
+    def _combine(self, part: Tensor, part_lse: Tensor) -> tuple[Tensor, Tensor]:
+        """Merge split partials (part ``[n, T, H, 512]`` fp32, lse ``[n, T, H]``, ``-inf`` when empty) with the
+        Triton combine kernel (triton ships with torch on CUDA)."""
+        from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_combine import combine_splits
+
+        return combine_splits(part, part_lse)
