@@ -10,6 +10,9 @@ FlashMLA and DeepGEMM have no usable PyPI release; when a user has built them (`
 repositories), their modules ``flash_mla`` / ``deep_gemm`` are detected and reported here. The FlashMLA adapters
 ``flashmla_sparse`` (prefill) and ``flashmla_kv`` (FP8 decode) of :mod:`.flashmla` are always registered and
 available only with a built ``flash_mla`` on an SM90 GPU (``dsa-runtime plugins`` says why not otherwise).
+Backend ``tilelang`` (:mod:`.tilelang`) runs our own TileLang sparse MLA kernel (prefill and bf16 decode at 64 /
+128 heads, k a multiple of 64); it is available when the ``tilelang`` package is installed and an SM90 GPU is
+visible, and sits between FlashMLA and Triton in ``auto``.
 """
 
 from __future__ import annotations
@@ -54,22 +57,22 @@ def defaults(_: Detection) -> PlatformDefaults:
         backends={
             "indexer": ("deepgemm", "triton"),
             "topk": ("triton",),
-            "sparse_attn": ("flashmla_sparse", "flashmla_kv", "triton"),
+            "sparse_attn": ("flashmla_sparse", "flashmla_kv", "tilelang", "triton"),
             "kv_quant": ("triton",),
             "moe": ("deepgemm", "triton"),
         },
         methods={
-            "sparse_attn.prefill": ("flashmla_sparse", "triton"),
+            "sparse_attn.prefill": ("flashmla_sparse", "tilelang", "triton"),
             # fa3 (SGLang's Hopper decode) is not registered here: it falls through, logged. flashmla_kv claims
             # only the fp8_656 cache, so a bf16-KV engine skips it (the KV layout is part of the decode needs).
-            "sparse_attn.decode": ("fa3", "flashmla_kv", "triton"),
+            "sparse_attn.decode": ("fa3", "flashmla_kv", "tilelang", "triton"),
         },
         reasons={
             "kv_layout": "SGLang's Hopper default: bf16 KV (FP8 KV is the default only on SM>=100)",
             "prefill_attn": "SGLang's Hopper default: flashmla_sparse prefill",
             "decode_attn": "SGLang's Hopper default: fa3 decode over gathered bf16 pages",
             "sparse_attn": "SGLang's Hopper choices: flashmla_sparse prefill, fa3 decode (not provided here), "
-            "flashmla_kv for an FP8 cache, else Triton",
+            "flashmla_kv for an FP8 cache, else our TileLang kernel (bf16 KV), else Triton",
             "moe": "Triton fused grouped routing + FP8 block-scaled grouped GEMMs (DeepGEMM first when registered)",
             **NVIDIA_REASONS,
         },
@@ -114,6 +117,24 @@ def triton_backend() -> Backend:
     )
 
 
+def tilelang_backend() -> Backend:
+    """The ``tilelang`` backend: our TileLang sparse MLA (claims read without importing tilelang or torch)."""
+    from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_attn import (
+        TILELANG_SPARSE_ATTN_CLAIMS,
+        tilelang_available,
+    )
+
+    return Backend(
+        name="tilelang",
+        capabilities=Capabilities(devices=frozenset({"cuda"}), methods=TILELANG_SPARSE_ATTN_CLAIMS),
+        kernels={"sparse_attn": "dsa_runtime.plugins.cuda_hopper.tilelang.sparse_attn:TileLangSparseAttn"},
+        available=tilelang_available,
+        platform="cuda_hopper",
+        description="our TileLang sparse MLA for SM90 (wgmma, gathered KV in shared memory): prefill and bf16 "
+        "decode, 64/128 heads, k % 64",
+    )
+
+
 @hookimpl
 def dsa_register_platforms(register):
     register(
@@ -142,4 +163,5 @@ def dsa_register_backends(register):
     register(triton_backend())
     for backend in flashmla_backends():
         register(backend)
+    register(tilelang_backend())
     register(deepgemm_backend())

@@ -67,9 +67,11 @@ def test_reference_stays_selectable_on_cpu():
 )
 def test_auto_follows_platform_defaults(monkeypatch, gpu, platform, layout):
     from dsa_runtime.plugins.cuda_hopper import flashmla
+    from dsa_runtime.plugins.cuda_hopper.tilelang import sparse_attn as tl_attn
 
     monkeypatch.setenv("DSA_FAKE_GPU", gpu)
     monkeypatch.setattr(flashmla, "flashmla_library", lambda: (False, "flash_mla is not installed"))
+    monkeypatch.setattr(tl_attn, "tilelang_library", lambda: (False, "tilelang is not installed"))
     resolved = resolve_kernels(manager=manager_with())
     assert (resolved.platform, resolved.device, resolved.kv_layout) == (platform, "cuda", layout)
     prefill, decode = resolved.choices["sparse_attn.prefill"], resolved.choices["sparse_attn.decode"]

@@ -103,10 +103,13 @@ def test_auto_uses_the_platform_preference_per_method(monkeypatch):
     assert resolved.choices["sparse_attn.prefill"].backend == "flashmla_sparse"
     assert resolved.choices["sparse_attn.prefill"].reason.startswith("cuda_hopper default")
     assert resolved.choices["sparse_attn.decode"].backend == "fa3"
-    # without fa3, decode skips flashmla_kv (FP8 cache only) with its reason and lands on the Triton kernels
-    # (the reference without triton)
+    # without fa3, decode skips flashmla_kv (FP8 cache only) with its reason and lands on our TileLang kernel
+    # when tilelang is installed, else on the Triton kernels (the reference without either)
     resolved = resolve_kernels(manager=manager_with())
     decode = resolved.choices["sparse_attn.decode"]
+    if importlib.util.find_spec("tilelang") is not None:
+        assert decode.backend == "tilelang" and decode.reason.startswith("cuda_hopper default"), decode.reason
+        return
     if importlib.util.find_spec("triton") is not None:
         assert decode.backend == "triton" and decode.reason.startswith("cuda_hopper default"), decode.reason
         return

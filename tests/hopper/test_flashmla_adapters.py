@@ -112,7 +112,7 @@ def test_bf16_cache_decode_skips_flashmla_kv_with_the_reason(fake_lib):
     assert resolved.kv_layout == "bf16"
     assert resolved.choices["sparse_attn.prefill"].backend == "flashmla_sparse"
     dec = resolved.choices["sparse_attn.decode"]
-    assert dec.backend in ("triton", "reference")
+    assert dec.backend in ("tilelang", "triton", "reference")  # tilelang when installed
     assert "backend 'flashmla_kv': sparse_attn.decode: KV layout 'bf16' not claimed" in dec.reason
 
 

@@ -1,0 +1,346 @@
+"""Our TileLang sparse MLA (cuda_hopper ``tilelang`` backend) on an H100/H200: correctness, then speed beside Triton.
+
+1. Correctness against the reference backend on CUDA, for the default launch shape and every other candidate of
+   :data:`~dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla.CANDIDATES`: 64 and 128 heads, k 2048 and 64 /
+   128, T = 3 and 512, ragged ``-1`` padding (one row all ``-1``), duplicated indices, every unselected KV row
+   poisoned with NaN (row 0 and the last row included: a read ``-1`` shows) and the outputs poisoned (NaN left
+   in the caching allocator's blocks the kernel reuses). bf16 decode (batch 4 with split-K, batch 64
+   unsplit) the same way.
+2. Speed: prefill of 4096 queries over 8K and 32K keys, 128 heads, k 2048, for each candidate and the Triton
+   default in the same run (event-timed median, ``bench/common.time_ms``); bf16 decode batch 64 at a 32K context
+   (page 64) for the default and Triton. TFLOP/s with ``FLOPs = 2 * H * (576 + 512) * K`` per query, and the %
+   of a bf16 ``torch.matmul`` 8192^3 measured in the same run (issue 9: aim >= 55%).
+
+    python3 bench/sparse_attn_tilelang.py [--out bench/results/sparse_attn_tilelang.json] [--quick] [--no-triton]
+
+Prints PASS/FAIL per check, a table last, and writes JSON (atomically). Exit 1 when a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import bf16_matmul_ceiling_tflops, time_ms, write_json  # noqa: E402
+
+from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_attn import TileLangSparseAttn, plan_splits  # noqa: E402
+from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import (  # noqa: E402
+    CANDIDATES,
+    DEFAULT_CONFIG,
+    flops,
+    precompile,
+)
+from dsa_runtime.reference.sparse_attn import ReferenceSparseAttn  # noqa: E402
+from dsa_runtime.testing.compare import out_and_lse  # noqa: E402
+from dsa_runtime.testing.tolerances import tolerance  # noqa: E402
+
+SCALE, PAGE, K = 0.135234, 64, 2048
+# The GPU sizes; --dry-run (CPU, the reference standing in for the kernel) shrinks them to check this script.
+DEV, T_PRE, S_PRE, DEC_BATCH, DEC_CTX = "cuda", 4096, (8192, 32768), 64, 32768
+REF = ReferenceSparseAttn()
+# A kernel that deadlocks (a wrong mbarrier phase) never returns: a watchdog ends the run with what it was doing.
+PROGRESS = {"t": time.time(), "what": "start", "limit": 600.0}
+RESULTS: dict = {"rows": [], "checks": {}}
+
+
+def step(what: str, limit: float = 180.0) -> None:
+    """Record what runs now; the watchdog exits (code 3) when one step takes longer than ``limit`` seconds."""
+    PROGRESS.update(t=time.time(), what=what, limit=limit)
+
+
+def sync() -> None:
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+
+
+def cpu_ms(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def dry_run() -> None:
+    """CPU plumbing check: tiny sizes, and the reference (with the kernel's split conventions) as the kernel."""
+    global DEV, T_PRE, S_PRE, DEC_BATCH, DEC_CTX, K
+    DEV, T_PRE, S_PRE, DEC_BATCH, DEC_CTX, K = "cpu", 8, (512,), 2, 1024, 256
+    CHECK_SHAPES[:] = [(3, 300, 64, 64), (5, 700, 128, 256)]
+
+    def run(self, q, kv, idx, sm_scale, split):
+        out, lse = REF.prefill(q, kv, idx, sm_scale)
+        return (out.float(), torch.where(torch.isposinf(lse), float("-inf"), lse)) if split else (out, lse)
+
+    def combine(part, part_lse):
+        m = part_lse.max(dim=0).values
+        empty = torch.isneginf(m)
+        w = torch.exp(part_lse - torch.where(empty, 0.0, m)[None])
+        tot = torch.where(empty, 1.0, w.sum(0))
+        out = (w[..., None] * part).sum(0) / tot[..., None]
+        return out.bfloat16(), torch.where(empty, float("inf"), torch.where(empty, 0.0, m) + torch.log(tot))
+
+    import types
+
+    TileLangSparseAttn._run = run
+    mod = types.ModuleType("sparse_mla_combine")
+    mod.combine_splits = combine
+    sys.modules["dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_combine"] = mod
+
+
+def watchdog(out: str) -> None:
+    while True:
+        time.sleep(5)
+        if time.time() - PROGRESS["t"] > PROGRESS["limit"]:
+            print(f"\nHANG: '{PROGRESS['what']}' did not finish in {PROGRESS['limit']:.0f} s; exiting", flush=True)
+            RESULTS["hang"] = PROGRESS["what"]
+            try:
+                write_json(out, RESULTS)
+            finally:
+                os._exit(3)
+
+
+def poison_allocator(nbytes: int) -> None:
+    """Leave NaN in freed blocks of the caching allocator, so outputs the kernel does not write show up."""
+    if DEV == "cuda":
+        blob = torch.full((nbytes // 4,), float("nan"), device=DEV)
+        del blob
+
+
+def prefill_case(gen: torch.Generator, t: int, s: int, heads: int, k: int):
+    """Random q/kv, distinct indices with ragged -1 padding, one all -1 row, a duplicated index; unselected KV
+    rows (always row 0 and the last) are NaN."""
+    q = torch.randn(t, heads, 576, device=DEV, generator=gen).bfloat16()
+    kv = torch.randn(s, 576, device=DEV, generator=gen).bfloat16()
+    pool = s - 2  # rows 1 .. s-2 may be selected
+    idx = torch.rand(t, pool, device=DEV, generator=gen).argsort(dim=1)[:, :k].to(torch.int32) + 1
+    if t > 1:
+        idx[1, k // 3:] = -1  # ragged: a short context
+        idx[0, :] = -1  # an empty query: zeros and lse +inf
+    if t > 2:
+        idx[2, 1] = idx[2, 0]  # a duplicate: counts twice
+    idx[3::5, ::7] = -1
+    used = torch.zeros(s, dtype=torch.bool, device=DEV)
+    used[idx[idx >= 0].long()] = True
+    kv[~used] = float("nan")
+    return q, kv, idx
+
+
+def check(name: str, got, want) -> bool:
+    out, lse = got
+    msg = out_and_lse(out.float(), lse, want[0].float(), want[1], tolerance("sparse_attn.out"),
+                      tolerance("sparse_attn.lse"))
+    empty = torch.isposinf(want[1])
+    if msg is None and bool(empty.any()) and bool((out[empty] != 0).any()):
+        msg = "a query with no valid index has a non-zero output"
+    if msg is None and not bool(torch.isfinite(out).all()):
+        msg = "non-finite output"
+    err = (out.float() - want[0].float()).abs().max().item()
+    fin = torch.isfinite(want[1])
+    lerr = (lse[fin] - want[1][fin]).abs().max().item() if bool(fin.any()) else 0.0
+    print(f"  {'PASS' if msg is None else 'FAIL'} {name:54s} max|out err| {err:.3e}  max|lse err| {lerr:.3e}"
+          + ("" if msg is None else f"  {msg}"), flush=True)
+    return msg is None
+
+
+CHECK_SHAPES = [(3, 300, 64, 64), (3, 300, 128, 128), (512, 4096, 128, 2048), (512, 3000, 64, 2048)]
+
+
+def warm(configs, quick: bool) -> None:
+    """Compile every kernel this run uses up front, in parallel (a cold compile takes tens of seconds each)."""
+    keys = []
+    for _t, _s, heads, k in CHECK_SHAPES[2:3] if quick else CHECK_SHAPES:
+        for cfg in configs if (heads, k) == (128, K) else configs[:1]:
+            keys.append((heads, k, SCALE, TileLangSparseAttn(config=cfg)._config(k), False))
+    for rows in (4, 64):
+        n = plan_splits(rows, 128, K) if rows == 4 else 1
+        keys.append((128, K // n, SCALE, DEFAULT_CONFIG, n > 1))
+    keys.append((128, K // 2, SCALE, DEFAULT_CONFIG, True))  # decode timed with 2 splits
+    t0 = time.time()
+    step(f"compiling {len(set(keys))} kernels", limit=420)
+    errors = precompile(keys)
+    for key, why in errors.items():
+        print(f"  compile FAILED heads {key[0]} k {key[1]} {key[3].label()} split {key[4]}: {why}", flush=True)
+    print(f"compiled {len(set(keys))} kernels in {time.time() - t0:.0f} s ({len(errors)} failed)", flush=True)
+
+
+def correctness(gen: torch.Generator, configs, quick: bool) -> bool:
+    """Every check passes; records PASS/FAIL per launch shape in RESULTS["checks"]."""
+    ok = True
+    per_cfg = RESULTS["checks"]
+    for t, s, heads, k in CHECK_SHAPES[2:3] if quick else CHECK_SHAPES:
+        q, kv, idx = prefill_case(gen, t, s, heads, k)
+        want = REF.prefill(q[:64], kv, idx[:64], SCALE)  # the reference on the first rows (keeps it quick)
+        for cfg in configs if (heads, k) == (128, K) else configs[:1]:
+            poison_allocator(4 * t * heads * 512 * 2)
+            name = f"prefill {cfg.label()} t{t} s{s} h{heads} k{k}"
+            step(name)
+            got = TileLangSparseAttn(config=cfg).prefill(q, kv, idx, SCALE)
+            sync()
+            passed = check(name, (got[0][:64], got[1][:64]), want)
+            per_cfg[cfg.label()] = per_cfg.get(cfg.label(), True) and passed
+            ok &= passed
+    for batch, splits in ((4, None), (64, 1)):
+        heads = 128
+        pages = batch * 8 + 1
+        cache = torch.randn(pages, PAGE, 576, device=DEV, generator=gen).bfloat16()
+        slots = torch.rand(batch, (pages - 1) * PAGE, device=DEV, generator=gen).argsort(dim=1)[:, :K] + PAGE
+        slots = slots.to(torch.int32).view(batch, 1, K)
+        slots[0, 0, 100:] = -1
+        used = torch.zeros(pages * PAGE, dtype=torch.bool, device=DEV)
+        used[slots[slots >= 0].long()] = True
+        cache.view(-1, 576)[~used] = float("nan")
+        q = torch.randn(batch, 1, heads, 576, device=DEV, generator=gen).bfloat16()
+        n = splits or plan_splits(batch, heads, K)
+        poison_allocator(4 * batch * heads * 512 * 4 * n)
+        name = f"decode bf16 b{batch} h{heads} k{K} splits {n}"
+        step(name)
+        got = TileLangSparseAttn(decode_splits=n).decode(q, cache, slots, SCALE, layout="bf16")
+        sync()
+        want = REF.decode(q, cache, slots, SCALE, layout="bf16")
+        passed = check(name, got, want)
+        per_cfg[f"decode splits {n}"] = passed
+        ok &= passed
+    return ok
+
+
+def prefill_inputs(gen: torch.Generator, s: int):
+    q = torch.randn(T_PRE, 128, 576, device=DEV, generator=gen).bfloat16()
+    kv = torch.randn(s, 576, device=DEV, generator=gen).bfloat16()
+    idx = torch.rand(T_PRE, s, device=DEV, generator=gen).argsort(dim=1)[:, :K].to(torch.int32)
+    return q, kv, idx
+
+
+def timed(rows: list[dict], shape: str, label: str, fn, n_flops: int, ceiling: float) -> None:
+    t0 = time.time()
+    step(f"timing {shape} {label}")
+    try:
+        ms = time_ms(fn) if DEV == "cuda" else cpu_ms(fn)
+    except Exception as exc:  # noqa: BLE001 - a candidate that fails to compile or run is a result
+        why = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:200]
+        print(f"  {shape:22s} {label:24s} FAILED: {why}", flush=True)
+        rows.append({"shape": shape, "label": label, "error": why})
+        return
+    tf = n_flops / ms / 1e9
+    print(f"  {shape:22s} {label:24s} {ms * 1e3:9.1f} us {tf:7.1f} TFLOP/s {100 * tf / ceiling:5.1f}% of matmul"
+          f"  (incl. compile {time.time() - t0:.0f} s)", flush=True)
+    rows.append({"shape": shape, "label": label, "us": ms * 1e3, "tflops": tf, "pct_of_matmul": 100 * tf / ceiling})
+
+
+def speed_prefill(rows: list[dict], gen: torch.Generator, s: int, configs, ceiling: float, triton: bool) -> None:
+    q, kv, idx = prefill_inputs(gen, s)
+    shape = f"prefill t{T_PRE} s{s // 1024}K"
+    for cfg in configs:
+        kern = TileLangSparseAttn(config=cfg)
+        timed(rows, shape, f"tilelang {cfg.label()}", lambda k=kern: k.prefill(q, kv, idx, SCALE),
+              flops(T_PRE, 128, K), ceiling)
+    if triton:
+        from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_prefill import sparse_mla_forward
+
+        timed(rows, shape, "triton default", lambda: sparse_mla_forward(q, kv, idx, SCALE), flops(T_PRE, 128, K),
+              ceiling)
+
+
+def speed(gen: torch.Generator, configs, ceiling: float, triton: bool) -> list[dict]:
+    rows: list[dict] = RESULTS["rows"]
+    for s in S_PRE:
+        speed_prefill(rows, gen, s, configs, ceiling, triton)
+        if DEV == "cuda":
+            torch.cuda.empty_cache()
+    batch, ctx = DEC_BATCH, DEC_CTX
+    pages = batch * ctx // PAGE + 1
+    cache = torch.randn(pages, PAGE, 576, device=DEV, generator=gen).bfloat16()
+    slots = torch.stack([torch.randperm(ctx, device=DEV, generator=gen)[:K] + b * ctx for b in range(batch)])
+    slots = slots.to(torch.int32).view(batch, 1, K)
+    qd = torch.randn(batch, 1, 128, 576, device=DEV, generator=gen).bfloat16()
+    shape = f"decode b{batch} {ctx // 1024}K h128"
+    n_plan = plan_splits(batch, 128, K)
+    for cfg, n in [(c, n_plan) for c in configs] + [(DEFAULT_CONFIG, 2)]:
+        kern = TileLangSparseAttn(config=cfg, decode_splits=n)
+        timed(rows, shape, f"tilelang {cfg.label()} splits {n}",
+              lambda k=kern: k.decode(qd, cache, slots, SCALE, layout="bf16"), flops(batch, 128, K), ceiling)
+    if triton:
+        from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_decode_bf16 import decode_bf16
+
+        timed(rows, shape, "triton default", lambda: decode_bf16(qd, cache, slots, SCALE), flops(batch, 128, K),
+              ceiling)
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "sparse_attn_tilelang.json"))
+    ap.add_argument("--quick", action="store_true", help="the default launch shape only, one correctness shape")
+    ap.add_argument("--no-triton", action="store_true", help="do not time the Triton kernels beside")
+    ap.add_argument("--no-check", action="store_true", help="skip the correctness checks")
+    ap.add_argument("--only", help="run only the candidates whose label contains this (e.g. ws, pipe_i64)")
+    ap.add_argument("--skip", help="leave out the candidates whose label contains this")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="CPU check of this script at tiny sizes (the reference stands in for the kernel; no timings)")
+    args = ap.parse_args()
+    if args.dry_run:
+        dry_run()
+        args.no_triton = True
+    elif not torch.cuda.is_available():
+        print("needs a CUDA GPU (or --dry-run)")
+        return 2
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        tl_version = version("tilelang")
+    except PackageNotFoundError:
+        tl_version = "not installed"
+    info = {"torch": torch.__version__, "tilelang": tl_version, "cuda": str(torch.version.cuda)}
+    if DEV == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        info |= {"gpu": props.name, "sms": str(props.multi_processor_count)}
+    print(info, flush=True)
+    start = time.time()
+    gen = torch.Generator(device=DEV).manual_seed(0)
+    configs = [DEFAULT_CONFIG] if args.quick else list(CANDIDATES)
+    configs = [c for c in configs if (not args.only or args.only in c.label())
+               and not (args.skip and args.skip in c.label())]
+    if not configs:
+        print("no candidate left after --only / --skip")
+        return 2
+    RESULTS["device"] = info
+    threading.Thread(target=watchdog, args=(args.out,), daemon=True).start()
+    if DEV == "cuda":
+        warm(configs, args.quick)
+    ok = True if args.no_check else correctness(gen, configs, args.quick)
+    print(f"correctness {'PASS' if ok else 'FAIL'} ({time.time() - start:.0f} s)", flush=True)
+    step("bf16 matmul ceiling")
+    ceiling = bf16_matmul_ceiling_tflops() if DEV == "cuda" else 1.0
+    RESULTS["matmul_tflops"] = ceiling
+    print(f"bf16 matmul 8192^3: {ceiling:.1f} TFLOP/s", flush=True)
+    rows = speed(gen, configs, ceiling, not args.no_triton)
+    step("table", limit=60)
+    checks = RESULTS["checks"]
+    print(f"\n{'shape':22s} {'kernel':36s} {'us':>9s} {'TFLOP/s':>8s} {'% matmul':>8s}  check")
+    for r in rows:
+        cfg_label = r["label"].split()[1] if r["label"].startswith("tilelang") else ""
+        verdict = {True: "PASS", False: "FAIL"}.get(checks.get(cfg_label), "-")
+        if "error" in r:
+            print(f"{r['shape']:22s} {r['label']:36s} FAILED {r['error'][:60]}")
+        else:
+            print(f"{r['shape']:22s} {r['label']:36s} {r['us']:9.1f} {r['tflops']:8.1f} {r['pct_of_matmul']:8.1f}"
+                  f"  {verdict}")
+    RESULTS.update(checks_ok=bool(ok), seconds=time.time() - start,
+                   when=datetime.datetime.now(datetime.timezone.utc).isoformat())
+    write_json(args.out, RESULTS)
+    print(f"checks {'PASS' if ok else 'FAIL'}; {time.time() - start:.0f} s; wrote {args.out}", flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except Exception:
+        traceback.print_exc()
+        sys.exit(1)

@@ -1,0 +1,198 @@
+"""The ``sparse_attn`` family of the ``tilelang`` backend: our own TileLang sparse MLA kernel (issue 9).
+
+* :meth:`TileLangSparseAttn.prefill`: :func:`.sparse_mla.compiled` over the flat bf16 KV buffer.
+* :meth:`TileLangSparseAttn.decode` (``layout="bf16"`` only): the flat view of the paged cache is exactly the
+  prefill problem with ``T = B * Q`` rows; small batches split the index list into ``n`` chunks (each chunk a
+  row of its own, fp32 partial outputs) merged by the Triton combine (:mod:`..triton.sparse_mla_combine`).
+
+Claims are exactly what the kernel runs: d_qk 576 / d_v 512, bf16 KV, 64 or 128 heads (one 64-head tile per
+block; the core pads 16 or 32 heads per rank up to 64) and k a multiple of 64 (one gathered chunk; the core
+pads k with ``-1``). Anything else resolves to another backend with the logged reason.
+
+This module imports neither torch nor tilelang at import time: the plugin reads :data:`TILELANG_SPARSE_ATTN_CLAIMS`
+while registering backends, which must stay cheap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import sys
+from typing import TYPE_CHECKING
+
+from dsa_runtime.capabilities import MethodClaim, ValueSet
+from dsa_runtime.families import D_QK, D_V, MLALayout
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import TLConfig
+
+HEADS = ValueSet.one_of(64, 128)
+K_VALUES = ValueSet.multiples(64, 64, 16384)
+TILELANG_SPARSE_ATTN_CLAIMS: dict[str, MethodClaim] = {
+    "sparse_attn.prefill": MethodClaim(kv_layouts=ValueSet.one_of("bf16"), heads=HEADS, k=K_VALUES),
+    "sparse_attn.decode": MethodClaim(kv_layouts=ValueSet.one_of("bf16"), heads=HEADS, k=K_VALUES),
+}
+# Launch shape by label (e.g. ``ws_i64_s2_t384``), to run another candidate of .sparse_mla.CANDIDATES everywhere
+# (conformance, engine) without a code change, once bench/sparse_attn_tilelang.py has measured it.
+CONFIG_ENV = "DSA_TILELANG_SPARSE_MLA"
+INSTALL_HINT = "pip install 'dsa-runtime[hopper]' (offline GPU hosts: /work/shared/tools/offline-wheels, docs/hopper.md)"
+# Decode splits: at ~226 KB of shared memory one block runs per SM, so split until the (row, head block, split)
+# blocks fill one wave of an H100's 132 SMs, with chunks of at least MIN_CHUNK indices.
+TARGET_BLOCKS = 132
+MAX_SPLITS = 16
+MIN_CHUNK = 128
+
+
+def tilelang_library() -> tuple[bool, str]:
+    """Whether ``tilelang`` can be imported, checked without importing it (nor torch)."""
+    if sys.modules.get("tilelang") is not None:
+        return True, "tilelang imported"
+    try:
+        spec = importlib.util.find_spec("tilelang")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        return False, f"the tilelang package is not installed ({INSTALL_HINT})"
+    return True, f"tilelang found at {spec.origin}"
+
+
+def tilelang_available() -> tuple[bool, str]:
+    """``tilelang`` installed and an SM90 GPU visible (NVML probe): the kernel uses wgmma, sm_90a only."""
+    from dsa_runtime.plugins.cuda_hopper import detect
+
+    ok, why = tilelang_library()
+    if not ok:
+        return False, why
+    detection = detect()
+    if not detection.present:
+        return False, detection.reason
+    return True, f"{why}; {detection.reason}"
+
+
+def config_from_env() -> TLConfig | None:
+    """The candidate whose label ``$DSA_TILELANG_SPARSE_MLA`` names (None when unset; ValueError when unknown)."""
+    label = os.environ.get(CONFIG_ENV)
+    if not label:
+        return None
+    from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import CANDIDATES
+
+    for cfg in CANDIDATES:
+        if cfg.label() == label:
+            return cfg
+    raise ValueError(f"{CONFIG_ENV}={label!r} names no candidate; valid: {', '.join(c.label() for c in CANDIDATES)}")
+
+
+def plan_splits(rows: int, heads: int, k: int) -> int:
+    """Index-list splits for ``rows`` query rows: 1 once ``rows * heads / 64`` blocks fill the GPU, else the
+    largest power of two (<= 16) that keeps one wave and chunks of >= 128 indices, a multiple of 64 each."""
+    blocks = rows * (heads // 64)
+    n = 1
+    while (n < MAX_SPLITS and blocks * n * 2 <= TARGET_BLOCKS and k % (2 * n * 64) == 0
+           and k // (2 * n) >= MIN_CHUNK):
+        n *= 2
+    return n
+
+
+class TileLangSparseAttn:
+    """:class:`dsa_runtime.families.SparseAttnKernels` with our TileLang kernel on SM90.
+
+    Args:
+        config: fixed launch shape for every call (default: the candidate named by ``$DSA_TILELANG_SPARSE_MLA``,
+            else :data:`.sparse_mla.DEFAULT_CONFIG`).
+        decode_splits: fixed number of index-list splits in decode (default: :func:`plan_splits`).
+    """
+
+    def __init__(self, config: TLConfig | None = None, decode_splits: int | None = None) -> None:
+        self.config = config or config_from_env()
+        self.decode_splits = decode_splits
+
+    def _config(self, k: int) -> TLConfig:
+        from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import DEFAULT_CONFIG
+
+        cfg = self.config or DEFAULT_CONFIG
+        if k % cfg.block_i and k % 64 == 0 and cfg.variant == "pipe":
+            cfg = dataclasses.replace(cfg, block_i=64)  # a chunk wider than k's step: the claimed step fits
+        return cfg
+
+    def _run(self, q: Tensor, kv: Tensor, indices: Tensor, sm_scale: float, split: bool) -> tuple[Tensor, Tensor]:
+        """q ``[R, H, 576]``, kv ``[S, 576]``, indices ``[R, K]`` -> out ``[R, H, 512]`` (bf16, or fp32 with
+        ``split``) and lse ``[R, H]`` (``+inf`` when empty, ``-inf`` with ``split``)."""
+        import torch
+
+        from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import compiled
+
+        rows, heads, width = q.shape
+        k = indices.shape[-1]
+        if width != D_QK or kv.dim() != 2 or kv.shape[-1] != D_QK:
+            raise ValueError(f"tilelang sparse MLA needs q [T, H, {D_QK}] and kv [S, {D_QK}], got "
+                             f"{tuple(q.shape)} and {tuple(kv.shape)}")
+        if indices.dim() != 2 or indices.shape[0] != rows:
+            raise ValueError(f"tilelang sparse MLA needs indices [T, K] with T = {rows}, got {tuple(indices.shape)}")
+        if q.dtype != torch.bfloat16 or kv.dtype != torch.bfloat16:
+            raise ValueError(f"tilelang sparse MLA runs bf16 q and kv, got {q.dtype} and {kv.dtype}")
+        out_dtype = torch.float32 if split else torch.bfloat16
+        out = torch.empty(rows, heads, D_V, dtype=out_dtype, device=q.device)
+        lse = torch.empty(rows, heads, dtype=torch.float32, device=q.device)
+        if rows == 0:
+            return out, lse
+        if kv.shape[0] == 0 or k == 0:  # nothing can be selected: the empty-query convention
+            out.zero_()
+            lse.fill_(float("-inf") if split else float("inf"))
+            return out, lse
+        kern = compiled(heads, k, float(sm_scale), self._config(k), split)
+        kern(q.contiguous(), kv.contiguous(), indices.to(torch.int32).contiguous(), out, lse)
+        return out, lse
+
+    def prefill(
+        self, q: Tensor, kv: Tensor, indices: Tensor, sm_scale: float, d_v: int = D_V
+    ) -> tuple[Tensor, Tensor]:
+        """q ``[T, H, 576]`` bf16, kv ``[S, 576]`` bf16, indices ``[T, K]`` int32 -> out ``[T, H, 512]`` bf16,
+        lse ``[T, H]`` fp32 (natural log; ``+inf`` and zeros for a query with no valid index)."""
+        if d_v != D_V:
+            raise ValueError(f"tilelang sparse MLA runs d_v {D_V}, got {d_v}")
+        return self._run(q, kv, indices, sm_scale, split=False)
+
+    def decode(
+        self,
+        q: Tensor,
+        kv_cache: Tensor,
+        indices: Tensor,
+        sm_scale: float,
+        *,
+        layout: MLALayout,
+        d_v: int = D_V,
+    ) -> tuple[Tensor, Tensor]:
+        """q ``[B, Q, H, 576]`` bf16, cache ``[pages, page_size, 576]`` bf16, indices ``[B, Q, K]`` int32 slots
+        -> out ``[B, Q, H, 512]`` bf16, lse ``[B, Q, H]`` fp32."""
+        if layout != "bf16":
+            raise ValueError(f"the tilelang backend decodes the bf16 cache only, got layout {layout!r}")
+        if d_v != D_V:
+            raise ValueError(f"tilelang sparse MLA runs d_v {D_V}, got {d_v}")
+        b, n_q, heads, _ = q.shape
+        k = indices.shape[-1]
+        rows = b * n_q
+        flat_q = q.reshape(rows, heads, D_QK)
+        flat_kv = kv_cache.reshape(-1, kv_cache.shape[-1])
+        flat_idx = indices.reshape(rows, k)
+        n = self.decode_splits or plan_splits(rows, heads, k)
+        if n <= 1:
+            out, lse = self._run(flat_q, flat_kv, flat_idx, sm_scale, split=False)
+            return out.view(b, n_q, heads, D_V), lse.view(b, n_q, heads)
+        if k % (n * 64):
+            raise ValueError(f"decode splits {n} need k a multiple of {n * 64}, got {k}")
+        # Split s of row r is row (s, r) of a problem with n * rows rows and k / n indices each.
+        sq = flat_q.unsqueeze(0).expand(n, rows, heads, D_QK).reshape(n * rows, heads, D_QK)
+        sidx = flat_idx.reshape(rows, n, k // n).transpose(0, 1).reshape(n * rows, k // n)
+        part, part_lse = self._run(sq, flat_kv, sidx, sm_scale, split=True)
+        out, lse = self._combine(part.view(n, rows, heads, D_V), part_lse.view(n, rows, heads))
+        return out.view(b, n_q, heads, D_V), lse.view(b, n_q, heads)
+
+    def _combine(self, part: Tensor, part_lse: Tensor) -> tuple[Tensor, Tensor]:
+        """Merge split partials (part ``[n, T, H, 512]`` fp32, lse ``[n, T, H]``, ``-inf`` when empty) with the
+        Triton combine kernel (triton ships with torch on CUDA)."""
+        from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_combine import combine_splits
+
+        return combine_splits(part, part_lse)

@@ -1,0 +1,241 @@
+"""Sparse MLA forward (absorbed / MQA form) as TileLang programs, built and compiled once per launch shape.
+
+One thread block per (query row ``t``, group of 64 heads). The block keeps ``Q[t, heads, 0:576]`` in shared
+memory and walks the row's ``K`` indices ``block_i`` at a time: it gathers those KV rows (latent part
+``[block_i, 512]`` and rope part ``[block_i, 64]``) into shared memory, an index of ``-1`` (or ``>= S``)
+giving a zero row that is never read from global memory (a predicated, zero-filling copy), computes
+``S = Q . K^T`` with two wgmma GEMMs (latent + rope), runs the online softmax in fp32 and base 2 (``sm_scale *
+log2(e)`` folded into one multiply; masked scores are ``-inf``) and accumulates ``O += P . V`` with ``V`` the
+gathered latent tile itself (``P`` rounded to bf16). ``T.Pipelined`` overlaps the next chunk's gather with
+this chunk's GEMMs.
+
+At the end ``out = O / l`` in bf16 and ``lse = (log2(l) + m) * ln(2)`` (natural log); a head whose row had no
+valid index (``l == 0``) gets zeros and ``+inf``.
+
+Two schedules (:class:`TLConfig` ``variant``):
+
+* ``"pipe"``: every thread does everything; TileLang's software pipeliner issues the gathers as cp.async.
+* ``"ws"``: warp specialised (see :mod:`.sparse_mla_ws`): a producer warpgroup gathers with cp.async into a
+  ring of stages guarded by mbarriers, two consumer warpgroups each own half of the 512 output columns;
+* ``"wsa"``: ``ws`` whose score warpgroup also overlaps its softmax with its own ``P . V`` wgmma.
+
+Shapes: q ``[T, H, 576]`` bf16, kv ``[S, 576]`` bf16, indices ``[T, K]`` int32, out ``[T, H, 512]`` bf16,
+lse ``[T, H]`` fp32; ``T`` and ``S`` are symbolic (one compile serves every batch), ``H`` and ``K`` are not.
+"""
+
+# No ``from __future__ import annotations``: TileLang evaluates the kernel's annotations, which name locals.
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+D_LATENT = 512
+D_ROPE = 64
+D_QK = D_LATENT + D_ROPE
+HEAD_BLOCK = 64  # one wgmma M tile of heads per thread block
+LOG2E = 1.4426950408889634
+LN2 = math.log(2.0)
+# Fast math (ex2.approx, no denormals) as in every flash-attention kernel; the pipeliner does the gathers.
+PASS_CONFIGS = {"tl.enable_fast_math": True}
+
+
+@dataclass(frozen=True)
+class TLConfig:
+    """Launch shape: gathered rows per step, pipeline stages, threads per block, schedule (``pipe`` / ``ws``)."""
+
+    block_i: int = 64
+    num_stages: int = 2
+    threads: int = 256
+    variant: str = "pipe"
+
+    def label(self) -> str:
+        return f"{self.variant}_i{self.block_i}_s{self.num_stages}_t{self.threads}"
+
+
+DEFAULT_CONFIG = TLConfig()
+# What bench/tilelang_compile.py compiles and bench/sparse_attn_tilelang.py times (the default first).
+CANDIDATES = (
+    DEFAULT_CONFIG,
+    TLConfig(block_i=64, num_stages=1),
+    TLConfig(block_i=32, num_stages=2),
+    TLConfig(block_i=32, num_stages=3),
+    TLConfig(block_i=64, num_stages=2, threads=384, variant="ws"),
+    TLConfig(block_i=64, num_stages=2, threads=384, variant="wsa"),
+)
+
+
+def check_shape(heads: int, k: int, cfg: TLConfig) -> None:
+    """Raise ``ValueError`` for a shape the programs do not run (the backend's claims keep callers inside)."""
+    if heads % HEAD_BLOCK:
+        raise ValueError(f"tilelang sparse MLA runs head counts that are multiples of {HEAD_BLOCK}, got {heads}")
+    if k < 1 or k % cfg.block_i:
+        raise ValueError(f"tilelang sparse MLA needs k a positive multiple of block_i {cfg.block_i}, got {k}")
+    if cfg.variant not in ("pipe", "ws", "wsa"):
+        raise ValueError(f"unknown tilelang sparse MLA variant {cfg.variant!r}; valid: pipe, ws, wsa")
+    if cfg.variant != "pipe" and (cfg.threads != 384 or cfg.block_i != 64):
+        raise ValueError(f"the {cfg.variant} schedule runs 384 threads and block_i 64, got {cfg.label()}")
+
+
+def pipe_program(heads: int, k: int, sm_scale: float, cfg: TLConfig, split: bool = False) -> Any:
+    """The ``pipe`` schedule as a TileLang ``PrimFunc`` (imports tilelang); ``split``: see :func:`program`."""
+    import tilelang.language as T
+
+    bi, d, dr = cfg.block_i, D_LATENT, D_ROPE
+    n_chunks = -(-k // bi)
+    scale2 = sm_scale * LOG2E
+    hb = HEAD_BLOCK
+    n_tok = T.dynamic("n_tok")
+    n_kv = T.dynamic("n_kv")
+    bf16, f32 = "bfloat16", "float32"
+    out_t = f32 if split else bf16
+
+    @T.prim_func
+    def sparse_mla_pipe(
+        Q: T.Tensor((n_tok, heads, D_QK), bf16),
+        KV: T.Tensor((n_kv, D_QK), bf16),
+        Idx: T.Tensor((n_tok, k), "int32"),
+        Out: T.Tensor((n_tok, heads, d), out_t),
+        Lse: T.Tensor((n_tok, heads), f32),
+    ):
+        with T.Kernel(n_tok, heads // hb, threads=cfg.threads) as (tok, hblk):
+            q_lat = T.alloc_shared((hb, d), bf16)
+            q_rope = T.alloc_shared((hb, dr), bf16)
+            kv_lat = T.alloc_shared((bi, d), bf16)
+            kv_rope = T.alloc_shared((bi, dr), bf16)
+            p_sh = T.alloc_shared((hb, bi), bf16)
+            valid = T.alloc_fragment((bi,), "bool")
+            acc_o = T.alloc_fragment((hb, d), f32)
+            acc_s = T.alloc_fragment((hb, bi), f32)
+            m_i = T.alloc_fragment((hb,), f32)
+            m_prev = T.alloc_fragment((hb,), f32)
+            l_i = T.alloc_fragment((hb,), f32)
+            l_blk = T.alloc_fragment((hb,), f32)
+            alpha = T.alloc_fragment((hb,), f32)
+
+            h0 = hblk * hb
+            T.copy(Q[tok, h0 : h0 + hb, 0:d], q_lat)
+            T.copy(Q[tok, h0 : h0 + hb, d:D_QK], q_rope)
+            T.fill(acc_o, 0)
+            T.fill(l_i, 0)
+            # A finite floor instead of -inf keeps (m_prev - m) finite while every score so far was masked.
+            T.fill(m_i, -(2.0**30))
+
+            for c in T.Pipelined(n_chunks, num_stages=cfg.num_stages):
+                for j in T.Parallel(bi):
+                    valid[j] = (Idx[tok, c * bi + j] >= 0) and (Idx[tok, c * bi + j] < n_kv)
+                # Plain gathers on purpose: TileLang's safe-memory-access pass predicates each row on
+                # 0 <= index < n_kv and emits a zero-filling cp.async (src-size 0: nothing is read), which the
+                # pipeliner then double-buffers; an explicit if_then_else here would defeat cp.async.
+                # bench/tilelang_compile.py checks the predicate is in the generated source.
+                for j, e in T.Parallel(bi, d):
+                    kv_lat[j, e] = KV[Idx[tok, c * bi + j], e]
+                for j, e in T.Parallel(bi, dr):
+                    kv_rope[j, e] = KV[Idx[tok, c * bi + j], d + e]
+                for h, j in T.Parallel(hb, bi):
+                    acc_s[h, j] = T.if_then_else(valid[j], 0, -T.infinity(f32))
+                T.gemm(q_lat, kv_lat, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+                T.gemm(q_rope, kv_rope, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+                T.copy(m_i, m_prev)
+                T.reduce_max(acc_s, m_i, dim=1, clear=False)
+                for h in T.Parallel(hb):
+                    alpha[h] = T.exp2((m_prev[h] - m_i[h]) * scale2)
+                for h, j in T.Parallel(hb, bi):
+                    acc_s[h, j] = T.exp2(acc_s[h, j] * scale2 - m_i[h] * scale2)
+                T.reduce_sum(acc_s, l_blk, dim=1)
+                for h in T.Parallel(hb):
+                    l_i[h] = l_i[h] * alpha[h] + l_blk[h]
+                for h, e in T.Parallel(hb, d):
+                    acc_o[h, e] *= alpha[h]
+                T.copy(acc_s, p_sh)
+                T.gemm(p_sh, kv_lat, acc_o, policy=T.GemmWarpPolicy.FullRow)
+
+            for h, e in T.Parallel(hb, d):
+                acc_o[h, e] = T.if_then_else(l_i[h] > 0, acc_o[h, e] / l_i[h], 0)
+            for h in T.Parallel(hb):
+                l_blk[h] = T.if_then_else(l_i[h] > 0, (T.log2(l_i[h]) + m_i[h] * scale2) * LN2,
+                                        -T.infinity(f32) if split else T.infinity(f32))
+            T.copy(acc_o, Out[tok, h0 : h0 + hb, :])
+            T.copy(l_blk, Lse[tok, h0 : h0 + hb])
+
+    return sparse_mla_pipe
+
+
+def program(heads: int, k: int, sm_scale: float, cfg: TLConfig, split: bool = False) -> Any:
+    """The TileLang ``PrimFunc`` of ``cfg``'s schedule for this shape (checked first).
+
+    ``split``: the program writes fp32 outputs and ``lse = -inf`` for an empty row (a split-K partial, merged
+    by :func:`..triton.sparse_mla_combine.combine_splits`) instead of bf16 and ``+inf``."""
+    check_shape(heads, k, cfg)
+    if cfg.variant != "pipe":
+        from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla_ws import ws_program
+
+        return ws_program(heads, k, sm_scale, cfg, split)
+    return pipe_program(heads, k, sm_scale, cfg, split)
+
+
+def cuda_source(heads: int, k: int, sm_scale: float, cfg: TLConfig, split: bool = False,
+                arch: str = "sm_90a") -> tuple[str, int]:
+    """CUDA source of the program lowered for ``arch`` without a GPU, and its dynamic shared memory in bytes."""
+    import re
+
+    import tilelang
+    from tvm.target import Target
+
+    target = Target({"kind": "cuda", "arch": arch})
+    with tilelang.transform.PassContext(config=PASS_CONFIGS), target:
+        art = tilelang.lower(program(heads, k, sm_scale, cfg, split), target=target)
+    found = re.search(r'"dyn_shared_memory_buf":\s*(\d+)', art.device_mod.script())
+    return art.kernel_source, int(found.group(1)) if found else 0
+
+
+def source_problems(src: str) -> list[str]:
+    """What the generated CUDA source must contain for the kernel to be right and fast (empty when all is)."""
+    import re
+
+    out = []
+    if "wgmma" not in src:
+        out.append("no wgmma GEMM")
+    gathers = re.findall(r"cp_async_gs(?:_conditional)?<16>\([^;]*KV\[[^;]*;", src)
+    if not gathers:
+        out.append("KV rows are not gathered with cp.async")
+    # The pipe schedule's predicate reads the index in place; the ws one names it (bool ok = 0 <= row < n_kv).
+    named = re.search(r"bool ok = \(\(0 <= row\) && \(row < n_kv\)\);", src) is not None
+    for g in gathers:
+        guarded = "< n_kv" in g and ("0 <= Idx" in g or (named and "(ok &&" in g))
+        if "cp_async_gs_conditional" not in g or not guarded:
+            out.append("a KV gather is not predicated on 0 <= index < n_kv (a -1 would be read)")
+            break
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def compiled(heads: int, k: int, sm_scale: float, cfg: TLConfig, split: bool = False, target: str = "cuda") -> Any:
+    """The compiled kernel (a ``tilelang`` JIT kernel called as ``kern(q, kv, idx, out, lse)``), cached per
+    (heads, k, sm_scale, config, split, target): ``T`` and ``S`` are symbolic, so batch sizes share one compile."""
+    import tilelang
+
+    return tilelang.compile(program(heads, k, sm_scale, cfg, split), target=target, pass_configs=PASS_CONFIGS)
+
+
+def precompile(keys: list[tuple[int, int, float, TLConfig, bool]], workers: int = 8) -> dict[tuple, str]:
+    """Compile the kernels of ``keys`` (``(heads, k, sm_scale, config, split)``) in parallel threads (TileLang's
+    lowering releases the GIL and nvcc is a subprocess); returns the error of each key that failed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    unique = list(dict.fromkeys(keys))
+    errors: dict[tuple, str] = {}
+
+    def one(key: tuple) -> None:
+        try:
+            compiled(*key)
+        except Exception as exc:  # noqa: BLE001 - reported per key; the caller decides
+            errors[key] = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:300]
+
+    with ThreadPoolExecutor(max(1, min(workers, len(unique)))) as pool:
+        list(pool.map(one, unique))
+    return errors
+
+
+def flops(tokens: int, heads: int, k: int) -> int:
+    """``2 * H * (576 + 512) * K`` per query row: the two GEMMs (scores and ``P @ V``)."""
+    return 2 * tokens * heads * (D_QK + D_LATENT) * k

@@ -1,0 +1,221 @@
+"""The warp-specialised schedules (``variant="ws"`` / ``"wsa"``) of the sparse MLA forward, as a TileLang program.
+
+384 threads per (query row, 64-head group) block, in three warpgroups with fixed roles:
+
+* ``score`` (threads 0-127): ``S = Q . K^T`` for the whole chunk of ``BI = 64`` gathered rows (one wgmma tile,
+  Q from shared memory), the online softmax (fp32, base 2, masked columns ``-inf``), then it publishes ``P``
+  (bf16) and the row rescale factors in shared memory and accumulates ``O[:, 0:256] += P . V[:, 0:256]``;
+* ``value`` (threads 128-255): waits for ``P``, rescales and accumulates ``O[:, 256:512] += P . V[:, 256:512]``;
+* ``gather`` (threads 256-383): copies each chunk's 64 indices and its 64 KV rows (576 columns) into a ring of
+  two shared-memory stages with cp.async, 16 bytes per copy, 8 threads per 128-byte segment of a row; an index
+  of ``-1`` (or ``>= S``) is a zero-filling copy that reads nothing. Each stage's arrival is tracked by an
+  mbarrier that completes when every copy of the 128 gather threads has landed (``cp.async.mbarrier.arrive``).
+
+mbarriers: ``ready[s]`` (gather -> compute, stage ``s`` filled), ``free[s]`` (both compute warpgroups done with
+stage ``s``), ``p_ready`` / ``p_free`` (score -> value and back: ``P`` and the rescale factors published /
+consumed, one phase per chunk) and ``done`` (the final row sums, for the value warpgroup's normalisation).
+Chunk ``c`` lives in stage ``c % 2``; its ready/free phase is ``c // 2`` and its P phase is ``c``, so every wait
+uses that phase's parity. While ``value`` multiplies by ``P`` of chunk ``c``, ``score`` already computes the
+scores of chunk ``c + 1``: the two wgmma streams overlap, and the gathers run two chunks ahead.
+
+``variant="wsa"`` also overlaps inside the score warpgroup: for chunk ``c`` it issues the wgmma of ``S(c + 1)``
+and of ``P(c) . V(c)[:, 0:256]`` back to back, waits only for the scores (``wgmma.wait_group 1``), runs the
+softmax of ``c + 1`` while the tensor cores still multiply ``P(c)``, then waits for that and publishes ``P(c + 1)``
+(P stays in registers meanwhile, so one ``p_sh`` buffer is enough).
+
+Register split (``setmaxnreg``): 240 for ``score`` (128 accumulators of O, 32 of S), 160 for ``value``,
+56 for ``gather``: ``(240 + 160 + 56) * 128 <= 65536``.
+"""
+
+# No ``from __future__ import annotations``: TileLang evaluates the kernel's annotations, which name locals.
+from typing import Any
+
+from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import D_LATENT, D_QK, D_ROPE, HEAD_BLOCK, LN2, LOG2E
+
+BI = 64
+ROWS_PER_PASS = 16  # gather: 128 threads = 16 rows x 8 threads, each thread 16 bytes of a 128-byte segment
+REGS = (240, 160, 56)  # score, value, gather
+
+
+def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = False) -> Any:
+    """The ``ws`` / ``wsa`` schedule as a TileLang ``PrimFunc`` (imports tilelang); ``split`` as in
+    :func:`.sparse_mla.program`. ``k`` must be a multiple of 64 (the chunk); chunks past the last are skipped."""
+    import tilelang.language as T
+
+    hb, d, dr, half = HEAD_BLOCK, D_LATENT, D_ROPE, D_LATENT // 2
+    overlap = cfg.variant == "wsa"
+    n_chunks = k // BI
+    n_rounds = -(-n_chunks // 2)
+    scale2 = sm_scale * LOG2E
+    n_tok, n_kv = T.dynamic("n_tok"), T.dynamic("n_kv")
+    bf16, f32 = "bfloat16", "float32"
+    out_t = f32 if split else bf16
+
+    @T.macro
+    def scores(acc_s, idx_sh, q_lat, q_rope, kv_lat, kv_rope, st, asynchronous):
+        """acc_s = mask + Q . K^T of stage ``st`` (issued only, when ``asynchronous``)."""
+        for h, j in T.Parallel(hb, BI):
+            acc_s[h, j] = T.if_then_else(
+                (idx_sh[st, j] >= 0) and (idx_sh[st, j] < n_kv), 0, -T.infinity(f32))
+        if asynchronous:
+            T.wgmma_gemm(q_lat, kv_lat[st, :, :], acc_s, transpose_B=True)
+            T.wgmma_gemm(q_rope, kv_rope[st, :, :], acc_s, transpose_B=True)
+        else:
+            T.gemm(q_lat, kv_lat[st, :, :], acc_s, transpose_B=True)
+            T.gemm(q_rope, kv_rope[st, :, :], acc_s, transpose_B=True)
+
+    @T.macro
+    def softmax(acc_s, m_i, m_prev, l_i, l_blk, alpha):
+        """Scores -> probabilities in acc_s; m_i, l_i and the rescale factor alpha updated."""
+        T.copy(m_i, m_prev)
+        T.reduce_max(acc_s, m_i, dim=1, clear=False)
+        for h in T.Parallel(hb):
+            alpha[h] = T.exp2((m_prev[h] - m_i[h]) * scale2)
+        for h, j in T.Parallel(hb, BI):
+            acc_s[h, j] = T.exp2(acc_s[h, j] * scale2 - m_i[h] * scale2)
+        T.reduce_sum(acc_s, l_blk, dim=1)
+        for h in T.Parallel(hb):
+            l_i[h] = l_i[h] * alpha[h] + l_blk[h]
+
+    @T.macro
+    def publish(acc_s, alpha, p_sh, alpha_sh, acc_o_lo, p_ready, p_free, c):
+        """P and alpha of chunk ``c`` into shared memory, once the value warpgroup has read chunk c - 1's."""
+        if c > 0:
+            T.barrier_wait(p_free, (c + 1) % 2)
+        T.copy(acc_s, p_sh)
+        T.copy(alpha, alpha_sh)
+        T.fence_proxy_async()  # generic-proxy stores of P, read next by wgmma (async proxy)
+        T.barrier_arrive(p_ready)
+        for h, e in T.Parallel(hb, half):
+            acc_o_lo[h, e] *= alpha[h]
+
+
+    @T.prim_func
+    def sparse_mla_ws(
+        Q: T.Tensor((n_tok, heads, D_QK), bf16),
+        KV: T.Tensor((n_kv, D_QK), bf16),
+        Idx: T.Tensor((n_tok, k), "int32"),
+        Out: T.Tensor((n_tok, heads, d), out_t),
+        Lse: T.Tensor((n_tok, heads), f32),
+    ):
+        with T.Kernel(n_tok, heads // hb, threads=384) as (tok, hblk):
+            q_lat = T.alloc_shared((hb, d), bf16)
+            q_rope = T.alloc_shared((hb, dr), bf16)
+            kv_lat = T.alloc_shared((2, BI, d), bf16)
+            kv_rope = T.alloc_shared((2, BI, dr), bf16)
+            idx_sh = T.alloc_shared((2, BI), "int32")
+            p_sh = T.alloc_shared((hb, BI), bf16)
+            alpha_sh = T.alloc_shared((hb,), f32)
+            l_sh = T.alloc_shared((hb,), f32)
+
+            acc_s = T.alloc_fragment((hb, BI), f32)
+            acc_o_lo = T.alloc_fragment((hb, half), f32)
+            acc_o_hi = T.alloc_fragment((hb, half), f32)
+            m_i = T.alloc_fragment((hb,), f32)
+            m_prev = T.alloc_fragment((hb,), f32)
+            l_i = T.alloc_fragment((hb,), f32)
+            l_blk = T.alloc_fragment((hb,), f32)
+            alpha = T.alloc_fragment((hb,), f32)
+            row = T.alloc_var("int32")
+
+            ready = T.alloc_barrier([128, 128])
+            free = T.alloc_barrier([256, 256])
+            p_ready = T.alloc_barrier(128)
+            p_free = T.alloc_barrier(128)
+            done = T.alloc_barrier(128)
+
+            tx = T.get_thread_binding()
+            h0 = hblk * hb
+
+            if tx < 128:  # score warpgroup (the only reader of Q: it loads Q while the first gathers run)
+                T.set_max_nreg(REGS[0], 1)
+                T.copy(Q[tok, h0 : h0 + hb, 0:d], q_lat)
+                T.copy(Q[tok, h0 : h0 + hb, d:D_QK], q_rope)
+                T.fill(acc_o_lo, 0)
+                T.fill(l_i, 0)
+                T.fill(m_i, -(2.0**30))  # finite floor: (m_prev - m) stays finite while all was masked
+                if overlap:
+                    # Chunk 0 up front; then per chunk c: issue S(c + 1) and P(c) . V(c) back to back, run the
+                    # softmax of c + 1 while the tensor cores still multiply P(c), publish P(c + 1) after.
+                    T.barrier_wait(ready[0], 0)
+                    scores(acc_s, idx_sh, q_lat, q_rope, kv_lat, kv_rope, 0, False)
+                    softmax(acc_s, m_i, m_prev, l_i, l_blk, alpha)
+                    publish(acc_s, alpha, p_sh, alpha_sh, acc_o_lo, p_ready, p_free, 0)
+                    for r in T.serial(n_rounds):
+                        for st in T.unroll(2):
+                            if r * 2 + st < n_chunks:
+                                if r * 2 + st + 1 < n_chunks:
+                                    T.barrier_wait(ready[1 - st], (r + st) % 2)
+                                    scores(acc_s, idx_sh, q_lat, q_rope, kv_lat, kv_rope, 1 - st, True)
+                                    T.wgmma_gemm(p_sh, kv_lat[st, :, 0:half], acc_o_lo)
+                                    T.wait_wgmma(1)  # the scores of c + 1 are in; P(c) . V(c) may still run
+                                    # Pin the accumulators after each wait: nvcc must not hoist their reads above it.
+                                    T.warpgroup_fence_operand(acc_s, num_regs=hb * BI // 128)
+                                    softmax(acc_s, m_i, m_prev, l_i, l_blk, alpha)
+                                    T.wait_wgmma(0)
+                                    T.warpgroup_fence_operand(acc_o_lo, num_regs=hb * half // 128)
+                                    T.barrier_arrive(free[st])
+                                    publish(acc_s, alpha, p_sh, alpha_sh, acc_o_lo, p_ready, p_free, r * 2 + st + 1)
+                                else:
+                                    T.gemm(p_sh, kv_lat[st, :, 0:half], acc_o_lo)
+                                    T.barrier_arrive(free[st])
+                else:
+                    for r in T.serial(n_rounds):
+                        for st in T.unroll(2):
+                            if r * 2 + st < n_chunks:
+                                T.barrier_wait(ready[st], r % 2)
+                                scores(acc_s, idx_sh, q_lat, q_rope, kv_lat, kv_rope, st, False)
+                                softmax(acc_s, m_i, m_prev, l_i, l_blk, alpha)
+                                publish(acc_s, alpha, p_sh, alpha_sh, acc_o_lo, p_ready, p_free, r * 2 + st)
+                                T.gemm(p_sh, kv_lat[st, :, 0:half], acc_o_lo)
+                                T.barrier_arrive(free[st])
+                T.copy(l_i, l_sh)
+                T.barrier_arrive(done)
+                for h, e in T.Parallel(hb, half):
+                    acc_o_lo[h, e] = T.if_then_else(l_i[h] > 0, acc_o_lo[h, e] / l_i[h], 0)
+                for h in T.Parallel(hb):
+                    l_blk[h] = T.if_then_else(l_i[h] > 0, (T.log2(l_i[h]) + m_i[h] * scale2) * LN2,
+                                              -T.infinity(f32) if split else T.infinity(f32))
+                T.copy(acc_o_lo, Out[tok, h0 : h0 + hb, 0:half])
+                T.copy(l_blk, Lse[tok, h0 : h0 + hb])
+            elif tx < 256:  # value warpgroup
+                T.set_max_nreg(REGS[1], 1)
+                T.fill(acc_o_hi, 0)
+                for r in T.serial(n_rounds):
+                    for st in T.unroll(2):
+                        if r * 2 + st < n_chunks:
+                            T.barrier_wait(p_ready, (r * 2 + st) % 2)
+                            T.fence_proxy_async()  # the stage's cp.async rows are read by wgmma next
+                            for h, e in T.Parallel(hb, half):
+                                acc_o_hi[h, e] *= alpha_sh[h]
+                            T.gemm(p_sh, kv_lat[st, :, half:d], acc_o_hi)
+                            T.barrier_arrive(p_free)
+                            T.barrier_arrive(free[st])
+                T.barrier_wait(done, 0)
+                for h, e in T.Parallel(hb, half):
+                    acc_o_hi[h, e] = T.if_then_else(l_sh[h] > 0, acc_o_hi[h, e] / l_sh[h], 0)
+                T.copy(acc_o_hi, Out[tok, h0 : h0 + hb, half:d])
+            else:  # gather warpgroup
+                T.set_max_nreg(REGS[2], 0)
+                g = tx - 256
+                for r in T.serial(n_rounds):
+                    for st in T.unroll(2):
+                        if r * 2 + st < n_chunks:
+                            T.barrier_wait(free[st], (r + 1) % 2)
+                            c0 = (r * 2 + st) * BI
+                            if g < BI // 4:  # the chunk's 64 indices: 16 threads x 4 int32
+                                T.ptx_cp_async(T.access_ptr(idx_sh[st, g * 4], "w", 4),
+                                               T.access_ptr(Idx[tok, c0 + g * 4], "r", 4), 4)
+                            for p in T.unroll(BI // ROWS_PER_PASS):
+                                row = Idx[tok, c0 + p * ROWS_PER_PASS + g // 8]
+                                ok = (row >= 0) and (row < n_kv)
+                                src = T.max(T.min(row, n_kv - 1), 0)  # in bounds even when not read
+                                dst = p * ROWS_PER_PASS + g // 8
+                                for u in T.unroll(d // 64):
+                                    T.ptx_cp_async(T.access_ptr(kv_lat[st, dst, u * 64 + (g % 8) * 8], "w", 8),
+                                                   T.access_ptr(KV[src, u * 64 + (g % 8) * 8], "r", 8), 8, ok)
+                                T.ptx_cp_async(T.access_ptr(kv_rope[st, dst, (g % 8) * 8], "w", 8),
+                                               T.access_ptr(KV[src, d + (g % 8) * 8], "r", 8), 8, ok)
+                            T.cp_async_barrier_noinc(ready[st])
+
+    return sparse_mla_ws

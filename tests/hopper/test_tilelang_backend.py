@@ -1,0 +1,265 @@
+"""The cuda_hopper ``tilelang`` backend without a GPU: registration, exact claims, availability reasons, ``auto``
+order on Hopper, fallback of unclaimed shapes, the decode split bookkeeping (with torch stand-ins for the
+kernel and the combine), and, when tilelang is installed, that the program lowers to sm_90a CUDA source."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+
+from dsa_runtime.cli.plugins_cmd import collect
+from dsa_runtime.plugin_manager import get_manager
+from dsa_runtime.plugins.cuda_hopper.tilelang import sparse_attn as tl_attn
+from dsa_runtime.reference.sparse_attn import ReferenceSparseAttn
+from dsa_runtime.resolve import KernelConfig, resolve_kernels
+
+H100 = "NVIDIA H100 80GB HBM3:9.0"
+V32 = {"heads": 128, "k": 2048, "page_size": 64, "decode_queries": 1}
+HAS_TILELANG = importlib.util.find_spec("tilelang") is not None
+
+
+@pytest.fixture
+def with_tilelang(monkeypatch):
+    """tilelang importable (a stand-in module when it is not installed) and an SM90 GPU as NVML sees it."""
+    if not HAS_TILELANG:
+        monkeypatch.setitem(sys.modules, "tilelang", types.ModuleType("tilelang"))
+    monkeypatch.setenv("DSA_FAKE_GPU", H100)
+
+
+@pytest.fixture
+def without_tilelang(monkeypatch):
+    monkeypatch.delitem(sys.modules, "tilelang", raising=False)
+    monkeypatch.setattr(tl_attn.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setenv("DSA_FAKE_GPU", H100)
+
+
+def test_registered_with_exact_claims():
+    backend = get_manager().get_backend("tilelang")
+    assert backend.plugin == backend.platform == "cuda_hopper"
+    caps = backend.capabilities
+    assert sorted(caps.claimed_methods()) == ["sparse_attn.decode", "sparse_attn.prefill"]
+    ok = caps.unclaimed_reason
+    for heads, k in ((64, 64), (128, 2048), (128, 16384), (64, 128)):
+        assert ok("sparse_attn.prefill", device="cuda", kv_layout="bf16", heads=heads, k=k) is None
+        assert ok("sparse_attn.decode", device="cuda", kv_layout="bf16", heads=heads, k=k, page_size=64,
+                  decode_queries=2) is None
+    for bad in ({"heads": 96}, {"heads": 32}, {"k": 96}, {"k": 32}, {"device": "cpu"}, {"kv_layout": "fp8_656"}):
+        needs = {"device": "cuda", "kv_layout": "bf16", "heads": 128, "k": 2048} | bad
+        assert ok("sparse_attn.prefill", **needs) is not None, bad
+        assert ok("sparse_attn.decode", **needs) is not None, bad
+    assert isinstance(backend.kernels["sparse_attn"], str)  # imported on first use
+
+
+def test_unavailable_without_tilelang_with_the_reason_in_plugins(without_tilelang):
+    backends = {b["name"]: b for p in collect()["plugins"] for b in p["backends"]}
+    assert backends["tilelang"]["available"] is False
+    assert "tilelang package is not installed" in backends["tilelang"]["reason"]
+    assert "offline-wheels" in backends["tilelang"]["reason"]
+
+
+def test_unavailable_without_an_sm90_gpu(with_tilelang, monkeypatch):
+    monkeypatch.setenv("DSA_FAKE_GPU", "NVIDIA B200:10.0")
+    ok, why = get_manager().get_backend("tilelang").available()
+    assert not ok and "no SM90 GPU" in why
+
+
+def test_available_with_tilelang_on_hopper(with_tilelang):
+    ok, why = get_manager().get_backend("tilelang").available()
+    assert ok and "tilelang" in why and "SM90 GPU" in why
+
+
+def test_discovery_imports_neither_tilelang_nor_torch():
+    code = (
+        "import os, sys\n"
+        "os.environ['DSA_FAKE_GPU'] = 'NVIDIA H200:9.0'\n"
+        "from dsa_runtime.plugin_manager import get_manager\n"
+        "ok, why = get_manager().get_backend('tilelang').available()\n"
+        "print('tilelang' in sys.modules, 'torch' in sys.modules)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.split() == ["False", "False"]
+
+
+def test_auto_order_puts_tilelang_between_flashmla_and_triton():
+    from dsa_runtime.plugins.cuda_hopper import defaults, detect
+
+    d = defaults(detect())
+    for method, before in (("sparse_attn.prefill", "flashmla_sparse"), ("sparse_attn.decode", "flashmla_kv")):
+        order = d.methods[method]
+        assert order.index(before) < order.index("tilelang") < order.index("triton"), order
+
+
+def test_auto_on_hopper_picks_tilelang_without_flashmla(with_tilelang):
+    resolved = resolve_kernels(KernelConfig(), needs=V32)  # bf16 KV: flashmla_kv does not claim the decode
+    for method in ("sparse_attn.prefill", "sparse_attn.decode"):
+        assert resolved.choices[method].backend == "tilelang", resolved.choices[method].reason
+    assert type(resolved.sparse_attn.prefill.__self__).__name__ == "TileLangSparseAttn"
+
+
+def test_fp8_cache_decode_is_not_claimed(with_tilelang):
+    resolved = resolve_kernels(KernelConfig(kv_layout="fp8_656"), needs=V32)
+    dec = resolved.choices["sparse_attn.decode"]
+    assert dec.backend != "tilelang"
+    assert "backend 'tilelang': sparse_attn.decode: KV layout 'fp8_656' not claimed" in dec.reason
+
+
+def test_unclaimed_shapes_fall_back_with_the_reason(with_tilelang):
+    resolved = resolve_kernels(KernelConfig(), needs=V32 | {"heads": 130})
+    for method in ("sparse_attn.prefill", "sparse_attn.decode"):
+        choice = resolved.choices[method]
+        assert choice.backend in ("triton", "reference"), choice
+        assert "backend 'tilelang'" in choice.reason and "head count 130 not claimed" in choice.reason
+
+
+def test_narrow_shapes_are_padded_to_the_claims(with_tilelang):
+    resolved = resolve_kernels(KernelConfig(), needs=V32 | {"heads": 16, "k": 32})
+    pre = resolved.choices["sparse_attn.prefill"]
+    assert pre.backend == "tilelang" and pre.reason.endswith("pads heads 16 -> 64, k 32 -> 64")
+
+
+def test_plan_splits():
+    assert tl_attn.plan_splits(4096, 128, 2048) == 1  # prefill-sized batches fill the GPU
+    assert tl_attn.plan_splits(64, 128, 2048) == 1  # 128 blocks: one wave of 132 SMs already
+    assert tl_attn.plan_splits(1, 128, 2048) == 16  # 2 blocks -> 32 (chunks of 128)
+    assert tl_attn.plan_splits(8, 64, 2048) == 16  # 8 blocks -> 128
+    assert tl_attn.plan_splits(1, 64, 64) == 1  # k 64: a single chunk
+    for rows, heads, k in ((1, 64, 2048), (3, 128, 512), (16, 64, 4096)):
+        n = tl_attn.plan_splits(rows, heads, k)
+        assert k % (n * 64) == 0 and k // n >= min(k, 128)
+
+
+def _torch_run(self, q, kv, idx, sm_scale, split):
+    """Stand-in for the compiled kernel: the reference in fp32, with the kernel's split-mode conventions."""
+    out, lse = ReferenceSparseAttn().prefill(q, kv, idx, sm_scale)
+    if split:
+        return out.float(), torch.where(torch.isposinf(lse), float("-inf"), lse)
+    return out, lse
+
+
+def _torch_combine(part, part_lse):
+    m = part_lse.max(dim=0).values
+    empty = torch.isneginf(m)
+    w = torch.exp(part_lse - torch.where(empty, 0.0, m))
+    out = (w[..., None] * part).sum(0) / torch.where(empty, 1.0, w.sum(0))[..., None]
+    lse = torch.where(empty, float("inf"), torch.where(empty, 0.0, m) + torch.log(torch.where(empty, 1.0, w.sum(0))))
+    return out.bfloat16(), lse
+
+
+@pytest.mark.parametrize("splits", [1, 2, 4])
+def test_decode_split_bookkeeping_equals_the_reference(monkeypatch, splits):
+    """The flat view, the (split, row) layout of the split rows and their merge equal the reference decode."""
+    import dsa_runtime.plugins.cuda_hopper.triton as triton_pkg
+
+    combine_mod = types.ModuleType("sparse_mla_combine")
+    combine_mod.combine_splits = _torch_combine
+    monkeypatch.setitem(sys.modules, f"{triton_pkg.__name__}.sparse_mla_combine", combine_mod)
+    monkeypatch.setattr(tl_attn.TileLangSparseAttn, "_run", _torch_run)
+    gen = torch.Generator().manual_seed(11)
+    b, n_q, heads, pages, k = 3, 2, 64, 6, 256
+    cache = torch.randn(pages, 64, 576, generator=gen).bfloat16()
+    q = torch.randn(b, n_q, heads, 576, generator=gen).bfloat16()
+    idx = torch.stack([torch.randperm(pages * 64, generator=gen)[:k] for _ in range(b * n_q)]).view(b, n_q, k)
+    idx = idx.to(torch.int32)
+    idx[0, 0] = -1  # an empty query
+    idx[1, 1, : k // 2] = -1  # the first half empty: whole splits see nothing
+    idx[2, 0, ::3] = -1
+    out, lse = tl_attn.TileLangSparseAttn(decode_splits=splits).decode(q, cache, idx, 0.135234, layout="bf16")
+    want_out, want_lse = ReferenceSparseAttn().decode(q, cache, idx, 0.135234, layout="bf16")
+    assert out.shape == (b, n_q, heads, 512) and lse.shape == (b, n_q, heads)
+    torch.testing.assert_close(out.float(), want_out.float(), rtol=0.02, atol=0.02)
+    torch.testing.assert_close(lse, want_lse, rtol=1e-5, atol=1e-4)
+    assert torch.isposinf(lse[0, 0]).all() and (out[0, 0] == 0).all()
+
+
+def test_bad_inputs_are_one_line_errors():
+    kern = tl_attn.TileLangSparseAttn()
+    q = torch.zeros(2, 64, 576, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="d_v 512"):
+        kern.prefill(q, torch.zeros(4, 576, dtype=torch.bfloat16), torch.zeros(2, 64, dtype=torch.int32), 0.1, d_v=256)
+    with pytest.raises(ValueError, match="bf16 q and kv"):
+        kern.prefill(q.float(), torch.zeros(4, 576), torch.zeros(2, 64, dtype=torch.int32), 0.1)
+    with pytest.raises(ValueError, match="bf16 cache only"):
+        kern.decode(q[None], torch.zeros(1, 64, 656, dtype=torch.uint8), torch.zeros(1, 2, 64, dtype=torch.int32),
+                    0.1, layout="fp8_656")
+
+
+NO_TILELANG = pytest.mark.skipif(not HAS_TILELANG, reason="tilelang is not installed (CI does not install it; "
+                                 "pip install 'dsa-runtime[hopper]' to run this lowering check)")
+
+
+@NO_TILELANG
+@pytest.mark.parametrize(("variant", "split"), [("pipe", False), ("ws", True), ("wsa", False)])
+def test_program_lowers_to_sm90a_cuda_source(variant, split):
+    from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import CANDIDATES, cuda_source, source_problems
+
+    cfg = next(c for c in CANDIDATES if c.variant == variant)
+    src, smem = cuda_source(64, 192, 0.135234, cfg, split)  # 3 chunks: the ws ring's odd tail
+    assert "__global__" in src and ("sparse_mla_pipe" if variant == "pipe" else "sparse_mla_ws") in src
+    assert ("wait_wgmma<1>" in src) == (variant == "wsa")  # only wsa overlaps the softmax with its P . V
+    assert source_problems(src) == []
+    assert ("float* __restrict__ Out" in src) == split  # split partials are fp32
+    assert 0 < smem <= 227 * 1024  # fits an H100's shared memory per block
+
+
+def test_bad_launch_shapes_are_refused():
+    from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import TLConfig, check_shape
+
+    with pytest.raises(ValueError, match="multiples of 64"):
+        check_shape(96, 128, TLConfig())
+    with pytest.raises(ValueError, match="multiple of block_i"):
+        check_shape(64, 96, TLConfig())
+    with pytest.raises(ValueError, match="384 threads"):
+        check_shape(64, 128, TLConfig(variant="ws"))
+    with pytest.raises(ValueError, match="unknown"):
+        check_shape(64, 128, TLConfig(variant="fast"))
+
+
+def test_gpu_bench_script_plumbing_runs_on_cpu(tmp_path):
+    """bench/sparse_attn_tilelang.py --dry-run: the lead's GPU script end to end at tiny sizes, the reference
+    standing in for the kernel (a typo there would otherwise cost a GPU run)."""
+    import json
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "bench" / "sparse_attn_tilelang.py"
+    out = tmp_path / "dry.json"
+    run = subprocess.run([sys.executable, str(script), "--dry-run", "--out", str(out)], capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["checks_ok"] is True and "FAIL" not in run.stdout
+    labels = {r["label"] for r in result["rows"]}
+    assert any(lbl.startswith("tilelang ws_") for lbl in labels) and any("splits" in lbl for lbl in labels)
+
+
+def test_launch_shape_from_the_environment(monkeypatch):
+    from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import CANDIDATES, DEFAULT_CONFIG
+
+    monkeypatch.delenv(tl_attn.CONFIG_ENV, raising=False)
+    assert tl_attn.TileLangSparseAttn()._config(2048) == DEFAULT_CONFIG
+    ws = next(c for c in CANDIDATES if c.variant == "ws")
+    monkeypatch.setenv(tl_attn.CONFIG_ENV, ws.label())
+    assert tl_attn.TileLangSparseAttn()._config(2048) == ws
+    narrow = next(c for c in CANDIDATES if c.block_i == 32)
+    assert tl_attn.TileLangSparseAttn(config=narrow)._config(64) == narrow  # 64 % 32 == 0: kept
+    monkeypatch.setenv(tl_attn.CONFIG_ENV, "fastest")
+    with pytest.raises(ValueError, match="names no candidate; valid: pipe_i64_s2_t256"):
+        tl_attn.TileLangSparseAttn()
+
+
+def test_kit_passes_the_wrapper_on_cpu_with_a_standin_kernel():
+    """The conformance kit through the real claims, core padding, flat decode view and split merge, with
+    PyTorch standing in for the compiled kernel (tests/hopper/tilelang_standin.py); the GPU run certifies it."""
+    from dsa_runtime.testing import run_conformance
+
+    report = run_conformance("tests.hopper.tilelang_standin:backend", families=["sparse_attn"], device="cpu",
+                             progress=False)
+    bad = [f"{c.id}: {c.status}: {c.message[:300]}" for c in report.cases if c.status in ("failed", "error")]
+    assert not bad, "\n".join(bad)
+    passed = [c.id for c in report.cases if c.status == "passed"]
+    assert any("/prefill/" in i for i in passed) and any("/decode/bf16/" in i for i in passed)
+    assert not any("/decode/fp8_656/" in i for i in passed)  # the FP8 cache is not claimed
