@@ -35,13 +35,10 @@ K = 2048
 NO_BISECT = {"bisect": False}
 CONFIGS = {
     "bisect": TopKConfig(),
-    "bisect_k64": TopKConfig(bisect_keys_per_thread=64),
-    "bisect_regs": TopKConfig(bisect_reg_write=True),
-    "bisect_regs_k64": TopKConfig(bisect_reg_write=True, bisect_keys_per_thread=64),
+    "bisect_k32": TopKConfig(bisect_keys_per_thread=32),
+    "bisect_mem": TopKConfig(bisect_reg_write=False),
     "bisect_1prog": TopKConfig(bisect_split=1),
-    "bisect_1prog_regs_k64": TopKConfig(bisect_split=1, bisect_reg_write=True, bisect_keys_per_thread=64),
     "bisect_s4": TopKConfig(bisect_split=4),
-    "bisect_s4_k64": TopKConfig(bisect_split=4, bisect_keys_per_thread=64),
     "cand": TopKConfig(**NO_BISECT),
     "cand_blk4096": TopKConfig(block=4096, split_block=4096, **NO_BISECT),
     "cand_blk8192_w16": TopKConfig(block=8192, warps=16, split_block=4096, split_warps=8, **NO_BISECT),

@@ -15,9 +15,10 @@ pytestmark = NEEDS_INTERPRETER  # the module imports triton
         (64, 32768, 2048, 2),  # 64 rows on 132 SMs: two slices each, merge 4096 candidates
         (4096, 8192, 2048, 1),  # rows fill the GPU
         (16, 32768, 2048, 4),  # slices stop at 8K (>= max(2k, 4096)) and merge_max 8192
-        (1, 131072, 2048, 0),  # 8 slices of 16K would need 16384 candidates: the radix paths take it
-        (64, 131072, 2048, 0),
-        (8, 65536, 1024, 8),  # 16K slices, 8 x 1024 candidates
+        (1, 131072, 2048, 0),  # 4 slices of 32K would leave 128 SMs idle: the candidate search takes it
+        (64, 131072, 2048, 4),  # 256 programs of 32K, merge 8192 candidates
+        (8, 65536, 1024, 0),  # 16 programs: fewer than half the SMs
+        (48, 65536, 1024, 2),  # 96 programs of 32K
         (64, 32768, 8192, 1),  # k too large to split
     ],
 )

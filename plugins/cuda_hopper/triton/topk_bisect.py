@@ -1,6 +1,6 @@
 """Exact top-k for rows that fit in one program's registers: one read of the row, then a bit-by-bit search.
 
-A row of up to 32K fp32 logits fits in the registers of one program (32 keys per thread at 32 warps), so the
+A row of up to 32K fp32 logits fits in the registers of one program (64 keys per thread at 16 warps), so the
 window is read from memory once and kept as int32 keys (the order-preserving keys of :mod:`.topk_radix`). The
 k-th largest key is then built one bit at a time from the top, in the unsigned key domain: bit ``b`` is kept
 when at least ``k`` keys are ``>=`` the prefix with that bit set. Each step is one compare-and-count over the
@@ -30,10 +30,10 @@ def bisect_width(width: int) -> int:
     return max(1024, 1 << max(0, (width - 1).bit_length()))
 
 
-def bisect_warps(block_width: int, keys_per_thread: int = 32) -> int:
-    """Warps so that each thread holds ``keys_per_thread`` keys (4..32; sm_90 compiles at 32 keys per thread:
-    64-94 registers, no spills, from 1K to 32K columns)."""
-    return min(32, max(4, block_width // (32 * keys_per_thread)))
+def bisect_warps(block_width: int, keys_per_thread: int = 0) -> int:
+    """Warps so that each thread holds ``keys_per_thread`` keys (4..32); 0: 32 keys up to 8K columns, 64 above."""
+    per = keys_per_thread or (32 if block_width <= 8192 else 64)
+    return min(32, max(4, block_width // (32 * per)))
 
 
 @triton.jit
@@ -114,7 +114,7 @@ def _topk_bisect_kernel(
 
 
 def launch_bisect(logits, starts, ends, out, k, table, batch, page_size, *, block: int = 1024,
-                  keys_per_thread: int = 32, warps: int = 0, reg_write: bool = False) -> None:
+                  keys_per_thread: int = 0, warps: int = 0, reg_write: bool = True) -> None:
     """One program per row over ``[R, L]`` logits with ``L <= MAX_WIDTH`` (``table``/``batch`` None: positions,
     else slots). ``warps`` 0: :func:`bisect_warps`; ``reg_write``: the final pass is one scan over the keys in
     registers instead of a chunked pass over the row in memory."""

@@ -32,17 +32,17 @@ from dsa_runtime.plugins.cuda_hopper.triton.topk_radix import radix_key, to_slot
 INT_MIN = tl.constexpr(-2147483648)
 
 
-SLICE_MAX = 16384  # the slice kernel's one-scan write spills at 32K columns (sm_90: 232 bytes); 16K: 40 bytes
-
-
 def bisect_split_for(rows: int, width: int, k: int, sms: int, merge_max: int = 8192) -> int:
-    """Slices per row: enough for slices of at most :data:`SLICE_MAX` columns when the row exceeds
-    :data:`MAX_WIDTH`, then doubled while the rows leave SMs idle and each slice stays at least
-    ``max(2k, 4096)`` wide; 1 when one program per row is best; 0 when the candidates of the slices a row needs
-    (``S * k``) exceed ``merge_max`` (another search must take the row)."""
+    """Slices per row: enough for slices of at most :data:`MAX_WIDTH` columns, then doubled while the rows
+    leave SMs idle and each slice stays at least ``max(2k, 4096)`` wide; 1 when one program per row is best.
+    0 (another search must take the row) when the candidates of the slices a row needs (``S * k``) exceed
+    ``merge_max``, or when long rows cut into 32K slices would still leave half the SMs idle (1 x 128K: the
+    candidate search's 16 programs per row win there, 0.054 vs 0.082 ms on the H200)."""
     s = 1
-    while width > MAX_WIDTH and s * SLICE_MAX < width:
+    while s * MAX_WIDTH < width:
         s *= 2
+    if s > 1 and rows * s < sms // 2:
+        return 0
     while rows * s * 2 <= sms and width // (s * 2) >= max(2 * k, 4096) and s * 2 * k <= merge_max:
         s *= 2
     if s > 1 and s * k > merge_max:
@@ -113,7 +113,7 @@ def _merge_kernel(
 
 
 def launch_bisect_split(logits, starts, ends, out, k, table, batch, page_size, *, split: int,
-                        keys_per_thread: int = 32, block: int = 1024) -> None:
+                        keys_per_thread: int = 0, block: int = 1024) -> None:
     """``split`` programs per row, then one merge program per row (two launches)."""
     rows, width = logits.shape
     slice_w = -(-width // split)
