@@ -119,6 +119,10 @@ def measure(t, gen, moe, apart, ref, routed8, shared8, routed16, shared16, sweep
         r["deepgemm_graph_ms"] = graph_ms(lambda: dg.experts(x, w, ids, routed8, shared8))
         print(f"  deepgemm t={t}: err {r['err_deepgemm']}, {r['deepgemm_ms']:.3f} ms eager, "
               f"{r['deepgemm_graph_ms']:.3f} ms graph", flush=True)
+        # Which part is DeepGEMM's grouped GEMMs and which is the torch glue around them
+        r["deepgemm_kernels_us"] = kernel_times_us(lambda: dg.experts(x, w, ids, routed8, shared8))
+        top = sorted(r["deepgemm_kernels_us"].items(), key=lambda kv: -kv[1])[:8]
+        print(f"  deepgemm kernels t={t}: " + ", ".join(f"{n[:40]} {v:.0f}" for n, v in top), flush=True)
     del want
     if routed16 is not None and t <= 4096:
         want = ref.experts(x, w, ids, routed16, shared16)
