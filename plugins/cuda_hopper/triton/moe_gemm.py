@@ -201,3 +201,24 @@ def combine(y_ptr, ids_ptr, out_ptr, extra_ptr, T, N, NUM_EXPERTS, stride_y, str
     if HAS_EXTRA:
         acc += tl.load(extra_ptr + t.to(tl.int64) * stride_extra + offs, mask=ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + t.to(tl.int64) * stride_out + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def combine_sorted(y_ptr, pos_ptr, w_ptr, ys_ptr, pos_s_ptr, out_ptr, N, stride_y, stride_ys, stride_out,
+                   TOPK: tl.constexpr, HAS_SHARED: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``out[t] = sum_j w[t, j] * y[pos[t, j]] (+ ys[pos_s[t]])`` for rows computed in expert-sorted order
+    (another library's grouped GEMM): ``pos`` ``-1`` for a pair that was not computed (its row is never read).
+    fp32 sums in a fixed order (deterministic), stored in out's dtype."""
+    t = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ok = offs < N
+    acc = tl.zeros((BLOCK_N,), tl.float32)
+    for j in tl.static_range(TOPK):
+        p = tl.load(pos_ptr + t * TOPK + j)
+        if p >= 0:
+            wt = tl.load(w_ptr + t * TOPK + j)
+            acc += wt * tl.load(y_ptr + p.to(tl.int64) * stride_y + offs, mask=ok, other=0.0).to(tl.float32)
+    if HAS_SHARED:
+        p = tl.load(pos_s_ptr + t)
+        acc += tl.load(ys_ptr + p.to(tl.int64) * stride_ys + offs, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t.to(tl.int64) * stride_out + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)

@@ -75,3 +75,39 @@ def quantize_rows(x: Tensor, scale_fmt: str) -> tuple[Tensor, Tensor]:
             PRE_ROUND=INTERPRET, num_warps=4,
         )
     return q, s
+
+
+@triton.jit
+def _swiglu_quant_kernel(h_ptr, q_ptr, s_ptr, R, INTER, stride_h, stride_q, stride_s, UE8M0: tl.constexpr,
+                         BLOCK_R: tl.constexpr, PRE_ROUND: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    kb = tl.program_id(1)
+    cols = kb * 128 + tl.arange(0, 128)
+    m = (rows < R)[:, None] & (cols < INTER)[None, :]
+    base = h_ptr + rows[:, None].to(tl.int64) * stride_h + cols[None, :]
+    g = tl.load(base, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(base + INTER, mask=m, other=0.0).to(tl.float32)
+    act = g / (1.0 + tl.exp(-g)) * u
+    s = fp8_scale(tl.max(tl.abs(act), axis=1), UE8M0)
+    tl.store(q_ptr + rows[:, None].to(tl.int64) * stride_q + cols[None, :], fp8_quantize(act, s[:, None], PRE_ROUND),
+             mask=m)
+    tl.store(s_ptr + rows * stride_s + kb, s, mask=rows < R)
+
+
+def swiglu_quantize_rows(h13: Tensor, scale_fmt: str) -> tuple[Tensor, Tensor]:
+    """``h13`` ``[R, 2I]`` bf16 (gate columns, then up) -> ``silu(gate) * up`` (fp32) quantized per 128:
+    ``[R, I]`` e4m3 and ``[R, ceil(I / 128)]`` fp32 scales; one read of ``h13``, no fp32 temporaries."""
+    if scale_fmt not in ("ue8m0", "float"):
+        raise ValueError(f"unknown scale_fmt {scale_fmt!r}; valid: ue8m0, float")
+    rows, two_inter = h13.shape
+    inter = two_inter // 2
+    nb = triton.cdiv(inter, 128)
+    q = torch.empty(rows, inter, dtype=FP8, device=h13.device)
+    s = torch.empty(rows, nb, dtype=torch.float32, device=h13.device)
+    if rows:
+        block_r = 4
+        _swiglu_quant_kernel[(triton.cdiv(rows, block_r), nb)](
+            h13, q, s, rows, inter, h13.stride(0), q.stride(0), s.stride(0), UE8M0=scale_fmt == "ue8m0",
+            BLOCK_R=block_r, PRE_ROUND=INTERPRET, num_warps=4,
+        )
+    return q, s
