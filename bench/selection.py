@@ -133,7 +133,7 @@ def run_indexer(results: dict, cands, fp8_tf: float, copy_gbs: float, gen: torch
     return rows
 
 
-def topk_candidates(no_ref: bool, skipped: dict) -> list[Candidate]:
+def topk_candidates(no_ref: bool, skipped: dict, flaggems: bool = False) -> list[Candidate]:
     out = []
     kern, why = registered("triton", "topk.topk", k=TOPK)
     if kern is None:
@@ -142,6 +142,10 @@ def topk_candidates(no_ref: bool, skipped: dict) -> list[Candidate]:
     else:
         out.append(Candidate("triton", lambda a, k=kern: k.topk(a["x"], a["s"], a["e"], TOPK)))
     out.append(Candidate("torch.topk", lambda a: torch.topk(a["x"], TOPK, dim=1).indices.to(torch.int32)))
+    if not flaggems:
+        skipped["topk/flaggems"] = "not asked for (--flaggems: its first calls autotune for minutes per shape)"
+        return out + ([] if no_ref else [Candidate("torch_reference", lambda a: ReferenceTopK().topk(
+            a["x"], a["s"], a["e"], TOPK), True)])
     try:
         import flag_gems
 
@@ -254,6 +258,9 @@ def main() -> int:
     ap.add_argument("--no-reference", action="store_true", help="skip the (slow) reference-backend timings")
     ap.add_argument("--skip-prefill-128k", action="store_true")
     ap.add_argument("--skip-conformance", action="store_true")
+    ap.add_argument("--skip-indexer", action="store_true", help="top-k and the 128K prefill only")
+    ap.add_argument("--flaggems", action="store_true",
+                    help="time FlagGems' top-k too (carried flag_gems; its autotuning took over 100 s at 64 x 32K)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench/selection.py needs a CUDA GPU", file=sys.stderr)
@@ -268,10 +275,11 @@ def main() -> int:
     results["ceilings"] = ceilings
     print(f"ceilings: {ceilings}", flush=True)
     gen = torch.Generator(device="cuda").manual_seed(0)
-    idx_rows = run_indexer(results, indexer_candidates(args.no_reference, results["skipped"]), ceilings["fp8_tflops"],
-                           ceilings["copy_gbs"], gen)
+    idx_rows = [] if args.skip_indexer else run_indexer(
+        results, indexer_candidates(args.no_reference, results["skipped"]), ceilings["fp8_tflops"],
+        ceilings["copy_gbs"], gen)
     write_json(args.out, results)
-    topk_rows = run_topk(results, topk_candidates(args.no_reference, results["skipped"]), gen)
+    topk_rows = run_topk(results, topk_candidates(args.no_reference, results["skipped"], args.flaggems), gen)
     write_json(args.out, results)
     pre_rows = [] if args.skip_prefill_128k else run_prefill_128k(results, results["skipped"], gen)
     write_json(args.out, results)
