@@ -205,7 +205,9 @@ def source_problems(src: str) -> list[str]:
         if "cp_async_gs_conditional" not in g or not guarded:
             out.append("a KV gather is not predicated on 0 <= index < n_kv (a -1 would be read)")
             break
-    return out
+    from dsa_runtime.plugins.cuda_hopper.tilelang.setmaxnreg_check import setmaxnreg_problems
+
+    return out + setmaxnreg_problems(src)
 
 
 @functools.lru_cache(maxsize=64)
