@@ -193,7 +193,7 @@ NO_TILELANG = pytest.mark.skipif(not HAS_TILELANG, reason="tilelang is not insta
 
 
 @NO_TILELANG
-@pytest.mark.parametrize(("variant", "split"), [("pipe", False), ("ws", True), ("wsa", False)])
+@pytest.mark.parametrize(("variant", "split"), [("pipe", False), ("ws", True), ("wsa", False), ("ws4", True)])
 def test_program_lowers_to_sm90a_cuda_source(variant, split):
     from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import CANDIDATES, cuda_source, source_problems
 
