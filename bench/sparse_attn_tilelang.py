@@ -79,7 +79,11 @@ def dry_run() -> None:
     DEV, T_PRE, S_PRE, DEC_BATCH, DEC_CTX, K = "cpu", 8, (512,), 2, 1024, 256
     CHECK_SHAPES[:] = [(3, 300, 64, 64), (5, 700, 128, 256)]
 
+    fault = os.environ.get("DSA_TILELANG_DRY_FAULT")  # tests: this candidate's process dies like a faulting kernel
+
     def run(self, q, kv, idx, sm_scale, split):
+        if fault and self.config is not None and self.config.label() == fault:
+            os._exit(134)
         out, lse = REF.prefill(q, kv, idx, sm_scale)
         return (out.float(), torch.where(torch.isposinf(lse), float("-inf"), lse)) if split else (out, lse)
 
