@@ -13,6 +13,8 @@ at run time (an illegal instruction or a hang), is checked here on the generated
   threads, 128 at 512) when the kernel uses ``setmaxnreg`` (pass ptxas' own count as ``launch_regs`` when known);
 * the warpgroups' counts together fit in the pool the launch allocated: ``sum(count) * 128 <= launch * threads``.
 
+The PTX ISA's ``setmaxnreg`` section makes the direction a precondition: with ``.inc`` the warp's register count
+before the instruction must be at most the operand, with ``.dec`` at least; otherwise the behaviour is undefined.
 The ws schedule's first version asked ``inc 160`` in a warpgroup that held 168: an illegal instruction on an H200.
 """
 
