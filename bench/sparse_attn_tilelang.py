@@ -12,8 +12,13 @@
    of a bf16 ``torch.matmul`` 8192^3 measured in the same run (issue 9: aim >= 55%).
 
     python3 bench/sparse_attn_tilelang.py [--out bench/results/sparse_attn_tilelang.json] [--quick] [--no-triton]
+        [--only pipe,ws4] [--skip wsa] [--no-isolate]
 
-Prints PASS/FAIL per check, a table last, and writes JSON (atomically). Exit 1 when a check fails.
+Every warp-specialised candidate (``ws``, ``wsa``, ``ws4``) runs in its own child process (this script with
+``--child``) after the ``pipe`` candidates' results are in the JSON: a kernel that faults (a sticky CUDA error
+poisons the whole process) or hangs costs only its own rows, recorded as a FAIL with the child's exit code.
+``--only`` / ``--skip`` take comma-separated parts of labels. Prints PASS/FAIL per check, a table last, and
+writes JSON (atomically, again after each child). Exit 1 when a check fails or a child dies.
 """
 
 from __future__ import annotations
@@ -74,7 +79,11 @@ def dry_run() -> None:
     DEV, T_PRE, S_PRE, DEC_BATCH, DEC_CTX, K = "cpu", 8, (512,), 2, 1024, 256
     CHECK_SHAPES[:] = [(3, 300, 64, 64), (5, 700, 128, 256)]
 
+    fault = os.environ.get("DSA_TILELANG_DRY_FAULT")  # tests: this candidate's process dies like a faulting kernel
+
     def run(self, q, kv, idx, sm_scale, split):
+        if fault and self.config is not None and self.config.label() == fault:
+            os._exit(134)
         out, lse = REF.prefill(q, kv, idx, sm_scale)
         return (out.float(), torch.where(torch.isposinf(lse), float("-inf"), lse)) if split else (out, lse)
 
@@ -152,16 +161,20 @@ def check(name: str, got, want) -> bool:
 CHECK_SHAPES = [(3, 300, 64, 64), (3, 300, 128, 128), (512, 4096, 128, 2048), (512, 3000, 64, 2048)]
 
 
-def warm(configs, quick: bool) -> None:
+def warm(configs, quick: bool, default_decode: bool = True) -> None:
     """Compile every kernel this run uses up front, in parallel (a cold compile takes tens of seconds each)."""
     keys = []
     for _t, _s, heads, k in CHECK_SHAPES[2:3] if quick else CHECK_SHAPES:
         for cfg in configs if (heads, k) == (128, K) else configs[:1]:
             keys.append((heads, k, SCALE, TileLangSparseAttn(config=cfg)._config(k), False))
-    for rows in (4, 64):
-        n = plan_splits(rows, 128, K) if rows == 4 else 1
-        keys.append((128, K // n, SCALE, DEFAULT_CONFIG, n > 1))
-    keys.append((128, K // 2, SCALE, DEFAULT_CONFIG, True))  # decode timed with 2 splits
+    n_plan = plan_splits(DEC_BATCH, 128, K)
+    for cfg in configs:  # the timed decode of each candidate
+        keys.append((128, K // n_plan, SCALE, TileLangSparseAttn(config=cfg)._config(K // n_plan), n_plan > 1))
+    if default_decode:
+        for rows in (4, 64):
+            n = plan_splits(rows, 128, K) if rows == 4 else 1
+            keys.append((128, K // n, SCALE, DEFAULT_CONFIG, n > 1))
+        keys.append((128, K // 2, SCALE, DEFAULT_CONFIG, True))  # decode timed with 2 splits
     t0 = time.time()
     step(f"compiling {len(set(keys))} kernels", limit=420)
     errors = precompile(keys)
@@ -170,7 +183,7 @@ def warm(configs, quick: bool) -> None:
     print(f"compiled {len(set(keys))} kernels in {time.time() - t0:.0f} s ({len(errors)} failed)", flush=True)
 
 
-def correctness(gen: torch.Generator, configs, quick: bool) -> bool:
+def correctness(gen: torch.Generator, configs, quick: bool, decode: bool = True) -> bool:
     """Every check passes; records PASS/FAIL per launch shape in RESULTS["checks"]."""
     ok = True
     per_cfg = RESULTS["checks"]
@@ -186,7 +199,7 @@ def correctness(gen: torch.Generator, configs, quick: bool) -> bool:
             passed = check(name, (got[0][:64], got[1][:64]), want)
             per_cfg[cfg.label()] = per_cfg.get(cfg.label(), True) and passed
             ok &= passed
-    for batch, splits in ((4, None), (64, 1)):
+    for batch, splits in ((4, None), (64, 1)) if decode else ():
         heads = 128
         pages = batch * 8 + 1
         cache = torch.randn(pages, PAGE, 576, device=DEV, generator=gen).bfloat16()
@@ -247,7 +260,7 @@ def speed_prefill(rows: list[dict], gen: torch.Generator, s: int, configs, ceili
               ceiling)
 
 
-def speed(gen: torch.Generator, configs, ceiling: float, triton: bool) -> list[dict]:
+def speed(gen: torch.Generator, configs, ceiling: float, triton: bool, default_decode: bool = True) -> list[dict]:
     rows: list[dict] = RESULTS["rows"]
     for s in S_PRE:
         speed_prefill(rows, gen, s, configs, ceiling, triton)
@@ -261,7 +274,7 @@ def speed(gen: torch.Generator, configs, ceiling: float, triton: bool) -> list[d
     qd = torch.randn(batch, 1, 128, 576, device=DEV, generator=gen).bfloat16()
     shape = f"decode b{batch} {ctx // 1024}K h128"
     n_plan = plan_splits(batch, 128, K)
-    for cfg, n in [(c, n_plan) for c in configs] + [(DEFAULT_CONFIG, 2)]:
+    for cfg, n in [(c, n_plan) for c in configs] + ([(DEFAULT_CONFIG, 2)] if default_decode else []):
         kern = TileLangSparseAttn(config=cfg, decode_splits=n)
         timed(rows, shape, f"tilelang {cfg.label()} splits {n}",
               lambda k=kern: k.decode(qd, cache, slots, SCALE, layout="bf16"), flops(batch, 128, K), ceiling)
@@ -273,14 +286,59 @@ def speed(gen: torch.Generator, configs, ceiling: float, triton: bool) -> list[d
     return rows
 
 
+def pick(configs, only: str | None, skip: str | None) -> list:
+    """The candidates whose label contains one of ``only``'s comma-separated parts and none of ``skip``'s."""
+    want = [w for w in (only or "").split(",") if w]
+    drop = [w for w in (skip or "").split(",") if w]
+    return [c for c in configs if (not want or any(w in c.label() for w in want))
+            and not any(w in c.label() for w in drop)]
+
+
+def run_isolated(cfg, args, ceiling: float) -> bool:
+    """One warp-specialised candidate in a child process; merges its rows and checks into RESULTS."""
+    import json
+    import subprocess
+    import tempfile
+
+    label = cfg.label()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "child.json"
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--label", label, "--out", str(out),
+               "--ceiling", repr(ceiling), "--no-triton"]
+        cmd += [f for f, on in (("--dry-run", args.dry_run), ("--no-check", args.no_check),
+                                ("--quick", args.quick)) if on]
+        print(f"\n== {label} in a child process (a fault or hang there costs only its rows) ==", flush=True)
+        step(f"child {label}", limit=args.child_timeout + 60)
+        try:
+            rc = subprocess.run(cmd, timeout=args.child_timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = 124
+        child = json.loads(out.read_text()) if out.is_file() else {}
+    RESULTS["rows"] += child.get("rows", [])
+    RESULTS["checks"].update(child.get("checks", {}))
+    RESULTS.setdefault("children", {})[label] = {"rc": rc, **({"hang": child["hang"]} if "hang" in child else {})}
+    if rc and not args.no_check:
+        RESULTS["checks"][label] = False  # died before its checks finished, or one failed
+    if rc:
+        print(f"  FAIL {label}: child exited {rc}" + (" (timeout)" if rc == 124 else ""), flush=True)
+    write_json(args.out, RESULTS)
+    return rc == 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "sparse_attn_tilelang.json"))
     ap.add_argument("--quick", action="store_true", help="the default launch shape only, one correctness shape")
     ap.add_argument("--no-triton", action="store_true", help="do not time the Triton kernels beside")
     ap.add_argument("--no-check", action="store_true", help="skip the correctness checks")
-    ap.add_argument("--only", help="run only the candidates whose label contains this (e.g. ws, pipe_i64)")
-    ap.add_argument("--skip", help="leave out the candidates whose label contains this")
+    ap.add_argument("--only", help="comma-separated parts of labels to run (e.g. pipe_i64_s2,ws4)")
+    ap.add_argument("--skip", help="comma-separated parts of labels to leave out (e.g. wsa)")
+    ap.add_argument("--no-isolate", action="store_true",
+                    help="run the warp-specialised candidates in this process too (one fault ends the run)")
+    ap.add_argument("--child-timeout", type=float, default=420.0, help="seconds for one isolated candidate")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one isolated candidate
+    ap.add_argument("--label", help=argparse.SUPPRESS)  # --child: the exact label
+    ap.add_argument("--ceiling", type=float, help=argparse.SUPPRESS)  # --child: the parent's matmul TFLOP/s
     ap.add_argument("--dry-run", action="store_true",
                     help="CPU check of this script at tiny sizes (the reference stands in for the kernel; no timings)")
     args = ap.parse_args()
@@ -300,41 +358,68 @@ def main() -> int:
     if DEV == "cuda":
         props = torch.cuda.get_device_properties(0)
         info |= {"gpu": props.name, "sms": str(props.multi_processor_count)}
-    print(info, flush=True)
+    if not args.child:
+        print(info, flush=True)
     start = time.time()
     gen = torch.Generator(device=DEV).manual_seed(0)
-    configs = [DEFAULT_CONFIG] if args.quick else list(CANDIDATES)
-    configs = [c for c in configs if (not args.only or args.only in c.label())
-               and not (args.skip and args.skip in c.label())]
+    if args.child:
+        configs = [c for c in CANDIDATES if c.label() == args.label]
+    else:
+        configs = pick([DEFAULT_CONFIG] if args.quick else list(CANDIDATES), args.only, args.skip)
     if not configs:
         print("no candidate left after --only / --skip")
         return 2
+    isolated = [] if args.child or args.no_isolate else [c for c in configs if c.variant != "pipe"]
+    here = [c for c in configs if c not in isolated]
     RESULTS["device"] = info
     threading.Thread(target=watchdog, args=(args.out,), daemon=True).start()
-    if DEV == "cuda":
-        warm(configs, args.quick)
-    ok = True if args.no_check else correctness(gen, configs, args.quick)
-    print(f"correctness {'PASS' if ok else 'FAIL'} ({time.time() - start:.0f} s)", flush=True)
-    step("bf16 matmul ceiling")
-    ceiling = bf16_matmul_ceiling_tflops() if DEV == "cuda" else 1.0
+    # The pipe candidates own the decode checks and timings of the default; a child runs only its candidate.
+    with_default = not args.child and DEFAULT_CONFIG in here
+    if DEV == "cuda" and here:
+        warm(here, args.quick, default_decode=with_default)
+    ok = True
+    if here and not args.no_check:
+        ok = correctness(gen, here, args.quick, decode=with_default)
+        print(f"correctness {'PASS' if ok else 'FAIL'} ({time.time() - start:.0f} s)", flush=True)
+    if args.ceiling is not None:
+        ceiling = args.ceiling
+    else:
+        step("bf16 matmul ceiling")
+        ceiling = bf16_matmul_ceiling_tflops() if DEV == "cuda" else 1.0
+        print(f"bf16 matmul 8192^3: {ceiling:.1f} TFLOP/s", flush=True)
     RESULTS["matmul_tflops"] = ceiling
-    print(f"bf16 matmul 8192^3: {ceiling:.1f} TFLOP/s", flush=True)
-    rows = speed(gen, configs, ceiling, not args.no_triton)
+    if here or not args.no_triton:
+        speed(gen, here, ceiling, not args.no_triton, default_decode=with_default)
+    if isolated:
+        write_json(args.out, RESULTS | {"partial": True})  # the pipe results are safe before any child runs
+        if DEV == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        for cfg in isolated:
+            ok &= run_isolated(cfg, args, ceiling)
+    rows = RESULTS["rows"]
     step("table", limit=60)
     checks = RESULTS["checks"]
-    print(f"\n{'shape':22s} {'kernel':36s} {'us':>9s} {'TFLOP/s':>8s} {'% matmul':>8s}  check")
-    for r in rows:
-        cfg_label = r["label"].split()[1] if r["label"].startswith("tilelang") else ""
-        verdict = {True: "PASS", False: "FAIL"}.get(checks.get(cfg_label), "-")
-        if "error" in r:
-            print(f"{r['shape']:22s} {r['label']:36s} FAILED {r['error'][:60]}")
-        else:
-            print(f"{r['shape']:22s} {r['label']:36s} {r['us']:9.1f} {r['tflops']:8.1f} {r['pct_of_matmul']:8.1f}"
-                  f"  {verdict}")
+    if not args.child:
+        print(f"\n{'shape':22s} {'kernel':36s} {'us':>9s} {'TFLOP/s':>8s} {'% matmul':>8s}  check")
+        for r in rows:
+            cfg_label = r["label"].split()[1] if r["label"].startswith("tilelang") else ""
+            verdict = {True: "PASS", False: "FAIL"}.get(checks.get(cfg_label), "-")
+            if "error" in r:
+                print(f"{r['shape']:22s} {r['label']:36s} FAILED {r['error'][:60]}")
+            else:
+                print(f"{r['shape']:22s} {r['label']:36s} {r['us']:9.1f} {r['tflops']:8.1f} "
+                      f"{r['pct_of_matmul']:8.1f}  {verdict}")
+        for label, child in RESULTS.get("children", {}).items():
+            if child["rc"]:
+                print(f"{label}: child exited {child['rc']}" + (f", hung in {child['hang']}" if "hang" in child else ""))
+    ok = ok and all(checks.values()) if not args.no_check else ok
     RESULTS.update(checks_ok=bool(ok), seconds=time.time() - start,
                    when=datetime.datetime.now(datetime.timezone.utc).isoformat())
+    RESULTS.pop("partial", None)
     write_json(args.out, RESULTS)
-    print(f"checks {'PASS' if ok else 'FAIL'}; {time.time() - start:.0f} s; wrote {args.out}", flush=True)
+    print(f"{'child ' + args.label + ': ' if args.child else ''}checks {'PASS' if ok else 'FAIL'}; "
+          f"{time.time() - start:.0f} s; wrote {args.out}", flush=True)
     return 0 if ok else 1
 
 

@@ -3,7 +3,8 @@
 Each candidate of :data:`dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla.CANDIDATES` is lowered by TileLang
 for ``{"kind": "cuda", "arch": "sm_90a"}`` to CUDA source, which is checked for what the kernel relies on
 (wgmma GEMMs; the KV gathers predicated on ``0 <= index < n_kv`` with zero-filling cp.async, so an index of
-``-1`` is never read), then compiled with ``nvcc -arch=sm_90a -cubin -Xptxas -v``. nvcc comes from ``$NVCC``,
+``-1`` is never read; every ``setmaxnreg`` executed by whole warpgroups, ``inc`` / ``dec`` on the right side of
+ptxas' launch register count, the counts within the pool: :mod:`...tilelang.setmaxnreg_check`), then compiled with ``nvcc -arch=sm_90a -cubin -Xptxas -v``. nvcc comes from ``$NVCC``,
 ``$CUDA_HOME/bin`` or the ``nvidia-cuda-nvcc`` wheel (``pip install 'nvidia-cuda-nvcc==13.0.*'
 'nvidia-cuda-cccl==13.0.*'``, the same 13.0 as the GPU host, with ``nvidia-cuda-runtime`` / ``-crt`` /
 ``nvidia-nvvm`` at 13.0 too: CCCL rejects mismatched headers). Exits 1 when a candidate fails to lower or to
@@ -74,6 +75,7 @@ def main() -> int:
     ap.add_argument("--keep", type=Path, help="write each candidate's CUDA source into this folder")
     ap.add_argument("--only", help="compile only candidates whose label contains this")
     args = ap.parse_args()
+    from dsa_runtime.plugins.cuda_hopper.tilelang.setmaxnreg_check import setmaxnreg_problems
     from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import CANDIDATES, cuda_source, source_problems
 
     if args.keep:
@@ -94,6 +96,8 @@ def main() -> int:
             continue
         problems = source_problems(src)
         res = nvcc_compile(nvcc, src, args.keep, label) if nvcc else {}
+        if res.get("registers", -1) > 0:  # ptxas' own launch count: setmaxnreg must agree with it
+            problems += [p for p in setmaxnreg_problems(src, res["registers"]) if p not in problems]
         secs = time.time() - t0
         if problems or "error" in res:
             failed = True

@@ -193,7 +193,7 @@ NO_TILELANG = pytest.mark.skipif(not HAS_TILELANG, reason="tilelang is not insta
 
 
 @NO_TILELANG
-@pytest.mark.parametrize(("variant", "split"), [("pipe", False), ("ws", True), ("wsa", False)])
+@pytest.mark.parametrize(("variant", "split"), [("pipe", False), ("ws", True), ("wsa", False), ("ws4", True)])
 def test_program_lowers_to_sm90a_cuda_source(variant, split):
     from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import CANDIDATES, cuda_source, source_problems
 
@@ -215,6 +215,8 @@ def test_bad_launch_shapes_are_refused():
         check_shape(64, 96, TLConfig())
     with pytest.raises(ValueError, match="384 threads"):
         check_shape(64, 128, TLConfig(variant="ws"))
+    with pytest.raises(ValueError, match="ws4 schedule runs 512 threads"):
+        check_shape(64, 128, TLConfig(threads=384, variant="ws4"))
     with pytest.raises(ValueError, match="unknown"):
         check_shape(64, 128, TLConfig(variant="fast"))
 
@@ -234,6 +236,28 @@ def test_gpu_bench_script_plumbing_runs_on_cpu(tmp_path):
     assert result["checks_ok"] is True and "FAIL" not in run.stdout
     labels = {r["label"] for r in result["rows"]}
     assert any(lbl.startswith("tilelang ws_") for lbl in labels) and any("splits" in lbl for lbl in labels)
+
+
+def test_gpu_bench_survives_a_dying_candidate(tmp_path):
+    """A warp-specialised candidate whose process dies (as on a sticky illegal instruction) is a FAIL with its
+    exit code; the pipe results and the other children's are still measured and written."""
+    import json
+    import os
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "bench" / "sparse_attn_tilelang.py"
+    out = tmp_path / "dry.json"
+    env = os.environ | {"DSA_TILELANG_DRY_FAULT": "ws_i64_s2_t384"}
+    run = subprocess.run([sys.executable, str(script), "--dry-run", "--out", str(out), "--only", "pipe_i64_s2,ws_,ws4",
+                          "--skip", "wsa"], capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["checks"]["ws_i64_s2_t384"] is False and result["children"]["ws_i64_s2_t384"]["rc"] == 134
+    assert result["checks"]["pipe_i64_s2_t256"] is True and result["checks"]["ws4_i64_s2_t512"] is True
+    labels = {r["label"] for r in result["rows"]}
+    assert "tilelang ws4_i64_s2_t512" in labels and "tilelang pipe_i64_s2_t256" in labels
+    assert not any("wsa" in lbl or "pipe_i32" in lbl for lbl in labels)
+    assert not any(lbl.startswith("tilelang ws_") for lbl in labels)
 
 
 def test_launch_shape_from_the_environment(monkeypatch):

@@ -17,7 +17,9 @@ Two schedules (:class:`TLConfig` ``variant``):
 * ``"pipe"``: every thread does everything; TileLang's software pipeliner issues the gathers as cp.async.
 * ``"ws"``: warp specialised (see :mod:`.sparse_mla_ws`): a producer warpgroup gathers with cp.async into a
   ring of stages guarded by mbarriers, two consumer warpgroups each own half of the 512 output columns;
-* ``"wsa"``: ``ws`` whose score warpgroup also overlaps its softmax with its own ``P . V`` wgmma.
+* ``"wsa"``: ``ws`` whose score warpgroup also overlaps its softmax with its own ``P . V`` wgmma;
+* ``"ws4"``: 512 threads (see :mod:`.sparse_mla_ws4`): a score warpgroup that only computes S and the softmax,
+  two value warpgroups that own all of ``P . V``, and the ``ws`` gather.
 
 Shapes: q ``[T, H, 576]`` bf16, kv ``[S, 576]`` bf16, indices ``[T, K]`` int32, out ``[T, H, 512]`` bf16,
 lse ``[T, H]`` fp32; ``T`` and ``S`` are symbolic (one compile serves every batch), ``H`` and ``K`` are not.
@@ -61,7 +63,10 @@ CANDIDATES = (
     TLConfig(block_i=32, num_stages=3),
     TLConfig(block_i=64, num_stages=2, threads=384, variant="ws"),
     TLConfig(block_i=64, num_stages=2, threads=384, variant="wsa"),
+    TLConfig(block_i=64, num_stages=2, threads=512, variant="ws4"),
 )
+# Threads each warp-specialised schedule runs (their block_i is 64).
+WS_THREADS = {"ws": 384, "wsa": 384, "ws4": 512}
 
 
 def check_shape(heads: int, k: int, cfg: TLConfig) -> None:
@@ -70,10 +75,11 @@ def check_shape(heads: int, k: int, cfg: TLConfig) -> None:
         raise ValueError(f"tilelang sparse MLA runs head counts that are multiples of {HEAD_BLOCK}, got {heads}")
     if k < 1 or k % cfg.block_i:
         raise ValueError(f"tilelang sparse MLA needs k a positive multiple of block_i {cfg.block_i}, got {k}")
-    if cfg.variant not in ("pipe", "ws", "wsa"):
-        raise ValueError(f"unknown tilelang sparse MLA variant {cfg.variant!r}; valid: pipe, ws, wsa")
-    if cfg.variant != "pipe" and (cfg.threads != 384 or cfg.block_i != 64):
-        raise ValueError(f"the {cfg.variant} schedule runs 384 threads and block_i 64, got {cfg.label()}")
+    if cfg.variant not in ("pipe", *WS_THREADS):
+        raise ValueError(f"unknown tilelang sparse MLA variant {cfg.variant!r}; valid: pipe, {', '.join(WS_THREADS)}")
+    if cfg.variant != "pipe" and (cfg.threads != WS_THREADS[cfg.variant] or cfg.block_i != 64):
+        raise ValueError(f"the {cfg.variant} schedule runs {WS_THREADS[cfg.variant]} threads and block_i 64, "
+                         f"got {cfg.label()}")
 
 
 def pipe_program(heads: int, k: int, sm_scale: float, cfg: TLConfig, split: bool = False) -> Any:
@@ -166,6 +172,10 @@ def program(heads: int, k: int, sm_scale: float, cfg: TLConfig, split: bool = Fa
     ``split``: the program writes fp32 outputs and ``lse = -inf`` for an empty row (a split-K partial, merged
     by :func:`..triton.sparse_mla_combine.combine_splits`) instead of bf16 and ``+inf``."""
     check_shape(heads, k, cfg)
+    if cfg.variant == "ws4":
+        from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla_ws4 import ws4_program
+
+        return ws4_program(heads, k, sm_scale, cfg, split)
     if cfg.variant != "pipe":
         from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla_ws import ws_program
 
@@ -205,7 +215,9 @@ def source_problems(src: str) -> list[str]:
         if "cp_async_gs_conditional" not in g or not guarded:
             out.append("a KV gather is not predicated on 0 <= index < n_kv (a -1 would be read)")
             break
-    return out
+    from dsa_runtime.plugins.cuda_hopper.tilelang.setmaxnreg_check import setmaxnreg_problems
+
+    return out + setmaxnreg_problems(src)
 
 
 @functools.lru_cache(maxsize=64)

@@ -23,8 +23,13 @@ and of ``P(c) . V(c)[:, 0:256]`` back to back, waits only for the scores (``wgmm
 softmax of ``c + 1`` while the tensor cores still multiply ``P(c)``, then waits for that and publishes ``P(c + 1)``
 (P stays in registers meanwhile, so one ``p_sh`` buffer is enough).
 
-Register split (``setmaxnreg``): 240 for ``score`` (128 accumulators of O, 32 of S), 160 for ``value``,
-56 for ``gather``: ``(240 + 160 + 56) * 128 <= 65536``.
+Register split (``setmaxnreg``): the kernel launches with ``__launch_bounds__(384, 1)``, so ptxas gives every
+thread 168 registers (65536 / 384 rounded down to 8) and the CTA's pool holds 168 * 384. ``score`` raises its
+count to 240 (128 accumulators of O, 32 of S), ``gather`` lowers its own to 56, ``value`` keeps the launch count
+(no instruction): ``(240 + 168 + 56) * 128 <= 168 * 384``. A ``setmaxnreg.inc`` to fewer registers than the
+warp holds (the first version asked ``inc 160`` for ``value``) is outside the PTX contract and made the kernel
+die on an H200 with "an illegal instruction was encountered"; :mod:`.setmaxnreg_check` rejects it in the
+generated source.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the kernel's annotations, which name locals.
@@ -34,7 +39,7 @@ from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import D_LATENT, D_QK, 
 
 BI = 64
 ROWS_PER_PASS = 16  # gather: 128 threads = 16 rows x 8 threads, each thread 16 bytes of a 128-byte segment
-REGS = (240, 160, 56)  # score, value, gather
+REGS = (240, None, 56)  # score (inc), value (the launch count: no setmaxnreg), gather (dec)
 
 
 def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = False) -> Any:
@@ -178,8 +183,7 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
                                               -T.infinity(f32) if split else T.infinity(f32))
                 T.copy(acc_o_lo, Out[tok, h0 : h0 + hb, 0:half])
                 T.copy(l_blk, Lse[tok, h0 : h0 + hb])
-            elif tx < 256:  # value warpgroup
-                T.set_max_nreg(REGS[1], 1)
+            elif tx < 256:  # value warpgroup: stays at the launch count (151 registers used; see the docstring)
                 T.fill(acc_o_hi, 0)
                 for r in T.serial(n_rounds):
                     for st in T.unroll(2):

@@ -1,0 +1,172 @@
+"""The ``ws4`` schedule of the sparse MLA forward: four warpgroups, the scores apart from all of ``P . V``.
+
+512 threads per (query row, 64-head group) block:
+
+* ``score`` (threads 0-127): ``S = Q . K^T`` for the chunk of ``BI = 64`` gathered rows (Q in shared memory), the
+  online softmax (fp32, base 2, masked columns ``-inf``); publishes ``P`` (bf16) and the rescale factors in shared
+  memory. It holds no output accumulator, so it computes ``S(c + 1)`` and its softmax while the value
+  warpgroups still multiply ``P(c)``: the tensor cores see the scores of one chunk and the ``P . V`` of the
+  previous one at once (in ``ws`` the score warpgroup also did half of ``P . V``, serially after its softmax);
+* ``value`` (threads 128-383, two warpgroups in one branch): ``O[:, 0:512] += P . V`` as two GEMMs of 256
+  columns, TileLang splitting each over the two warpgroups (every warpgroup holds 2 x ``[64, 128]`` fp32, 128
+  registers a thread, and issues 64 x 128 wgmma), after rescaling ``O`` by the published factors;
+* ``gather`` (threads 384-511): the ``ws`` gather (cp.async, 16 bytes a copy, zero-filling for an index of
+  ``-1`` or ``>= S``) into a two-stage ring, each stage's arrival an mbarrier completed by
+  ``cp.async.mbarrier.arrive``.
+
+mbarriers: ``ready[s]`` (128 gather arrivals), ``free[s]`` (384: score and both value warpgroups are done with
+stage ``s``), ``p_ready`` (128, score -> value) / ``p_free`` (256, value -> score: ``P`` and the factors may be
+overwritten), ``done`` (128: the final row sums are in ``l_sh``). Chunk ``c`` lives in stage ``c % 2`` (phase
+``c // 2``) and is ``P``'s phase ``c``.
+
+Registers: ``__launch_bounds__(512, 1)`` gives every thread 128; ``score`` lowers to 112, both ``value``
+warpgroups raise to 176 and ``gather`` lowers to 40: ``(112 + 2 * 176 + 40) * 128 <= 128 * 512``
+(:mod:`.setmaxnreg_check` checks the generated source).
+"""
+
+# No ``from __future__ import annotations``: TileLang evaluates the kernel's annotations, which name locals.
+from typing import Any
+
+from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import D_LATENT, D_QK, D_ROPE, HEAD_BLOCK, LN2, LOG2E
+from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla_ws import BI, ROWS_PER_PASS
+
+THREADS = 512
+REGS = (112, 176, 40)  # score (dec), each value warpgroup (inc), gather (dec)
+
+
+def ws4_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = False) -> Any:
+    """The ``ws4`` schedule as a TileLang ``PrimFunc`` (imports tilelang); ``split`` as in
+    :func:`.sparse_mla.program`. ``k`` must be a multiple of 64 (the chunk)."""
+    import tilelang.language as T
+
+    hb, d, dr, half = HEAD_BLOCK, D_LATENT, D_ROPE, D_LATENT // 2
+    n_chunks = k // BI
+    n_rounds = -(-n_chunks // 2)
+    scale2 = sm_scale * LOG2E
+    n_tok, n_kv = T.dynamic("n_tok"), T.dynamic("n_kv")
+    bf16, f32 = "bfloat16", "float32"
+    out_t = f32 if split else bf16
+
+    @T.prim_func
+    def sparse_mla_ws4(
+        Q: T.Tensor((n_tok, heads, D_QK), bf16),
+        KV: T.Tensor((n_kv, D_QK), bf16),
+        Idx: T.Tensor((n_tok, k), "int32"),
+        Out: T.Tensor((n_tok, heads, d), out_t),
+        Lse: T.Tensor((n_tok, heads), f32),
+    ):
+        with T.Kernel(n_tok, heads // hb, threads=THREADS) as (tok, hblk):
+            q_lat = T.alloc_shared((hb, d), bf16)
+            q_rope = T.alloc_shared((hb, dr), bf16)
+            kv_lat = T.alloc_shared((2, BI, d), bf16)
+            kv_rope = T.alloc_shared((2, BI, dr), bf16)
+            idx_sh = T.alloc_shared((2, BI), "int32")
+            p_sh = T.alloc_shared((hb, BI), bf16)
+            alpha_sh = T.alloc_shared((hb,), f32)
+            l_sh = T.alloc_shared((hb,), f32)
+
+            acc_s = T.alloc_fragment((hb, BI), f32)
+            # Two [64, 256] accumulators, each split over the two value warpgroups: every wgmma is then 64 x 128
+            # (64 accumulator registers). One [64, 512] would be a 64 x 256 wgmma per warpgroup, which ptxas
+            # refuses at this launch's 128 registers a thread (C7602: it needs 154 whatever setmaxnreg raises).
+            acc_o0 = T.alloc_fragment((hb, half), f32)
+            acc_o1 = T.alloc_fragment((hb, half), f32)
+            m_i = T.alloc_fragment((hb,), f32)
+            m_prev = T.alloc_fragment((hb,), f32)
+            l_i = T.alloc_fragment((hb,), f32)
+            l_blk = T.alloc_fragment((hb,), f32)
+            alpha = T.alloc_fragment((hb,), f32)
+            row = T.alloc_var("int32")
+
+            ready = T.alloc_barrier([128, 128])
+            free = T.alloc_barrier([384, 384])
+            p_ready = T.alloc_barrier(128)
+            p_free = T.alloc_barrier(256)
+            done = T.alloc_barrier(128)
+
+            tx = T.get_thread_binding()
+            h0 = hblk * hb
+
+            if tx < 128:  # score warpgroup (the only reader of Q)
+                T.set_max_nreg(REGS[0], 0)
+                T.copy(Q[tok, h0 : h0 + hb, 0:d], q_lat)
+                T.copy(Q[tok, h0 : h0 + hb, d:D_QK], q_rope)
+                T.fill(l_i, 0)
+                T.fill(m_i, -(2.0**30))  # finite floor: (m_prev - m) stays finite while all was masked
+                for r in T.serial(n_rounds):
+                    for st in T.unroll(2):
+                        if r * 2 + st < n_chunks:
+                            T.barrier_wait(ready[st], r % 2)
+                            for h, j in T.Parallel(hb, BI):
+                                acc_s[h, j] = T.if_then_else(
+                                    (idx_sh[st, j] >= 0) and (idx_sh[st, j] < n_kv), 0, -T.infinity(f32))
+                            T.gemm(q_lat, kv_lat[st, :, :], acc_s, transpose_B=True)
+                            T.gemm(q_rope, kv_rope[st, :, :], acc_s, transpose_B=True)
+                            T.barrier_arrive(free[st])  # K of this stage read; the values still read V
+                            T.copy(m_i, m_prev)
+                            T.reduce_max(acc_s, m_i, dim=1, clear=False)
+                            for h in T.Parallel(hb):
+                                alpha[h] = T.exp2((m_prev[h] - m_i[h]) * scale2)
+                            for h, j in T.Parallel(hb, BI):
+                                acc_s[h, j] = T.exp2(acc_s[h, j] * scale2 - m_i[h] * scale2)
+                            T.reduce_sum(acc_s, l_blk, dim=1)
+                            for h in T.Parallel(hb):
+                                l_i[h] = l_i[h] * alpha[h] + l_blk[h]
+                            if r * 2 + st > 0:  # the values are done with P and alpha of the chunk before
+                                T.barrier_wait(p_free, (r * 2 + st + 1) % 2)
+                            T.copy(acc_s, p_sh)
+                            T.copy(alpha, alpha_sh)
+                            T.fence_proxy_async()  # generic-proxy stores of P, read next by wgmma (async proxy)
+                            T.barrier_arrive(p_ready)
+                T.copy(l_i, l_sh)
+                T.barrier_arrive(done)
+                for h in T.Parallel(hb):
+                    l_blk[h] = T.if_then_else(l_i[h] > 0, (T.log2(l_i[h]) + m_i[h] * scale2) * LN2,
+                                              -T.infinity(f32) if split else T.infinity(f32))
+                T.copy(l_blk, Lse[tok, h0 : h0 + hb])
+            elif tx < 384:  # the two value warpgroups: the gemm splits the 512 columns between them
+                T.set_max_nreg(REGS[1], 1)
+                T.fill(acc_o0, 0)
+                T.fill(acc_o1, 0)
+                for r in T.serial(n_rounds):
+                    for st in T.unroll(2):
+                        if r * 2 + st < n_chunks:
+                            T.barrier_wait(p_ready, (r * 2 + st) % 2)
+                            T.fence_proxy_async()  # the stage's cp.async rows are read by wgmma next
+                            for h, e in T.Parallel(hb, half):
+                                acc_o0[h, e] *= alpha_sh[h]
+                                acc_o1[h, e] *= alpha_sh[h]
+                            T.gemm(p_sh, kv_lat[st, :, 0:half], acc_o0, policy=T.GemmWarpPolicy.FullRow)
+                            T.gemm(p_sh, kv_lat[st, :, half:d], acc_o1, policy=T.GemmWarpPolicy.FullRow)
+                            T.barrier_arrive(p_free)
+                            T.barrier_arrive(free[st])
+                T.barrier_wait(done, 0)
+                for h, e in T.Parallel(hb, half):
+                    acc_o0[h, e] = T.if_then_else(l_sh[h] > 0, acc_o0[h, e] / l_sh[h], 0)
+                    acc_o1[h, e] = T.if_then_else(l_sh[h] > 0, acc_o1[h, e] / l_sh[h], 0)
+                T.copy(acc_o0, Out[tok, h0 : h0 + hb, 0:half])
+                T.copy(acc_o1, Out[tok, h0 : h0 + hb, half:d])
+            else:  # gather warpgroup (as in ws)
+                T.set_max_nreg(REGS[2], 0)
+                g = tx - 384
+                for r in T.serial(n_rounds):
+                    for st in T.unroll(2):
+                        if r * 2 + st < n_chunks:
+                            T.barrier_wait(free[st], (r + 1) % 2)
+                            c0 = (r * 2 + st) * BI
+                            if g < BI // 4:  # the chunk's 64 indices: 16 threads x 4 int32
+                                T.ptx_cp_async(T.access_ptr(idx_sh[st, g * 4], "w", 4),
+                                               T.access_ptr(Idx[tok, c0 + g * 4], "r", 4), 4)
+                            for p in T.unroll(BI // ROWS_PER_PASS):
+                                row = Idx[tok, c0 + p * ROWS_PER_PASS + g // 8]
+                                ok = (row >= 0) and (row < n_kv)
+                                src = T.max(T.min(row, n_kv - 1), 0)  # in bounds even when not read
+                                dst = p * ROWS_PER_PASS + g // 8
+                                for u in T.unroll(d // 64):
+                                    T.ptx_cp_async(T.access_ptr(kv_lat[st, dst, u * 64 + (g % 8) * 8], "w", 8),
+                                                   T.access_ptr(KV[src, u * 64 + (g % 8) * 8], "r", 8), 8, ok)
+                                T.ptx_cp_async(T.access_ptr(kv_rope[st, dst, (g % 8) * 8], "w", 8),
+                                               T.access_ptr(KV[src, d + (g % 8) * 8], "r", 8), 8, ok)
+                            T.cp_async_barrier_noinc(ready[st])
+
+    return sparse_mla_ws4
