@@ -81,7 +81,7 @@ def dry_run() -> None:
 
     fault = os.environ.get("DSA_TILELANG_DRY_FAULT")  # tests: this candidate's process dies like a faulting kernel
 
-    def run(self, q, kv, idx, sm_scale, split):
+    def run(self, q, kv, idx, sm_scale, split, decode=False):
         if fault and self.config is not None and self.config.label() == fault:
             os._exit(134)
         out, lse = REF.prefill(q, kv, idx, sm_scale)

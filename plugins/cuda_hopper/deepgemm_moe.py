@@ -82,6 +82,9 @@ class DeepGEMMMoE:
         check_ids: raise ``ValueError`` on ids outside ``[-1, E)`` (one host sync; skipped under CUDA-graph
             capture). Bad ids are skipped like ``-1`` either way.
         api: DeepGEMM entry points (default: the installed ``deep_gemm``; tests inject a fake).
+        decode: batches of at most ``masked_max_tokens`` on CUDA: ``"triton"`` (default) runs the Triton MoE
+            kernels (faster there: 2.24 vs 3.92 ms at 64 tokens on the H200), ``"masked"`` DeepGEMM's masked
+            grouped GEMM.
     """
 
     def __init__(
@@ -91,12 +94,16 @@ class DeepGEMMMoE:
         masked_max_tokens: int = 64,
         check_ids: bool = True,
         api: DeepGEMMAPI | None = None,
+        decode: str = "triton",
     ) -> None:
         if scale_fmt not in ("ue8m0", "float"):
             raise ValueError(f"unknown scale_fmt {scale_fmt!r}; valid: ue8m0, float")
         self.scale_fmt = scale_fmt
         self.masked_max_tokens = masked_max_tokens
         self.check_ids = check_ids
+        if decode not in ("triton", "masked"):
+            raise ValueError(f"unknown decode path {decode!r}; valid: triton, masked")
+        self.decode = decode
         self.api = api or load_api()
 
     def experts(
@@ -129,6 +136,12 @@ class DeepGEMMMoE:
         ids = topk_ids.to(device=x.device, dtype=torch.int32)
         bad = (ids < -1) | (ids >= n_exp)
         ids = torch.where(bad, -1, ids)
+        if tokens <= self.masked_max_tokens and self.decode == "triton" and x.is_cuda and _triton_glue(x):
+            # Decode-sized batches: the Triton kernels stream only the chosen experts' weights at the copy
+            # ceiling (64 tokens: 2.24 ms on the H200) where DeepGEMM's masked layout took 3.92 ms.
+            from dsa_runtime.plugins.cuda_hopper.triton.moe_experts import TritonMoE
+
+            return TritonMoE(fmt, check_ids=self.check_ids).experts(x, topk_weights, topk_ids, experts, shared)
         if tokens > self.masked_max_tokens and _triton_glue(x):
             out16 = self._prefill_cuda(x, topk_weights, ids, experts, shared, fmt)
             if self.check_ids and bool(bad.any()):

@@ -133,7 +133,7 @@ def test_plan_splits():
         assert k % (n * 64) == 0 and k // n >= min(k, 128)
 
 
-def _torch_run(self, q, kv, idx, sm_scale, split):
+def _torch_run(self, q, kv, idx, sm_scale, split, decode=False):
     """Stand-in for the compiled kernel: the reference in fp32, with the kernel's split-mode conventions."""
     out, lse = ReferenceSparseAttn().prefill(q, kv, idx, sm_scale)
     if split:

@@ -22,7 +22,7 @@ class StandInTileLang(TileLangSparseAttn):
     def __init__(self) -> None:
         super().__init__(decode_splits=None)
 
-    def _run(self, q, kv, indices, sm_scale, split):
+    def _run(self, q, kv, indices, sm_scale, split, decode=False):
         out, lse = ReferenceSparseAttn().prefill(q, kv, indices, sm_scale)
         if split:
             return out.float(), torch.where(torch.isposinf(lse), float("-inf"), lse)

@@ -101,7 +101,7 @@ class TileLangSparseAttn:
 
     Args:
         config: fixed launch shape for every call (default: the candidate named by ``$DSA_TILELANG_SPARSE_MLA``,
-            else :data:`.sparse_mla.DEFAULT_CONFIG`).
+            else :data:`.sparse_mla.DEFAULT_CONFIG` for prefill and :data:`.sparse_mla.DECODE_CONFIG` for decode).
         decode_splits: fixed number of index-list splits in decode (default: :func:`plan_splits`).
     """
 
@@ -109,15 +109,16 @@ class TileLangSparseAttn:
         self.config = config or config_from_env()
         self.decode_splits = decode_splits
 
-    def _config(self, k: int) -> TLConfig:
-        from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import DEFAULT_CONFIG
+    def _config(self, k: int, decode: bool = False) -> TLConfig:
+        from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import DECODE_CONFIG, DEFAULT_CONFIG
 
-        cfg = self.config or DEFAULT_CONFIG
+        cfg = self.config or (DECODE_CONFIG if decode else DEFAULT_CONFIG)
         if k % cfg.block_i and k % 64 == 0 and cfg.variant == "pipe":
             cfg = dataclasses.replace(cfg, block_i=64)  # a chunk wider than k's step: the claimed step fits
         return cfg
 
-    def _run(self, q: Tensor, kv: Tensor, indices: Tensor, sm_scale: float, split: bool) -> tuple[Tensor, Tensor]:
+    def _run(self, q: Tensor, kv: Tensor, indices: Tensor, sm_scale: float, split: bool,
+             decode: bool = False) -> tuple[Tensor, Tensor]:
         """q ``[R, H, 576]``, kv ``[S, 576]``, indices ``[R, K]`` -> out ``[R, H, 512]`` (bf16, or fp32 with
         ``split``) and lse ``[R, H]`` (``+inf`` when empty, ``-inf`` with ``split``)."""
         import torch
@@ -142,7 +143,7 @@ class TileLangSparseAttn:
             out.zero_()
             lse.fill_(float("-inf") if split else float("inf"))
             return out, lse
-        kern = compiled(heads, k, float(sm_scale), self._config(k), split)
+        kern = compiled(heads, k, float(sm_scale), self._config(k, decode), split)
         kern(q.contiguous(), kv.contiguous(), indices.to(torch.int32).contiguous(), out, lse)
         return out, lse
 
@@ -179,14 +180,14 @@ class TileLangSparseAttn:
         flat_idx = indices.reshape(rows, k)
         n = self.decode_splits or plan_splits(rows, heads, k)
         if n <= 1:
-            out, lse = self._run(flat_q, flat_kv, flat_idx, sm_scale, split=False)
+            out, lse = self._run(flat_q, flat_kv, flat_idx, sm_scale, split=False, decode=True)
             return out.view(b, n_q, heads, D_V), lse.view(b, n_q, heads)
         if k % (n * 64):
             raise ValueError(f"decode splits {n} need k a multiple of {n * 64}, got {k}")
         # Split s of row r is row (s, r) of a problem with n * rows rows and k / n indices each.
         sq = flat_q.unsqueeze(0).expand(n, rows, heads, D_QK).reshape(n * rows, heads, D_QK)
         sidx = flat_idx.reshape(rows, n, k // n).transpose(0, 1).reshape(n * rows, k // n)
-        part, part_lse = self._run(sq, flat_kv, sidx, sm_scale, split=True)
+        part, part_lse = self._run(sq, flat_kv, sidx, sm_scale, split=True, decode=True)
         out, lse = self._combine(part.view(n, rows, heads, D_V), part_lse.view(n, rows, heads))
         return out.view(b, n_q, heads, D_V), lse.view(b, n_q, heads)
 
