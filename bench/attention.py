@@ -1,6 +1,7 @@
 """Sparse MLA attention benchmark on Hopper (issue 9 item 7): prefill, decode and the KV store.
 
-Subjects, each checked against the reference on the benchmark inputs before it is timed: our ``triton``
+Subjects, each checked against the reference on the benchmark inputs before it is timed: our ``tilelang`` backend
+(when TileLang is installed) and ``triton``
 backend (whatever sparse_attn / kv_quant kernels it registers, bound through resolution), plain PyTorch (the
 ``reference`` backend on CUDA), FlagGems 5.0.2 (``flag_gems.fused.flash_mla_sparse_fwd``, when importable) and
 FlashMLA (the ``flashmla_sparse`` / ``flashmla_kv`` adapters, when built). Ceilings measured in the same run:
@@ -29,13 +30,14 @@ from common import bench_ms, bf16_matmul_ceiling_tflops, copy_ceiling_gbs, devic
 from dsa_runtime.testing.compare import out_and_lse  # noqa: E402
 from dsa_runtime.testing.tolerances import tolerance  # noqa: E402
 
-SUBJECTS = ("triton", "torch", "flaggems", "flashmla")
+SUBJECTS = ("tilelang", "triton", "torch", "flaggems", "flashmla")
 SLOW_REF_S = 10.0  # a reference call slower than this is not timed (said in the table)
 
 
 def attn_subjects(method: str, layout: str, needs: dict, fg: dict) -> dict[str, tuple]:
     """name -> (callable or None, note)."""
-    out = {"triton": S.bound("triton", method, layout, needs), "torch": S.bound("reference", method, layout, needs)}
+    out = {"tilelang": S.bound("tilelang", method, layout, needs), "triton": S.bound("triton", method, layout, needs),
+           "torch": S.bound("reference", method, layout, needs)}
     kind = method.split(".")[1]
     if fg and (kind == "prefill" or layout == "bf16"):
         out["flaggems"] = (fg[kind], "")
@@ -175,7 +177,8 @@ def main() -> int:
             run, want_of = store_runner(inputs, layout)
             call = {"triton": S.bound("triton", "kv_quant.store_mla", layout, {"page_size": S.PAGE}),
                     "torch": S.bound("reference", "kv_quant.store_mla", layout, {"page_size": S.PAGE}),
-                    "flaggems": (None, "no KV store in FlagGems"), "flashmla": (None, "no KV store in FlashMLA")}
+                    "flaggems": (None, "no KV store in FlagGems"), "flashmla": (None, "no KV store in FlashMLA"),
+                    "tilelang": (None, "no KV store in the tilelang backend")}
             measure({"kind": "store", "case": f"store_mla n{n} {layout}"}, call, run, want_of, rows,
                     work=0, nbytes=S.store_bytes(n, layout), ceil=ceil)
 
