@@ -260,6 +260,7 @@ def _auto_choice(
     family = method.split(".")[0]
     fallback = bool(skipped)
     passed_over: list[str] = []  # earlier preferences that cannot run this method: said in the reason
+    padded: str | None = None  # the first preference that runs the method only with head/k padding
     for name in defaults.preference(method):
         backend = manager.backends.get(name)
         if backend is None:
@@ -267,15 +268,20 @@ def _auto_choice(
             continue
         problem = why_not(backend, method, device, kv_layout, needs)
         if problem is None:
-            why = defaults.reasons.get(family)
-            reason = f"{platform.name} default" + (f": {why}" if why else "")
-            if fallback:
-                return Choice(family, name, f"fallback: {'; '.join(skipped)}; {reason}", method)
-            if passed_over:
-                reason += f" (passed over: {'; '.join(passed_over)})"
-            return Choice(family, name, reason, method)
+            # A later preference that runs the shape as it is beats one that pads it: padding 16 heads to 64
+            # does 4x the work (tilelang at 16 heads: 0.29 ms vs triton's 0.075 ms, H200, batch 64 at 32K).
+            pads = padding_note(method, backend.capabilities.claim(method),
+                                method_needs(method, device, kv_layout, needs))
+            if pads:
+                padded = padded or name
+                passed_over.append(f"{name} would pad ({pads})")
+                continue
+            return _preferred(platform, defaults, family, name, method, fallback, skipped, passed_over)
         skipped.append(problem)
         passed_over.append(problem)
+    if padded is not None:
+        passed_over = [p for p in passed_over if not p.startswith(f"{padded} would pad")]
+        return _preferred(platform, defaults, family, padded, method, fallback, skipped, passed_over)
     reference = manager.backends.get("reference")
     if reference is not None and why_not(reference, method, device, kv_layout, needs) is None:
         note = platform.family_notes.get(family, "")
@@ -285,6 +291,17 @@ def _auto_choice(
         f"{method}: no backend can run on {device} with {kv_layout} KV "
         f"({'; '.join(skipped) or 'nothing preferred'}; reference unavailable)"
     )
+
+
+def _preferred(platform: Platform, defaults: PlatformDefaults, family: str, name: str, method: str, fallback: bool,
+               skipped: list[str], passed_over: list[str]) -> Choice:
+    why = defaults.reasons.get(family)
+    reason = f"{platform.name} default" + (f": {why}" if why else "")
+    if fallback:
+        return Choice(family, name, f"fallback: {'; '.join(skipped)}; {reason}", method)
+    if passed_over:
+        reason += f" (passed over: {'; '.join(passed_over)})"
+    return Choice(family, name, reason, method)
 
 
 def config_fields() -> list[str]:

@@ -197,9 +197,16 @@ def test_auto_skips_a_preferred_backend_the_model_does_not_fit(monkeypatch):
     huge = resolve_kernels(manager=manager, needs={"heads": 256, "k": 2048})
     prefill = huge.choices["sparse_attn.prefill"]
     assert prefill.backend == "reference" and "head count 256 not claimed" in prefill.reason
-    tiny = resolve_kernels(manager=manager, needs={"heads": 4, "k": 32})  # padded, not skipped
-    assert tiny.backend_of("sparse_attn.prefill") == "flashmla_sparse"
-    assert tiny.choices["sparse_attn.prefill"].reason.endswith("pads heads 4 -> 64, k 32 -> 128")
+    # 4 heads: a later preference that runs them as they are (triton) beats padding them to 64; the reason says
+    # what was passed over and why.
+    tiny = resolve_kernels(manager=manager, needs={"heads": 4, "k": 32})
+    assert tiny.backend_of("sparse_attn.prefill") == "triton"
+    assert "flashmla_sparse would pad (pads heads 4 -> 64, k 32 -> 128)" in tiny.choices["sparse_attn.prefill"].reason
+    # Without a backend that fits, the padded one is taken (padded, not skipped).
+    monkeypatch.setattr(manager.backends["triton"], "available", lambda: (False, "no triton here"))
+    alone = resolve_kernels(manager=manager, needs={"heads": 4, "k": 32})
+    assert alone.backend_of("sparse_attn.prefill") == "flashmla_sparse"
+    assert alone.choices["sparse_attn.prefill"].reason.endswith("pads heads 4 -> 64, k 32 -> 128")
     real = resolve_kernels(manager=manager, needs={"heads": 128, "k": 2048})
     assert real.backend_of("sparse_attn.prefill") == "flashmla_sparse"
 

@@ -161,7 +161,9 @@ def test_padded_calls_translate_layouts_and_equal_the_reference(monkeypatch, gen
     lib = fake_flash_mla.make(generation)
     monkeypatch.setitem(sys.modules, "flash_mla", lib)
     monkeypatch.setenv("DSA_FAKE_GPU", H100)
-    resolved = resolve_kernels(KernelConfig(kv_layout="fp8_656"), needs=V32 | {"heads": 4, "k": 32})
+    # Chosen by name: auto prefers triton, which runs 4 heads without padding.
+    cfg = KernelConfig(kv_layout="fp8_656", sparse_attn_prefill="flashmla_sparse", sparse_attn_decode="flashmla_kv")
+    resolved = resolve_kernels(cfg, needs=V32 | {"heads": 4, "k": 32})
     assert resolved.choices["sparse_attn.prefill"].reason.endswith("pads heads 4 -> 64, k 32 -> 128")
     assert resolved.choices["sparse_attn.decode"].reason.endswith("pads heads 4 -> 64, k 32 -> 64")
     ref, gen = ReferenceSparseAttn(), torch.Generator().manual_seed(7)
