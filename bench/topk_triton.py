@@ -39,6 +39,7 @@ CONFIGS = {
     "bisect_mem": TopKConfig(bisect_reg_write=False),
     "bisect_1prog": TopKConfig(bisect_split=1),
     "bisect_s4": TopKConfig(bisect_split=4),
+    "bisect_2lvl": TopKConfig(bisect_two_level=True),
     "cand": TopKConfig(**NO_BISECT),
     "cand_blk4096": TopKConfig(block=4096, split_block=4096, **NO_BISECT),
     "cand_blk8192_w16": TopKConfig(block=8192, warps=16, split_block=4096, split_warps=8, **NO_BISECT),
@@ -57,7 +58,7 @@ CONFIGS = {
 QUICK_SKIP = ("b11_full", "cand_blk4096", "cand_slice2k", "cand_blk1024_w4", "cand_fin2048_w8", "cand_blk8192_w16", "cand_fin4096_w16", "cand_cap8k", "cand_slice16k")
 DEFAULT = "bisect"
 SHAPES = [(64, 32768), (1, 131072), (64, 131072), (4096, 8192)]
-KINDS = ("random", "ties", "neginf")
+KINDS = ("random", "ties", "neginf", "sparse")
 
 
 def make_logits(rows: int, width: int, kind: str, gen: torch.Generator) -> torch.Tensor:
@@ -68,6 +69,8 @@ def make_logits(rows: int, width: int, kind: str, gen: torch.Generator) -> torch
         return torch.randint(-1, 2, (rows, width), generator=gen, device="cuda").float() * 0.5
     if kind == "neginf":
         return torch.where(torch.rand(rows, width, generator=gen, device="cuda") < 0.98, float("-inf"), x)
+    if kind == "sparse":  # about 1000 finite logits per row, fewer than k: the rest of the top-k is -inf ties
+        return torch.where(torch.rand(rows, width, generator=gen, device="cuda") < 1000 / width, x, float("-inf"))
     if kind == "nan":
         return torch.where(torch.rand(rows, width, generator=gen, device="cuda") < 0.1, float("nan"), x)
     return x
@@ -94,7 +97,7 @@ def check_config(name: str, cfg: TopKConfig, ref: ReferenceTopK, quick: bool = F
     if quick:
         shapes = [(64, 32768), (3, 131072), (300, 8192)]
     for rows, width in shapes:
-        for kind in ("random", "ties", "few", "neginf", "nan"):
+        for kind in ("random", "ties", "few", "neginf", "sparse", "nan"):
             for win in ("full", "ragged") if quick else ("full", "ragged", "short"):
                 key = (quick, rows, width, kind, win)
                 if key not in _INPUTS:  # the same inputs for every config: the reference runs once per input
@@ -207,7 +210,7 @@ def main() -> int:
             # --quick: every config on random rows; tied and mostly -inf rows with the default, the full 8-bit
             # search and torch only
             timed = good if kind == "random" or not args.quick else {
-                n: c for n, c in good.items() if n in (DEFAULT, "cand", "b8_full")}
+                n: c for n, c in good.items() if n in (DEFAULT, "cand", "b8_full", "bisect_2lvl")}
             rows.append(time_shape(r, w, kind, timed, None if args.quick else ref, gbs))
             print(f"timed {r}x{w} {kind}", flush=True)
     _table(rows, list(good))

@@ -110,6 +110,8 @@ def variants():
         for fuse in (False, True):
             yield (f"bisect-merge W{width} w{warps} fuse{fuse}", tbs._merge_kernel, mg,
                    {"WIDTH": width, "BLOCK": 1024, "FUSE": fuse}, warps)
+        yield (f"bisect-merge W{width} w{warps} out-cand", tbs._merge_kernel, mg,
+               {"WIDTH": width, "BLOCK": 1024, "FUSE": False, "OUT_CAND": True}, warps)
     yield ("bisect ints=1", tb._topk_bisect_kernel, {a: t for a, t in rows.items() if a not in ("k", "page_size")},
            {"k": 1, "page_size": 1, "WIDTH": 8192, "BLOCK": 1024, "FUSE": True}, 8)
     slots = {"pos_ptr": IP, "stride_pos": I32, "table_ptr": IP, "stride_table": I32, "batch_ptr": IP, "out_ptr": IP,

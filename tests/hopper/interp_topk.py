@@ -179,6 +179,19 @@ def direct() -> int:
             got = TritonTopK(TopKConfig(bisect_split=split)).topk(rows_x, s, e, kk)
             bad += _check(f"bisect split {split}, {name}, k {kk}", torch.equal(got.sort(dim=1).values,
                                                                                oracle(rows_x, s, e, kk)))
+    # Two merge levels (groups of slices, then the groups): same selections, and the tie order of one program.
+    from dsa_runtime.plugins.cuda_hopper.triton.topk_bisect_split import launch_bisect_split
+
+    for name, rows_x, kk in (("random", x, 30), ("mostly -inf", neg, 40), ("NaN", nan, 24)):
+        got = torch.empty(rows_x.shape[0], kk, dtype=torch.int32)
+        launch_bisect_split(rows_x.contiguous(), s, e, got, kk, None, None, 1, split=8, groups=4)
+        bad += _check(f"bisect two-level merge (8 slices, 4 groups), {name}, k {kk}",
+                      torch.equal(got.sort(dim=1).values, oracle(rows_x, s, e, kk)))
+    two = torch.empty(2, 700, dtype=torch.int32)
+    launch_bisect_split(ties, z, full, two, 700, None, None, 1, split=4, groups=2)
+    one_700 = TritonTopK(TopKConfig(bisect_split=1)).topk(ties, z, full, 700)
+    bad += _check("bisect two-level merge on tied rows: the same set, ties to the lower columns",
+                  torch.equal(two.sort(dim=1).values, one_700.sort(dim=1).values))
     one_t = TritonTopK(TopKConfig(bisect_split=1)).topk(ties, z, full, 700)
     for split in (2, 3):
         got = TritonTopK(TopKConfig(bisect_split=split)).topk(ties, z, full, 700)

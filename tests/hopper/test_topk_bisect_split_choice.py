@@ -26,3 +26,20 @@ def test_bisect_split_for(rows, width, k, want):
     from dsa_runtime.plugins.cuda_hopper.triton.topk_bisect_split import bisect_split_for
 
     assert bisect_split_for(rows, width, k, 132) == want
+
+
+@pytest.mark.parametrize(
+    ("rows", "width", "k", "want"),
+    [
+        (1, 131072, 2048, (16, 4)),  # 16 slices of 8K, 4 groups of 4 x 2048 candidates, then 4 x 2048
+        (8, 131072, 2048, (16, 4)),
+        (64, 131072, 2048, (4, 1)),  # one level is enough
+        (1, 131072, 1024, (32, 4)),
+        (1, 131072, 8192, (0, 1)),  # one merge program holds a single slice's k: nothing fits
+    ],
+)
+def test_bisect_plan_two_levels(rows, width, k, want):
+    from dsa_runtime.plugins.cuda_hopper.triton.topk_bisect_split import bisect_plan
+
+    assert bisect_plan(rows, width, k, 132, two_level=True) == want
+    assert bisect_plan(rows, width, k, 132, two_level=False)[1] == 1

@@ -63,7 +63,9 @@ class TopKConfig:
             (:func:`.topk_bisect_split.bisect_split_for`: few rows spread over the SMs, rows over 32K cut into
             32K slices), 1 never splits.
         bisect_merge_max: most candidates (slices x k) one merge program takes; rows needing more take the
-            radix paths.
+            radix paths, or with ``bisect_two_level`` a merge in groups of slices, then over the groups.
+        bisect_two_level: few long rows (1 x 128K) too take the register search, in 16 slices merged in two
+            levels (cost independent of ties and ``-inf`` floods, which make the candidate search fall back).
     """
 
     bits: int = 8
@@ -84,6 +86,7 @@ class TopKConfig:
     bisect_reg_write: bool = True
     bisect_split: int = 0
     bisect_merge_max: int = 8192
+    bisect_two_level: bool = False
 
 
 def split_for(rows: int, width: int, cfg: TopKConfig, sms: int = 132) -> int:
@@ -140,19 +143,20 @@ class TritonTopK:
             batch = batch.to(device=dev, dtype=torch.int32).contiguous()  # type: ignore[union-attr]
         cfg = self.config
         if cfg.bisect:
-            from dsa_runtime.plugins.cuda_hopper.triton.topk_bisect_split import bisect_split_for
+            from dsa_runtime.plugins.cuda_hopper.triton.topk_bisect_split import bisect_plan
 
-            split = cfg.bisect_split or bisect_split_for(rows, width, k, _sms(dev), cfg.bisect_merge_max)
+            split, groups = (cfg.bisect_split, 1) if cfg.bisect_split else bisect_plan(
+                rows, width, k, _sms(dev), cfg.bisect_merge_max, cfg.bisect_two_level)
             if split == 1 and width <= BISECT_MAX_WIDTH:
                 from dsa_runtime.plugins.cuda_hopper.triton.topk_bisect import launch_bisect
 
                 launch_bisect(x, starts, ends, out, k, table, batch, page_size, block=cfg.bisect_block,
                               keys_per_thread=cfg.bisect_keys_per_thread, reg_write=cfg.bisect_reg_write)
                 return out
-            if split > 1 and split * k <= BISECT_MAX_WIDTH and -(-width // split) <= BISECT_MAX_WIDTH:
+            if split > 1 and (split // groups) * k <= BISECT_MAX_WIDTH and -(-width // split) <= BISECT_MAX_WIDTH:
                 from dsa_runtime.plugins.cuda_hopper.triton.topk_bisect_split import launch_bisect_split
 
-                launch_bisect_split(x, starts, ends, out, k, table, batch, page_size, split=split,
+                launch_bisect_split(x, starts, ends, out, k, table, batch, page_size, split=split, groups=groups,
                                     keys_per_thread=cfg.bisect_keys_per_thread, block=cfg.bisect_block)
                 return out
         split = split_for(rows, width, cfg, _sms(dev))

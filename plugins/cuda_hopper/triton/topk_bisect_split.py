@@ -50,6 +50,28 @@ def bisect_split_for(rows: int, width: int, k: int, sms: int, merge_max: int = 8
     return s
 
 
+def bisect_plan(rows: int, width: int, k: int, sms: int, merge_max: int = 8192,
+                two_level: bool = False) -> tuple[int, int]:
+    """``(slices, groups)``: :func:`bisect_split_for`'s one-level split (groups 1), or with ``two_level`` for few
+    long rows it turns down, up to ``(merge_max / k)**2`` slices of at least ``max(2k, 4096)`` columns merged
+    in groups of at most ``merge_max / k`` slices, then once more over the groups; ``(0, 1)``: neither fits."""
+    s = bisect_split_for(rows, width, k, sms, merge_max)
+    per = merge_max // k
+    if s != 0 or not two_level or per < 2:
+        return s, 1
+    s = 1
+    while s * MAX_WIDTH < width:
+        s *= 2
+    while rows * s * 2 <= sms and width // (s * 2) >= max(2 * k, 4096) and s * 2 <= per * per:
+        s *= 2
+    g = 1
+    while s // g > per:
+        g *= 2
+    if s > per * per or g > per:
+        return 0, 1
+    return s, g
+
+
 @triton.jit
 def _slice_kernel(
     logits_ptr, stride_row, starts_ptr, ends_ptr, ckey_ptr, ccol_ptr, k, S, SLICE,
@@ -85,12 +107,13 @@ def _slice_kernel(
 def _merge_kernel(
     ckey_ptr, ccol_ptr, starts_ptr, out_ptr, k, SK,
     table_ptr, stride_table, batch_ptr, page_size,
-    WIDTH: tl.constexpr, BLOCK: tl.constexpr, FUSE: tl.constexpr,
+    WIDTH: tl.constexpr, BLOCK: tl.constexpr, FUSE: tl.constexpr, OUT_CAND: tl.constexpr = False,
 ):
     """Program ``r``: the top-k of the row's ``SK = S * k`` candidates -> ``[k]`` row-relative positions (slots
-    when ``FUSE``), ``-1`` padded."""
+    when ``FUSE``), ``-1`` padded. ``OUT_CAND`` (a first merge level, ``r`` a group of slices): the selected keys
+    and absolute columns instead, to ``out_ptr`` / ``table_ptr`` ``[r, k]`` (``INT_MIN`` keys padding), which
+    keeps equal keys in column order for the next level."""
     r = tl.program_id(0)
-    lo = tl.load(starts_ptr + r).to(tl.int32)
     out_row = out_ptr + r.to(tl.int64) * k
     offs = tl.arange(0, WIDTH)
     inside = offs < SK
@@ -101,24 +124,37 @@ def _merge_kernel(
     thr = kth_key(key, k, take_all == 0)
     need = tl.where(take_all != 0, 0, k - tl.sum((key > thr).to(tl.int32), 0))
     dest, sel = rank_selected(key, thr, take_all, need)
-    val = tl.load(ccol_ptr + base + offs, mask=sel, other=0) - lo
-    if FUSE:
-        table_row = table_ptr + tl.load(batch_ptr + r).to(tl.int64) * stride_table
-        val = to_slots(val, table_row, page_size, sel)
-    tl.store(out_row + dest, val, mask=sel)
     wo = tl.arange(0, BLOCK)
-    for c0 in range(tl.minimum(n, k), k, BLOCK):
-        idx = c0 + wo
-        tl.store(out_row + idx, tl.full([BLOCK], -1, tl.int32), mask=idx < k)
+    if OUT_CAND:
+        col_row = table_ptr + r.to(tl.int64) * k
+        tl.store(out_row + dest, key, mask=sel)
+        tl.store(col_row + dest, tl.load(ccol_ptr + base + offs, mask=sel, other=0), mask=sel)
+        for c0 in range(tl.minimum(n, k), k, BLOCK):
+            idx = c0 + wo
+            tl.store(out_row + idx, tl.full([BLOCK], INT_MIN, tl.int32), mask=idx < k)
+    else:
+        lo = tl.load(starts_ptr + r).to(tl.int32)
+        val = tl.load(ccol_ptr + base + offs, mask=sel, other=0) - lo
+        if FUSE:
+            table_row = table_ptr + tl.load(batch_ptr + r).to(tl.int64) * stride_table
+            val = to_slots(val, table_row, page_size, sel)
+        tl.store(out_row + dest, val, mask=sel)
+        for c0 in range(tl.minimum(n, k), k, BLOCK):
+            idx = c0 + wo
+            tl.store(out_row + idx, tl.full([BLOCK], -1, tl.int32), mask=idx < k)
 
 
-def launch_bisect_split(logits, starts, ends, out, k, table, batch, page_size, *, split: int,
+def launch_bisect_split(logits, starts, ends, out, k, table, batch, page_size, *, split: int, groups: int = 1,
                         keys_per_thread: int = 0, block: int = 1024) -> None:
-    """``split`` programs per row, then one merge program per row (two launches)."""
+    """``split`` programs per row, then the merge: one program per row (two launches), or with ``groups > 1``
+    first one program per group of ``split / groups`` consecutive slices, then one per row over the groups'
+    candidates (three launches; for few long rows whose ``split * k`` candidates one program cannot hold)."""
     rows, width = logits.shape
     slice_w = -(-width // split)
-    if slice_w > MAX_WIDTH or split * k > MAX_WIDTH:
-        raise ValueError(f"{split} slices of {width} columns with k = {k} do not fit one program each")
+    if groups < 1 or split % groups:
+        raise ValueError(f"groups {groups} must divide the slices {split}")
+    if slice_w > MAX_WIDTH or (split // groups) * k > MAX_WIDTH or groups * k > MAX_WIDTH:
+        raise ValueError(f"{split} slices of {width} columns in {groups} groups with k = {k} do not fit one program each")
     dev = logits.device
     cand = torch.empty((2, rows, split, k), dtype=torch.int32, device=dev)  # keys, absolute columns
     w1 = bisect_width(slice_w)
@@ -126,6 +162,15 @@ def launch_bisect_split(logits, starts, ends, out, k, table, batch, page_size, *
         logits, logits.stride(0), starts, ends, cand[0], cand[1], k, split, slice_w,
         WIDTH=w1, BLOCK=min(block, w1), num_warps=bisect_warps(w1, keys_per_thread),
     )
+    if groups > 1:
+        per = split // groups
+        merged = torch.empty((2, rows, groups, k), dtype=torch.int32, device=dev)
+        wg = bisect_width(per * k)
+        _merge_kernel[(rows * groups,)](
+            cand[0], cand[1], starts, merged[0], k, per * k, merged[1], 0, starts, 1,
+            WIDTH=wg, BLOCK=min(block, wg), FUSE=False, OUT_CAND=True, num_warps=bisect_warps(wg, keys_per_thread),
+        )
+        cand, split = merged, groups
     fuse = table is not None
     if not fuse:
         table, batch, stride_table, page_size = out, starts, 0, 1
