@@ -5,7 +5,7 @@ the registered backend), then exact selection equality with the reference (``Ref
 lower column, NaN as ``-inf``) on random, tied, few-valued, mostly ``-inf`` and NaN rows, ragged windows
 and short windows, the fused transform against topk-then-transform, 20-run determinism, and one CUDA-graph
 capture. A config that fails is reported and left out of the timings (never a crash). Then the timed shapes
-(k = 2048): 64 x 32K, 1 x 128K, 64 x 128K, 4096 x 8K with random, tied and mostly ``-inf`` rows, eager and
+(k = 2048): 64 x 32K, 1 x 128K, 64 x 128K, 4096 x 8K with random, tied, mostly ``-inf`` and sparse (1000 finite) rows, eager and
 CUDA-graph replay, beside plain ``torch.topk`` and the reference backend, with a device-copy ceiling (the
 time to read the logits once at copy bandwidth). Prints a table and writes JSON.
 
