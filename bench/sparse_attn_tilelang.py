@@ -5,10 +5,13 @@
    128, T = 3 and 512, ragged ``-1`` padding (one row all ``-1``), duplicated indices, every unselected KV row
    poisoned with NaN (row 0 and the last row included: a read ``-1`` shows) and the outputs poisoned (NaN left
    in the caching allocator's blocks the kernel reuses). bf16 decode (batch 4 with split-K, batch 64
-   unsplit) the same way.
+   unsplit) the same way. Each ``fp8_656`` decode candidate (``wsf8``, ``ws4f8``: decode only) against the
+   reference decode with ``layout="fp8_656"``: batch 4 with split-K and batch 64 unsplit, -1 rows, one empty
+   query, unselected cache rows poisoned with e4m3 NaN bytes, outputs poisoned.
 2. Speed: prefill of 4096 queries over 8K and 32K keys, 128 heads, k 2048, for each candidate and the Triton
    default in the same run (event-timed median, ``bench/common.time_ms``); bf16 decode batch 64 at a 32K context
-   (page 64) for the default and Triton. TFLOP/s with ``FLOPs = 2 * H * (576 + 512) * K`` per query, and the %
+   (page 64) for the default and Triton; ``fp8_656`` decode at batch 64 and 128 x 32K for each FP8 candidate and
+   the Triton FP8 decode (``mla_fp8_decode.decode_fp8_656``). TFLOP/s with ``FLOPs = 2 * H * (576 + 512) * K`` per query, and the %
    of a bf16 ``torch.matmul`` 8192^3 measured in the same run (issue 9: aim >= 55%).
 
     python3 bench/sparse_attn_tilelang.py [--out bench/results/sparse_attn_tilelang.json] [--quick] [--no-triton]
@@ -41,6 +44,7 @@ from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_attn import TileLangSparseA
 from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import (  # noqa: E402
     CANDIDATES,
     DEFAULT_CONFIG,
+    FP8_VARIANTS,
     flops,
     precompile,
 )
@@ -51,6 +55,7 @@ from dsa_runtime.testing.tolerances import tolerance  # noqa: E402
 SCALE, PAGE, K = 0.135234, 64, 2048
 # The GPU sizes; --dry-run (CPU, the reference standing in for the kernel) shrinks them to check this script.
 DEV, T_PRE, S_PRE, DEC_BATCH, DEC_CTX = "cuda", 4096, (8192, 32768), 64, 32768
+FP8_BATCHES = [64, 128]  # fp8_656 decode timings (batch x DEC_CTX)
 REF = ReferenceSparseAttn()
 # A kernel that deadlocks (a wrong mbarrier phase) never returns: a watchdog ends the run with what it was doing.
 PROGRESS = {"t": time.time(), "what": "start", "limit": 600.0}
@@ -78,12 +83,18 @@ def dry_run() -> None:
     global DEV, T_PRE, S_PRE, DEC_BATCH, DEC_CTX, K
     DEV, T_PRE, S_PRE, DEC_BATCH, DEC_CTX, K = "cpu", 8, (512,), 2, 1024, 256
     CHECK_SHAPES[:] = [(3, 300, 64, 64), (5, 700, 128, 256)]
+    FP8_BATCHES[:] = [2, 3]
+    FP8_CHECKS[:] = [(4, None), (6, 1)]
 
     fault = os.environ.get("DSA_TILELANG_DRY_FAULT")  # tests: this candidate's process dies like a faulting kernel
 
     def run(self, q, kv, idx, sm_scale, split, decode=False):
         if fault and self.config is not None and self.config.label() == fault:
             os._exit(134)
+        if kv.dtype == torch.float8_e4m3fn:  # the fp8_656 rows: dequantised as the kernel's gather does
+            from dsa_runtime.reference.kv_quant import unpack_mla_fp32
+
+            kv = unpack_mla_fp32(kv.view(torch.uint8), "fp8_656").bfloat16()
         out, lse = REF.prefill(q, kv, idx, sm_scale)
         return (out.float(), torch.where(torch.isposinf(lse), float("-inf"), lse)) if split else (out, lse)
 
@@ -164,7 +175,13 @@ CHECK_SHAPES = [(3, 300, 64, 64), (3, 300, 128, 128), (512, 4096, 128, 2048), (5
 def warm(configs, quick: bool, default_decode: bool = True) -> None:
     """Compile every kernel this run uses up front, in parallel (a cold compile takes tens of seconds each)."""
     keys = []
-    for _t, _s, heads, k in CHECK_SHAPES[2:3] if quick else CHECK_SHAPES:
+    fp8 = [c for c in configs if c.variant in FP8_VARIANTS]
+    for cfg in fp8:  # the fp8_656 decode checks and timings
+        for rows, splits in FP8_CHECKS + [(b, None) for b in FP8_BATCHES]:
+            n = splits or plan_splits(rows, 128, K)
+            keys.append((128, K // n, SCALE, cfg, n > 1))
+    configs = [c for c in configs if c.variant not in FP8_VARIANTS]
+    for _t, _s, heads, k in CHECK_SHAPES[2:3] if quick or not configs else CHECK_SHAPES:
         for cfg in configs if (heads, k) == (128, K) else configs[:1]:
             keys.append((heads, k, SCALE, TileLangSparseAttn(config=cfg)._config(k), False))
     n_plan = plan_splits(DEC_BATCH, 128, K)
@@ -187,7 +204,13 @@ def correctness(gen: torch.Generator, configs, quick: bool, decode: bool = True)
     """Every check passes; records PASS/FAIL per launch shape in RESULTS["checks"]."""
     ok = True
     per_cfg = RESULTS["checks"]
-    for t, s, heads, k in CHECK_SHAPES[2:3] if quick else CHECK_SHAPES:
+    for cfg in [c for c in configs if c.variant in FP8_VARIANTS]:
+        for batch, splits in FP8_CHECKS:
+            passed = check_fp8_decode(gen, cfg, batch, splits)
+            per_cfg[cfg.label()] = per_cfg.get(cfg.label(), True) and passed
+            ok &= passed
+    configs = [c for c in configs if c.variant not in FP8_VARIANTS]
+    for t, s, heads, k in (CHECK_SHAPES[2:3] if quick else CHECK_SHAPES) if configs else ():
         q, kv, idx = prefill_case(gen, t, s, heads, k)
         want = REF.prefill(q[:64], kv, idx[:64], SCALE)  # the reference on the first rows (keeps it quick)
         for cfg in configs if (heads, k) == (128, K) else configs[:1]:
@@ -221,6 +244,80 @@ def correctness(gen: torch.Generator, configs, quick: bool, decode: bool = True)
         per_cfg[f"decode splits {n}"] = passed
         ok &= passed
     return ok
+
+
+FP8_CHECKS = [(4, None), (64, 1)]  # (batch, decode splits; None: the planned split) of the fp8_656 checks
+
+
+def fp8_check_case(gen: torch.Generator, batch: int, heads: int = 128):
+    """An ``fp8_656`` paged cache (page 64) whose selected rows pack random c / k_pe with power-of-two scales and
+    whose other rows (page 0 always among them) are garbage bytes with an e4m3 NaN in every 128-block; per
+    request K distinct slots, request 0 cut to 100 (-1 after), request 1 all -1 (an empty query)."""
+    from dsa_runtime.testing.fp8util import pack_mla_656, random_bytes
+
+    pages = batch * 8 + 1
+    slots = torch.rand(batch, (pages - 1) * PAGE, device=DEV, generator=gen).argsort(dim=1)[:, :K] + PAGE
+    slots = slots.to(torch.int32).view(batch, 1, K)
+    slots[0, 0, 100:] = -1
+    slots[1, 0, :] = -1
+    used = torch.unique(slots[slots >= 0].long())
+    cache = random_bytes(gen, (pages * PAGE, 656), torch.device(DEV))
+    cache[:, 0:512:61] = 0x7F  # e4m3 NaN
+    c = torch.randn(used.numel(), 512, device=DEV, generator=gen)
+    k_pe = torch.randn(used.numel(), 64, device=DEV, generator=gen).bfloat16()
+    cache[used] = pack_mla_656(c, k_pe, "ue8m0")
+    q = torch.randn(batch, 1, heads, 576, device=DEV, generator=gen).bfloat16()
+    return q, cache.view(pages, PAGE, 656), slots
+
+
+def check_fp8_decode(gen: torch.Generator, cfg, batch: int, splits: int | None) -> bool:
+    """One fp8_656 decode check of ``cfg`` against the reference decode."""
+    q, cache, slots = fp8_check_case(gen, batch)
+    n = splits or plan_splits(batch, 128, K)
+    poison_allocator(4 * batch * 128 * 512 * 4 * n)
+    name = f"decode fp8_656 {cfg.label()} b{batch} h128 k{K} splits {n}"
+    step(name)
+    got = TileLangSparseAttn(config=cfg, decode_splits=n).decode(q, cache, slots, SCALE, layout="fp8_656")
+    sync()
+    return check(name, got, REF.decode(q, cache, slots, SCALE, layout="fp8_656"))
+
+
+def fp8_timing_cache(gen: torch.Generator, rows: int) -> torch.Tensor:
+    """``[rows // 64, 64, 656]`` rows of random finite e4m3 c, power-of-two scales, random bf16 k_pe."""
+    cache = torch.randint(0, 256, (rows, 656), dtype=torch.uint8, device=DEV, generator=gen)
+    c = cache[:, :512]
+    c[(c & 0x7F) == 0x7F] = 0x3C  # no e4m3 NaN
+    exps = torch.randint(-8, 1, (rows, 4), device=DEV, generator=gen).float()
+    cache[:, 512:528] = torch.exp2(exps).contiguous().view(torch.uint8)
+    cache[:, 528:] = torch.randn(rows, 64, device=DEV, generator=gen).bfloat16().view(torch.uint8)
+    return cache.view(-1, PAGE, 656)
+
+
+def speed_fp8(rows: list[dict], gen: torch.Generator, configs, ceiling: float, triton: bool) -> None:
+    """fp8_656 decode of each FP8 candidate (planned splits) and of the Triton FP8 decode, batch x DEC_CTX."""
+    for batch in FP8_BATCHES:
+        speed_fp8_batch(rows, gen, batch, configs, ceiling, triton)
+        if DEV == "cuda":
+            torch.cuda.empty_cache()
+
+
+def speed_fp8_batch(rows: list[dict], gen: torch.Generator, batch: int, configs, ceiling: float,
+                    triton: bool) -> None:
+    cache = fp8_timing_cache(gen, batch * DEC_CTX + PAGE)
+    slots = torch.stack([torch.randperm(DEC_CTX, device=DEV, generator=gen)[:K] + b * DEC_CTX
+                         for b in range(batch)]).to(torch.int32).view(batch, 1, K)
+    qd = torch.randn(batch, 1, 128, 576, device=DEV, generator=gen).bfloat16()
+    shape = f"decode fp8 b{batch} {DEC_CTX // 1024}K h128"
+    n = plan_splits(batch, 128, K)
+    for cfg in configs:
+        kern = TileLangSparseAttn(config=cfg, decode_splits=n)
+        timed(rows, shape, f"tilelang {cfg.label()} splits {n}",
+              lambda k=kern: k.decode(qd, cache, slots, SCALE, layout="fp8_656"), flops(batch, 128, K), ceiling)
+    if triton:
+        from dsa_runtime.plugins.cuda_hopper.triton.mla_fp8_decode import decode_fp8_656
+
+        timed(rows, shape, "triton fp8 default", lambda: decode_fp8_656(qd, cache, slots, SCALE),
+              flops(batch, 128, K), ceiling)
 
 
 def prefill_inputs(gen: torch.Generator, s: int):
@@ -260,8 +357,17 @@ def speed_prefill(rows: list[dict], gen: torch.Generator, s: int, configs, ceili
               ceiling)
 
 
-def speed(gen: torch.Generator, configs, ceiling: float, triton: bool, default_decode: bool = True) -> list[dict]:
+def speed(gen: torch.Generator, configs, ceiling: float, triton: bool, default_decode: bool = True,
+          fp8_triton: bool = False) -> list[dict]:
+    """Timings of ``configs`` (the bf16 ones: prefill and bf16 decode; the FP8 ones: fp8_656 decode) and, with
+    ``triton``, the Triton kernels beside (the FP8 decode when ``fp8_triton``)."""
     rows: list[dict] = RESULTS["rows"]
+    fp8 = [c for c in configs if c.variant in FP8_VARIANTS]
+    if fp8 or fp8_triton:
+        speed_fp8(rows, gen, fp8, ceiling, triton and fp8_triton)
+    configs = [c for c in configs if c.variant not in FP8_VARIANTS]
+    if not configs and not triton:
+        return rows
     for s in S_PRE:
         speed_prefill(rows, gen, s, configs, ceiling, triton)
         if DEV == "cuda":
@@ -389,7 +495,9 @@ def main() -> int:
         print(f"bf16 matmul 8192^3: {ceiling:.1f} TFLOP/s", flush=True)
     RESULTS["matmul_tflops"] = ceiling
     if here or not args.no_triton:
-        speed(gen, here, ceiling, not args.no_triton, default_decode=with_default)
+        # The Triton FP8 decode is timed (in this process) when an FP8 candidate runs, or with --only triton_fp8.
+        fp8_triton = any(c.variant in FP8_VARIANTS for c in configs) or "triton_fp8" in (args.only or "")
+        speed(gen, here, ceiling, not args.no_triton, default_decode=with_default, fp8_triton=fp8_triton)
     if isolated:
         write_json(args.out, RESULTS | {"partial": True})  # the pipe results are safe before any child runs
         if DEV == "cuda":

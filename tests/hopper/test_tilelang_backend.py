@@ -46,12 +46,16 @@ def test_registered_with_exact_claims():
     ok = caps.unclaimed_reason
     for heads, k in ((64, 64), (128, 2048), (128, 16384), (64, 128)):
         assert ok("sparse_attn.prefill", device="cuda", kv_layout="bf16", heads=heads, k=k) is None
-        assert ok("sparse_attn.decode", device="cuda", kv_layout="bf16", heads=heads, k=k, page_size=64,
-                  decode_queries=2) is None
-    for bad in ({"heads": 96}, {"heads": 32}, {"k": 96}, {"k": 32}, {"device": "cpu"}, {"kv_layout": "fp8_656"}):
-        needs = {"device": "cuda", "kv_layout": "bf16", "heads": 128, "k": 2048} | bad
-        assert ok("sparse_attn.prefill", **needs) is not None, bad
-        assert ok("sparse_attn.decode", **needs) is not None, bad
+        for layout in ("bf16", "fp8_656"):  # the FP8 cache: decode only (wsf8 / ws4f8)
+            assert ok("sparse_attn.decode", device="cuda", kv_layout=layout, heads=heads, k=k, page_size=64,
+                      decode_queries=2) is None
+    assert "KV layout 'fp8_656' not claimed" in ok("sparse_attn.prefill", device="cuda", kv_layout="fp8_656",
+                                                   heads=128, k=2048)
+    for layout in ("bf16", "fp8_656"):
+        for bad in ({"heads": 96}, {"heads": 32}, {"k": 96}, {"k": 32}, {"device": "cpu"}, {"kv_layout": "fp8_e5"}):
+            needs = {"device": "cuda", "kv_layout": layout, "heads": 128, "k": 2048} | bad
+            assert ok("sparse_attn.prefill", **needs) is not None, bad
+            assert ok("sparse_attn.decode", **needs) is not None, bad
     assert isinstance(backend.kernels["sparse_attn"], str)  # imported on first use
 
 
@@ -101,11 +105,10 @@ def test_auto_on_hopper_picks_tilelang_without_flashmla(with_tilelang):
     assert type(resolved.sparse_attn.prefill.__self__).__name__ == "TileLangSparseAttn"
 
 
-def test_fp8_cache_decode_is_not_claimed(with_tilelang):
+def test_fp8_cache_decode_resolves_to_tilelang(with_tilelang):
     resolved = resolve_kernels(KernelConfig(kv_layout="fp8_656"), needs=V32)
     dec = resolved.choices["sparse_attn.decode"]
-    assert dec.backend != "tilelang"
-    assert "backend 'tilelang': sparse_attn.decode: KV layout 'fp8_656' not claimed" in dec.reason
+    assert dec.backend == "tilelang", dec.reason
 
 
 def test_unclaimed_shapes_fall_back_with_the_reason(with_tilelang):
@@ -139,7 +142,13 @@ def test_plan_splits():
 
 
 def _torch_run(self, q, kv, idx, sm_scale, split, decode=False):
-    """Stand-in for the compiled kernel: the reference in fp32, with the kernel's split-mode conventions."""
+    """Stand-in for the compiled kernel: the reference in fp32, with the kernel's split-mode conventions (the
+    ``fp8_656`` rows, which reach it as ``[S, 656]`` e4m3, dequantised to bf16 as the kernel's gather does)."""
+    if kv.dtype == torch.float8_e4m3fn:
+        from dsa_runtime.reference.kv_quant import unpack_mla_fp32
+
+        assert decode and kv.shape[-1] == 656
+        kv = unpack_mla_fp32(kv.view(torch.uint8), "fp8_656").bfloat16()
     out, lse = ReferenceSparseAttn().prefill(q, kv, idx, sm_scale)
     if split:
         return out.float(), torch.where(torch.isposinf(lse), float("-inf"), lse)
@@ -181,16 +190,92 @@ def test_decode_split_bookkeeping_equals_the_reference(monkeypatch, splits):
     assert torch.isposinf(lse[0, 0]).all() and (out[0, 0] == 0).all()
 
 
+@pytest.mark.parametrize("splits", [1, 2])
+def test_fp8_decode_routes_the_e4m3_rows_to_the_fp8_kernel(monkeypatch, splits):
+    """layout="fp8_656": the flat [S, 656] rows reach the kernel as e4m3 with the FP8 launch shape, and the
+    result (stand-in kernel) equals the reference fp8_656 decode; unselected rows are NaN garbage."""
+    import dsa_runtime.plugins.cuda_hopper.triton as triton_pkg
+    from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import FP8_DECODE_CONFIG
+    from dsa_runtime.testing.fp8util import pack_mla_656, random_bytes
+
+    combine_mod = types.ModuleType("sparse_mla_combine")
+    combine_mod.combine_splits = _torch_combine
+    monkeypatch.setitem(sys.modules, f"{triton_pkg.__name__}.sparse_mla_combine", combine_mod)
+    seen = []
+
+    def run(self, q, kv, idx, sm_scale, split, decode=False):
+        seen.append((kv.dtype, tuple(kv.shape), self._config(idx.shape[-1], decode, kv.dtype == torch.float8_e4m3fn)))
+        return _torch_run(self, q, kv, idx, sm_scale, split, decode)
+
+    monkeypatch.setattr(tl_attn.TileLangSparseAttn, "_run", run)
+    gen = torch.Generator().manual_seed(5)
+    b, n_q, heads, pages, k = 2, 2, 64, 5, 128
+    idx = torch.stack([torch.randperm(pages * 64 - 64, generator=gen)[:k] + 64 for _ in range(b * n_q)])
+    idx = idx.to(torch.int32).view(b, n_q, k)
+    idx[0, 1] = -1  # an empty query
+    idx[1, 0, ::5] = -1
+    used = torch.unique(idx[idx >= 0].long())
+    cache = random_bytes(gen, (pages * 64, 656), torch.device("cpu"))
+    cache[:, 0:512:61] = 0x7F  # e4m3 NaN in the rows nobody selects (page 0 among them)
+    cache[used] = pack_mla_656(torch.randn(used.numel(), 512, generator=gen),
+                               torch.randn(used.numel(), 64, generator=gen), "ue8m0")
+    cache = cache.view(pages, 64, 656)
+    q = torch.randn(b, n_q, heads, 576, generator=gen).bfloat16()
+    out, lse = tl_attn.TileLangSparseAttn(decode_splits=splits).decode(q, cache, idx, 0.135234, layout="fp8_656")
+    want_out, want_lse = ReferenceSparseAttn().decode(q, cache, idx, 0.135234, layout="fp8_656")
+    assert seen == [(torch.float8_e4m3fn, (pages * 64, 656), FP8_DECODE_CONFIG)]
+    torch.testing.assert_close(out.float(), want_out.float(), rtol=0.02, atol=0.02)
+    torch.testing.assert_close(lse, want_lse, rtol=1e-5, atol=1e-4)
+    assert torch.isposinf(lse[0, 1]).all() and (out[0, 1] == 0).all()
+
+
+def test_fp8_and_bf16_launch_shapes_are_chosen_apart(monkeypatch):
+    """An FP8 candidate (by argument or $DSA_TILELANG_SPARSE_MLA) replaces only the fp8_656 decode kernel, a bf16
+    one only the bf16 kernels: neither runs a cache layout it does not read."""
+    from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import (
+        CANDIDATES,
+        DECODE_CONFIG,
+        DEFAULT_CONFIG,
+        FP8_DECODE_CONFIG,
+        FP8_VARIANTS,
+    )
+
+    monkeypatch.delenv(tl_attn.CONFIG_ENV, raising=False)
+    assert FP8_DECODE_CONFIG.variant in FP8_VARIANTS and DECODE_CONFIG.variant not in FP8_VARIANTS
+    fp8 = [c for c in CANDIDATES if c.variant in FP8_VARIANTS]
+    assert {c.variant for c in fp8} == {"wsf8", "ws4f8"}
+    kern = tl_attn.TileLangSparseAttn()
+    assert kern._config(2048, decode=True, fp8=True) == FP8_DECODE_CONFIG
+    assert kern._config(2048, decode=True) == DECODE_CONFIG and kern._config(2048) == DEFAULT_CONFIG
+    for cfg in fp8:
+        monkeypatch.setenv(tl_attn.CONFIG_ENV, cfg.label())
+        kern = tl_attn.TileLangSparseAttn()
+        assert kern._config(2048, decode=True, fp8=True) == cfg
+        assert kern._config(2048, decode=True) == DECODE_CONFIG and kern._config(2048) == DEFAULT_CONFIG
+    ws = next(c for c in CANDIDATES if c.variant == "ws")
+    kern = tl_attn.TileLangSparseAttn(config=ws)
+    assert kern._config(2048) == kern._config(2048, decode=True) == ws
+    assert kern._config(2048, decode=True, fp8=True) == FP8_DECODE_CONFIG
+
+
 def test_bad_inputs_are_one_line_errors():
     kern = tl_attn.TileLangSparseAttn()
     q = torch.zeros(2, 64, 576, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="d_v 512"):
         kern.prefill(q, torch.zeros(4, 576, dtype=torch.bfloat16), torch.zeros(2, 64, dtype=torch.int32), 0.1, d_v=256)
-    with pytest.raises(ValueError, match="bf16 q and kv"):
+    with pytest.raises(ValueError, match="bf16 q and bf16 or fp8_656 kv"):
         kern.prefill(q.float(), torch.zeros(4, 576), torch.zeros(2, 64, dtype=torch.int32), 0.1)
-    with pytest.raises(ValueError, match="bf16 cache only"):
+    with pytest.raises(ValueError, match="bf16 and fp8_656 caches"):
         kern.decode(q[None], torch.zeros(1, 64, 656, dtype=torch.uint8), torch.zeros(1, 2, 64, dtype=torch.int32),
+                    0.1, layout="fp8_e5")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"a fp8_656 cache is \[pages, page_size, 656\] torch.uint8"):
+        kern.decode(q[None], torch.zeros(1, 64, 576, dtype=torch.bfloat16), torch.zeros(1, 2, 64, dtype=torch.int32),
                     0.1, layout="fp8_656")
+    with pytest.raises(ValueError, match=r"a bf16 cache is \[pages, page_size, 576\] torch.bfloat16"):
+        kern.decode(q[None], torch.zeros(1, 64, 656, dtype=torch.uint8), torch.zeros(1, 2, 64, dtype=torch.int32),
+                    0.1, layout="bf16")
+    with pytest.raises(ValueError, match="fp8_656 cache in decode only"):
+        kern.prefill(q, torch.zeros(4, 656, dtype=torch.float8_e4m3fn), torch.zeros(2, 64, dtype=torch.int32), 0.1)
 
 
 NO_TILELANG = pytest.mark.skipif(not HAS_TILELANG, reason="tilelang is not installed (CI does not install it; "
@@ -198,7 +283,8 @@ NO_TILELANG = pytest.mark.skipif(not HAS_TILELANG, reason="tilelang is not insta
 
 
 @NO_TILELANG
-@pytest.mark.parametrize(("variant", "split"), [("pipe", False), ("ws", True), ("wsa", False), ("ws4", True)])
+@pytest.mark.parametrize(("variant", "split"), [("pipe", False), ("ws", True), ("wsa", False), ("ws4", True),
+                                               ("wsf8", True), ("ws4f8", False)])
 def test_program_lowers_to_sm90a_cuda_source(variant, split):
     from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import CANDIDATES, cuda_source, source_problems
 
@@ -209,6 +295,12 @@ def test_program_lowers_to_sm90a_cuda_source(variant, split):
     assert source_problems(src) == []
     assert ("float* __restrict__ Out" in src) == split  # split partials are fp32
     assert 0 < smem <= 227 * 1024  # fits an H100's shared memory per block
+    fp8 = variant.endswith("f8")
+    assert ("const fp8_e4_t* __restrict__" in src) == fp8  # the fp8_656 rows, read as e4m3 (decode only)
+    assert ("cp_async_gs_conditional" in src) != fp8  # the FP8 gather loads into registers instead
+    if fp8:  # a load outside the index check is caught
+        unguarded = src.replace("if ((0 <= row) && (row < n_kv)) {", "if ((0 <= row)) {")
+        assert any("outside the index check" in p for p in source_problems(unguarded))
 
 
 def test_bad_launch_shapes_are_refused():
@@ -241,6 +333,11 @@ def test_gpu_bench_script_plumbing_runs_on_cpu(tmp_path):
     assert result["checks_ok"] is True and "FAIL" not in run.stdout
     labels = {r["label"] for r in result["rows"]}
     assert any(lbl.startswith("tilelang ws_") for lbl in labels) and any("splits" in lbl for lbl in labels)
+    fp8_rows = [r for r in result["rows"] if r["shape"].startswith("decode fp8")]
+    assert {r["label"].split()[1] for r in fp8_rows} == {"wsf8_i64_s2_t384", "ws4f8_i64_s2_t512"}
+    assert "PASS decode fp8_656 wsf8_i64_s2_t384" in run.stdout and "PASS decode fp8_656 ws4f8" in run.stdout
+    # the FP8 candidates run no prefill nor bf16 decode, and a bf16 candidate no fp8_656 decode
+    assert all(r["shape"].startswith("decode fp8") for r in result["rows"] if "f8_i64" in r["label"])
 
 
 def test_gpu_bench_survives_a_dying_candidate(tmp_path):
@@ -291,4 +388,4 @@ def test_kit_passes_the_wrapper_on_cpu_with_a_standin_kernel():
     assert not bad, "\n".join(bad)
     passed = [c.id for c in report.cases if c.status == "passed"]
     assert any("/prefill/" in i for i in passed) and any("/decode/bf16/" in i for i in passed)
-    assert not any("/decode/fp8_656/" in i for i in passed)  # the FP8 cache is not claimed
+    assert any("/decode/fp8_656/" in i for i in passed)  # the FP8 cache: decode claimed (wsf8)

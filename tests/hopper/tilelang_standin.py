@@ -12,6 +12,7 @@ from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_attn import (
     TILELANG_SPARSE_ATTN_CLAIMS,
     TileLangSparseAttn,
 )
+from dsa_runtime.reference.kv_quant import unpack_mla_fp32
 from dsa_runtime.reference.sparse_attn import ReferenceSparseAttn
 
 
@@ -23,6 +24,9 @@ class StandInTileLang(TileLangSparseAttn):
         super().__init__(decode_splits=None)
 
     def _run(self, q, kv, indices, sm_scale, split, decode=False):
+        if kv.dtype == torch.float8_e4m3fn:  # fp8_656 rows (decode): dequantised as the kernel's gather does
+            assert decode and kv.dim() == 2 and kv.shape[-1] == 656, (decode, tuple(kv.shape))
+            kv = unpack_mla_fp32(kv.view(torch.uint8), "fp8_656").bfloat16()
         out, lse = ReferenceSparseAttn().prefill(q, kv, indices, sm_scale)
         if split:
             return out.float(), torch.where(torch.isposinf(lse), float("-inf"), lse)

@@ -1,13 +1,16 @@
 """The ``sparse_attn`` family of the ``tilelang`` backend: our own TileLang sparse MLA kernel (issue 9).
 
 * :meth:`TileLangSparseAttn.prefill`: :func:`.sparse_mla.compiled` over the flat bf16 KV buffer.
-* :meth:`TileLangSparseAttn.decode` (``layout="bf16"`` only): the flat view of the paged cache is exactly the
-  prefill problem with ``T = B * Q`` rows; small batches split the index list into ``n`` chunks (each chunk a
-  row of its own, fp32 partial outputs) merged by the Triton combine (:mod:`..triton.sparse_mla_combine`).
+* :meth:`TileLangSparseAttn.decode`: the flat view of the paged cache is exactly the prefill problem with
+  ``T = B * Q`` rows; small batches split the index list into ``n`` chunks (each chunk a row of its own, fp32
+  partial outputs) merged by the Triton combine (:mod:`..triton.sparse_mla_combine`). ``layout="bf16"`` runs the
+  bf16 kernels; ``layout="fp8_656"`` runs :data:`.sparse_mla.FP8_DECODE_CONFIG` (or another of
+  :data:`.sparse_mla.FP8_VARIANTS`), whose gather warpgroup dequantises the 656-byte rows (:mod:`.gather_fp8`).
 
-Claims are exactly what the kernel runs: d_qk 576 / d_v 512, bf16 KV, 64 or 128 heads (one 64-head tile per
-block; the core pads 16 or 32 heads per rank up to 64) and k a multiple of 64 (one gathered chunk; the core
-pads k with ``-1``). Anything else resolves to another backend with the logged reason.
+Claims are exactly what the kernels run: d_qk 576 / d_v 512, bf16 KV (prefill and decode) or the ``fp8_656``
+cache (decode only), 64 or 128 heads (one 64-head tile per block; the core pads 16 or 32 heads per rank up to 64)
+and k a multiple of 64 (one gathered chunk; the core pads k with ``-1``). Anything else resolves to another
+backend with the logged reason.
 
 This module imports neither torch nor tilelang at import time: the plugin reads :data:`TILELANG_SPARSE_ATTN_CLAIMS`
 while registering backends, which must stay cheap.
@@ -22,7 +25,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from dsa_runtime.capabilities import MethodClaim, ValueSet
-from dsa_runtime.families import D_QK, D_V, MLALayout
+from dsa_runtime.families import D_QK, D_V, FP8_MLA_ROW_BYTES, MLALayout
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -33,10 +36,11 @@ HEADS = ValueSet.one_of(64, 128)
 K_VALUES = ValueSet.multiples(64, 64, 16384)
 TILELANG_SPARSE_ATTN_CLAIMS: dict[str, MethodClaim] = {
     "sparse_attn.prefill": MethodClaim(kv_layouts=ValueSet.one_of("bf16"), heads=HEADS, k=K_VALUES),
-    "sparse_attn.decode": MethodClaim(kv_layouts=ValueSet.one_of("bf16"), heads=HEADS, k=K_VALUES),
+    "sparse_attn.decode": MethodClaim(kv_layouts=ValueSet.one_of("bf16", "fp8_656"), heads=HEADS, k=K_VALUES),
 }
 # Launch shape by label (e.g. ``ws_i64_s2_t384``), to run another candidate of .sparse_mla.CANDIDATES everywhere
-# (conformance, engine) without a code change, once bench/sparse_attn_tilelang.py has measured it.
+# (conformance, engine) without a code change, once bench/sparse_attn_tilelang.py has measured it. An fp8_656
+# candidate (``ws4f8`` / ``wsf8``) replaces only the FP8-cache decode kernel, any other only the bf16 ones.
 CONFIG_ENV = "DSA_TILELANG_SPARSE_MLA"
 INSTALL_HINT = "pip install 'dsa-runtime[hopper]' (offline GPU hosts: /work/shared/tools/offline-wheels, docs/hopper.md)"
 # Decode splits: at ~226 KB of shared memory one block runs per SM, so split until the (row, head block, split)
@@ -109,31 +113,44 @@ class TileLangSparseAttn:
         self.config = config or config_from_env()
         self.decode_splits = decode_splits
 
-    def _config(self, k: int, decode: bool = False) -> TLConfig:
-        from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import DECODE_CONFIG, DEFAULT_CONFIG
+    def _config(self, k: int, decode: bool = False, fp8: bool = False) -> TLConfig:
+        from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import (
+            DECODE_CONFIG,
+            DEFAULT_CONFIG,
+            FP8_DECODE_CONFIG,
+            FP8_VARIANTS,
+        )
 
-        cfg = self.config or (DECODE_CONFIG if decode else DEFAULT_CONFIG)
+        mine = self.config is not None and (self.config.variant in FP8_VARIANTS) == fp8
+        if fp8:
+            return self.config if mine else FP8_DECODE_CONFIG
+        cfg = self.config if mine else (DECODE_CONFIG if decode else DEFAULT_CONFIG)
         if k % cfg.block_i and k % 64 == 0 and cfg.variant == "pipe":
             cfg = dataclasses.replace(cfg, block_i=64)  # a chunk wider than k's step: the claimed step fits
         return cfg
 
     def _run(self, q: Tensor, kv: Tensor, indices: Tensor, sm_scale: float, split: bool,
              decode: bool = False) -> tuple[Tensor, Tensor]:
-        """q ``[R, H, 576]``, kv ``[S, 576]``, indices ``[R, K]`` -> out ``[R, H, 512]`` (bf16, or fp32 with
-        ``split``) and lse ``[R, H]`` (``+inf`` when empty, ``-inf`` with ``split``)."""
+        """q ``[R, H, 576]``, kv ``[S, 576]`` bf16 or ``[S, 656]`` ``float8_e4m3fn`` (the ``fp8_656`` rows viewed
+        as e4m3: decode only), indices ``[R, K]`` -> out ``[R, H, 512]`` (bf16, or fp32 with ``split``) and lse
+        ``[R, H]`` (``+inf`` when empty, ``-inf`` with ``split``)."""
         import torch
 
         from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import compiled
 
         rows, heads, width = q.shape
         k = indices.shape[-1]
-        if width != D_QK or kv.dim() != 2 or kv.shape[-1] != D_QK:
-            raise ValueError(f"tilelang sparse MLA needs q [T, H, {D_QK}] and kv [S, {D_QK}], got "
+        fp8 = kv.dtype == torch.float8_e4m3fn
+        kv_width = FP8_MLA_ROW_BYTES if fp8 else D_QK
+        if width != D_QK or kv.dim() != 2 or kv.shape[-1] != kv_width:
+            raise ValueError(f"tilelang sparse MLA needs q [T, H, {D_QK}] and kv [S, {kv_width}], got "
                              f"{tuple(q.shape)} and {tuple(kv.shape)}")
         if indices.dim() != 2 or indices.shape[0] != rows:
             raise ValueError(f"tilelang sparse MLA needs indices [T, K] with T = {rows}, got {tuple(indices.shape)}")
-        if q.dtype != torch.bfloat16 or kv.dtype != torch.bfloat16:
-            raise ValueError(f"tilelang sparse MLA runs bf16 q and kv, got {q.dtype} and {kv.dtype}")
+        if q.dtype != torch.bfloat16 or kv.dtype not in (torch.bfloat16, torch.float8_e4m3fn):
+            raise ValueError(f"tilelang sparse MLA runs bf16 q and bf16 or fp8_656 kv, got {q.dtype} and {kv.dtype}")
+        if fp8 and not decode:
+            raise ValueError("tilelang sparse MLA reads the fp8_656 cache in decode only")
         out_dtype = torch.float32 if split else torch.bfloat16
         out = torch.empty(rows, heads, D_V, dtype=out_dtype, device=q.device)
         lse = torch.empty(rows, heads, dtype=torch.float32, device=q.device)
@@ -143,7 +160,7 @@ class TileLangSparseAttn:
             out.zero_()
             lse.fill_(float("-inf") if split else float("inf"))
             return out, lse
-        kern = compiled(heads, k, float(sm_scale), self._config(k, decode), split)
+        kern = compiled(heads, k, float(sm_scale), self._config(k, decode, fp8), split)
         kern(q.contiguous(), kv.contiguous(), indices.to(torch.int32).contiguous(), out, lse)
         return out, lse
 
@@ -166,17 +183,26 @@ class TileLangSparseAttn:
         layout: MLALayout,
         d_v: int = D_V,
     ) -> tuple[Tensor, Tensor]:
-        """q ``[B, Q, H, 576]`` bf16, cache ``[pages, page_size, 576]`` bf16, indices ``[B, Q, K]`` int32 slots
-        -> out ``[B, Q, H, 512]`` bf16, lse ``[B, Q, H]`` fp32."""
-        if layout != "bf16":
-            raise ValueError(f"the tilelang backend decodes the bf16 cache only, got layout {layout!r}")
+        """q ``[B, Q, H, 576]`` bf16, cache ``[pages, page_size, 576]`` bf16 (``layout="bf16"``) or
+        ``[pages, page_size, 656]`` uint8 (``layout="fp8_656"``), indices ``[B, Q, K]`` int32 slots -> out
+        ``[B, Q, H, 512]`` bf16, lse ``[B, Q, H]`` fp32."""
+        import torch
+
+        if layout not in ("bf16", "fp8_656"):
+            raise ValueError(f"the tilelang backend decodes the bf16 and fp8_656 caches, got layout {layout!r}")
         if d_v != D_V:
             raise ValueError(f"tilelang sparse MLA runs d_v {D_V}, got {d_v}")
+        want = (FP8_MLA_ROW_BYTES, torch.uint8) if layout == "fp8_656" else (D_QK, torch.bfloat16)
+        if kv_cache.dim() != 3 or (kv_cache.shape[-1], kv_cache.dtype) != want:
+            raise ValueError(f"a {layout} cache is [pages, page_size, {want[0]}] {want[1]}, got "
+                             f"{tuple(kv_cache.shape)} {kv_cache.dtype}")
         b, n_q, heads, _ = q.shape
         k = indices.shape[-1]
         rows = b * n_q
         flat_q = q.reshape(rows, heads, D_QK)
         flat_kv = kv_cache.reshape(-1, kv_cache.shape[-1])
+        if layout == "fp8_656":  # the kernel reads the rows as e4m3 bytes (scales and rope through views)
+            flat_kv = flat_kv.view(torch.float8_e4m3fn)
         flat_idx = indices.reshape(rows, k)
         n = self.decode_splits or plan_splits(rows, heads, k)
         if n <= 1:

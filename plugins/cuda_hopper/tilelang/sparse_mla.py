@@ -19,7 +19,10 @@ Two schedules (:class:`TLConfig` ``variant``):
   ring of stages guarded by mbarriers, two consumer warpgroups each own half of the 512 output columns;
 * ``"wsa"``: ``ws`` whose score warpgroup also overlaps its softmax with its own ``P . V`` wgmma;
 * ``"ws4"``: 512 threads (see :mod:`.sparse_mla_ws4`): a score warpgroup that only computes S and the softmax,
-  two value warpgroups that own all of ``P . V``, and the ``ws`` gather.
+  two value warpgroups that own all of ``P . V``, and the ``ws`` gather;
+* ``"wsf8"`` / ``"ws4f8"``: ``ws`` / ``ws4`` over the ``fp8_656`` cache (decode only; :data:`FP8_VARIANTS`):
+  ``KV`` is ``[S, 656]`` e4m3 and the gather warpgroup dequantises each row into the bf16 stage
+  (:mod:`.gather_fp8`).
 
 Shapes: q ``[T, H, 576]`` bf16, kv ``[S, 576]`` bf16, indices ``[T, K]`` int32, out ``[T, H, 512]`` bf16,
 lse ``[T, H]`` fp32; ``T`` and ``S`` are symbolic (one compile serves every batch), ``H`` and ``K`` are not.
@@ -60,6 +63,9 @@ PIPE_CONFIG = TLConfig()
 # pipe 50.8%); bf16 decode batch 64 at 32K: ws4 112.8 us = 47.5% (ws 43.1%, pipe 37.0%).
 DEFAULT_CONFIG = TLConfig(block_i=64, num_stages=2, threads=384, variant="ws")
 DECODE_CONFIG = TLConfig(block_i=64, num_stages=2, threads=512, variant="ws4")
+# Decode over the fp8_656 cache: a schedule whose gather warpgroup dequantises the rows (.gather_fp8). wsf8 (ws's
+# three warpgroups) compiles without spills; ws4f8 spills 40 bytes in its 48-register gather. Not yet timed.
+FP8_DECODE_CONFIG = TLConfig(block_i=64, num_stages=2, threads=384, variant="wsf8")
 # What bench/tilelang_compile.py compiles and bench/sparse_attn_tilelang.py times.
 CANDIDATES = (
     PIPE_CONFIG,
@@ -69,9 +75,13 @@ CANDIDATES = (
     DEFAULT_CONFIG,
     TLConfig(block_i=64, num_stages=2, threads=384, variant="wsa"),
     DECODE_CONFIG,
+    TLConfig(block_i=64, num_stages=2, threads=512, variant="ws4f8"),
+    FP8_DECODE_CONFIG,
 )
 # Threads each warp-specialised schedule runs (their block_i is 64).
-WS_THREADS = {"ws": 384, "wsa": 384, "ws4": 512}
+WS_THREADS = {"ws": 384, "wsa": 384, "ws4": 512, "ws4f8": 512, "wsf8": 384}
+# Schedules that read the ``fp8_656`` cache (decode only: prefill runs over the bf16 KV buffer).
+FP8_VARIANTS = frozenset({"ws4f8", "wsf8"})
 
 
 def check_shape(heads: int, k: int, cfg: TLConfig) -> None:
@@ -177,10 +187,10 @@ def program(heads: int, k: int, sm_scale: float, cfg: TLConfig, split: bool = Fa
     ``split``: the program writes fp32 outputs and ``lse = -inf`` for an empty row (a split-K partial, merged
     by :func:`..triton.sparse_mla_combine.combine_splits`) instead of bf16 and ``+inf``."""
     check_shape(heads, k, cfg)
-    if cfg.variant == "ws4":
+    if cfg.variant in ("ws4", "ws4f8"):
         from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla_ws4 import ws4_program
 
-        return ws4_program(heads, k, sm_scale, cfg, split)
+        return ws4_program(heads, k, sm_scale, cfg, split, fp8=cfg.variant in FP8_VARIANTS)
     if cfg.variant != "pipe":
         from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla_ws import ws_program
 
@@ -210,6 +220,11 @@ def source_problems(src: str) -> list[str]:
     out = []
     if "wgmma" not in src:
         out.append("no wgmma GEMM")
+    fp8 = re.search(r"const fp8_e4_t\* __restrict__ (\w+)", src)
+    if fp8:  # the fp8_656 gathers load rows into registers: each load must sit under the index check
+        from dsa_runtime.plugins.cuda_hopper.tilelang.setmaxnreg_check import setmaxnreg_problems
+
+        return out + fp8_gather_problems(src, fp8.group(1)) + setmaxnreg_problems(src)
     gathers = re.findall(r"cp_async_gs(?:_conditional)?<16>\([^;]*KV\[[^;]*;", src)
     if not gathers:
         out.append("KV rows are not gathered with cp.async")
@@ -223,6 +238,35 @@ def source_problems(src: str) -> list[str]:
     from dsa_runtime.plugins.cuda_hopper.tilelang.setmaxnreg_check import setmaxnreg_problems
 
     return out + setmaxnreg_problems(src)
+
+
+def fp8_gather_problems(src: str, kv: str) -> list[str]:
+    """What is wrong with the ``fp8_656`` gathers of ``src`` (whose cache parameter is named ``kv``): every read
+    of the cache must sit inside ``if ((0 <= row) && (row < n_kv)) {`` (so a ``-1`` is never read)."""
+    import re
+
+    guard = "if ((0 <= row) && (row < n_kv)) {"
+    read = re.compile(rf"\b{kv}\b")
+    stack = [False]  # per open brace: inside the guard?
+    reads = 0
+    for raw in src.splitlines():
+        line = raw.strip()
+        if "__restrict__" in line:
+            continue  # the declaration
+        if read.search(line):
+            reads += 1
+            if not stack[-1]:
+                return [f"an fp8_656 cache read outside the index check: {line[:120]}"]
+        if line == "} else {":
+            stack.pop()
+            stack.append(stack[-1] if stack else False)
+            continue
+        for _ in range(line.count("}")):
+            if len(stack) > 1:
+                stack.pop()
+        for _ in range(line.count("{")):
+            stack.append(stack[-1] or line == guard)
+    return [] if reads else ["the fp8_656 cache is never read"]
 
 
 @functools.lru_cache(maxsize=64)

@@ -40,12 +40,19 @@ from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import D_LATENT, D_QK, 
 BI = 64
 ROWS_PER_PASS = 16  # gather: 128 threads = 16 rows x 8 threads, each thread 16 bytes of a 128-byte segment
 REGS = (240, None, 56)  # score (inc), value (the launch count: no setmaxnreg), gather (dec)
+# wsf8: the dequantising gather (.gather_fp8) holds its rows in registers, so it keeps 88; the score warpgroup
+# gets 248 (at 240 ptxas spilled 8 bytes there in this build): (248 + 168 + 88) * 128 = 168 * 384, the pool.
+REGS_FP8 = (248, None, 88)
 
 
 def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = False) -> Any:
-    """The ``ws`` / ``wsa`` schedule as a TileLang ``PrimFunc`` (imports tilelang); ``split`` as in
-    :func:`.sparse_mla.program`. ``k`` must be a multiple of 64 (the chunk); chunks past the last are skipped."""
+    """The ``ws`` / ``wsa`` / ``wsf8`` schedule as a TileLang ``PrimFunc`` (imports tilelang); ``split`` as in
+    :func:`.sparse_mla.program`. ``k`` must be a multiple of 64 (the chunk); chunks past the last are skipped.
+    ``wsf8``: ``ws`` over the ``[S, 656]`` ``fp8_656`` cache viewed as e4m3, dequantised by the gather
+    (:mod:`.gather_fp8`)."""
     import tilelang.language as T
+
+    from dsa_runtime.plugins.cuda_hopper.tilelang.gather_fp8 import ROW_BYTES, fp8_gather_macro
 
     hb, d, dr, half = HEAD_BLOCK, D_LATENT, D_ROPE, D_LATENT // 2
     overlap = cfg.variant == "wsa"
@@ -55,6 +62,10 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
     n_tok, n_kv = T.dynamic("n_tok"), T.dynamic("n_kv")
     bf16, f32 = "bfloat16", "float32"
     out_t = f32 if split else bf16
+    fp8 = cfg.variant == "wsf8"
+    kv_w, kv_t = (ROW_BYTES, "float8_e4m3fn") if fp8 else (D_QK, bf16)
+    regs = REGS_FP8 if fp8 else REGS
+    fp8_gather = fp8_gather_macro(n_kv) if fp8 else None
 
     @T.macro
     def scores(acc_s, idx_sh, q_lat, q_rope, kv_lat, kv_rope, st, asynchronous):
@@ -98,7 +109,7 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
     @T.prim_func
     def sparse_mla_ws(
         Q: T.Tensor((n_tok, heads, D_QK), bf16),
-        KV: T.Tensor((n_kv, D_QK), bf16),
+        KV: T.Tensor((n_kv, kv_w), kv_t),
         Idx: T.Tensor((n_tok, k), "int32"),
         Out: T.Tensor((n_tok, heads, d), out_t),
         Lse: T.Tensor((n_tok, heads), f32),
@@ -133,7 +144,7 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
             h0 = hblk * hb
 
             if tx < 128:  # score warpgroup (the only reader of Q: it loads Q while the first gathers run)
-                T.set_max_nreg(REGS[0], 1)
+                T.set_max_nreg(regs[0], 1)
                 T.copy(Q[tok, h0 : h0 + hb, 0:d], q_lat)
                 T.copy(Q[tok, h0 : h0 + hb, d:D_QK], q_rope)
                 T.fill(acc_o_lo, 0)
@@ -200,26 +211,29 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
                     acc_o_hi[h, e] = T.if_then_else(l_sh[h] > 0, acc_o_hi[h, e] / l_sh[h], 0)
                 T.copy(acc_o_hi, Out[tok, h0 : h0 + hb, half:d])
             else:  # gather warpgroup
-                T.set_max_nreg(REGS[2], 0)
+                T.set_max_nreg(regs[2], 0)
                 g = tx - 256
                 for r in T.serial(n_rounds):
                     for st in T.unroll(2):
                         if r * 2 + st < n_chunks:
                             T.barrier_wait(free[st], (r + 1) % 2)
                             c0 = (r * 2 + st) * BI
-                            if g < BI // 4:  # the chunk's 64 indices: 16 threads x 4 int32
-                                T.ptx_cp_async(T.access_ptr(idx_sh[st, g * 4], "w", 4),
-                                               T.access_ptr(Idx[tok, c0 + g * 4], "r", 4), 4)
-                            for p in T.unroll(BI // ROWS_PER_PASS):
-                                row = Idx[tok, c0 + p * ROWS_PER_PASS + g // 8]
-                                ok = (row >= 0) and (row < n_kv)
-                                src = T.max(T.min(row, n_kv - 1), 0)  # in bounds even when not read
-                                dst = p * ROWS_PER_PASS + g // 8
-                                for u in T.unroll(d // 64):
-                                    T.ptx_cp_async(T.access_ptr(kv_lat[st, dst, u * 64 + (g % 8) * 8], "w", 8),
-                                                   T.access_ptr(KV[src, u * 64 + (g % 8) * 8], "r", 8), 8, ok)
-                                T.ptx_cp_async(T.access_ptr(kv_rope[st, dst, (g % 8) * 8], "w", 8),
-                                               T.access_ptr(KV[src, d + (g % 8) * 8], "r", 8), 8, ok)
-                            T.cp_async_barrier_noinc(ready[st])
+                            if fp8:
+                                fp8_gather(KV, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g)
+                            else:
+                                if g < BI // 4:  # the chunk's 64 indices: 16 threads x 4 int32
+                                    T.ptx_cp_async(T.access_ptr(idx_sh[st, g * 4], "w", 4),
+                                                   T.access_ptr(Idx[tok, c0 + g * 4], "r", 4), 4)
+                                for p in T.unroll(BI // ROWS_PER_PASS):
+                                    row = Idx[tok, c0 + p * ROWS_PER_PASS + g // 8]
+                                    ok = (row >= 0) and (row < n_kv)
+                                    src = T.max(T.min(row, n_kv - 1), 0)  # in bounds even when not read
+                                    dst = p * ROWS_PER_PASS + g // 8
+                                    for u in T.unroll(d // 64):
+                                        T.ptx_cp_async(T.access_ptr(kv_lat[st, dst, u * 64 + (g % 8) * 8], "w", 8),
+                                                       T.access_ptr(KV[src, u * 64 + (g % 8) * 8], "r", 8), 8, ok)
+                                    T.ptx_cp_async(T.access_ptr(kv_rope[st, dst, (g % 8) * 8], "w", 8),
+                                                   T.access_ptr(KV[src, d + (g % 8) * 8], "r", 8), 8, ok)
+                                T.cp_async_barrier_noinc(ready[st])
 
     return sparse_mla_ws

@@ -32,12 +32,18 @@ from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla_ws import BI, ROWS_PER_
 
 THREADS = 512
 REGS = (112, 176, 40)  # score (dec), each value warpgroup (inc), gather (dec)
+# ws4f8: the dequantising gather holds its rows in registers. ptxas spilled at 48 (the whole pool: score 112
+# and value 176 spill below those), so this spills a little in the gather only (bench/tilelang_compile.py).
+REGS_FP8 = (112, 176, 48)
 
 
-def ws4_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = False) -> Any:
+def ws4_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = False, fp8: bool = False) -> Any:
     """The ``ws4`` schedule as a TileLang ``PrimFunc`` (imports tilelang); ``split`` as in
-    :func:`.sparse_mla.program`. ``k`` must be a multiple of 64 (the chunk)."""
+    :func:`.sparse_mla.program`. ``k`` must be a multiple of 64 (the chunk). ``fp8`` (``ws4f8``): ``KV`` is the
+    ``[S, 656]`` ``fp8_656`` cache viewed as e4m3, dequantised by the gather (:mod:`.gather_fp8`)."""
     import tilelang.language as T
+
+    from dsa_runtime.plugins.cuda_hopper.tilelang.gather_fp8 import ROW_BYTES, fp8_gather_macro
 
     hb, d, dr, half = HEAD_BLOCK, D_LATENT, D_ROPE, D_LATENT // 2
     n_chunks = k // BI
@@ -46,11 +52,14 @@ def ws4_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fal
     n_tok, n_kv = T.dynamic("n_tok"), T.dynamic("n_kv")
     bf16, f32 = "bfloat16", "float32"
     out_t = f32 if split else bf16
+    kv_w, kv_t = (ROW_BYTES, "float8_e4m3fn") if fp8 else (D_QK, bf16)
+    regs = REGS_FP8 if fp8 else REGS
+    fp8_gather = fp8_gather_macro(n_kv) if fp8 else None
 
     @T.prim_func
     def sparse_mla_ws4(
         Q: T.Tensor((n_tok, heads, D_QK), bf16),
-        KV: T.Tensor((n_kv, D_QK), bf16),
+        KV: T.Tensor((n_kv, kv_w), kv_t),
         Idx: T.Tensor((n_tok, k), "int32"),
         Out: T.Tensor((n_tok, heads, d), out_t),
         Lse: T.Tensor((n_tok, heads), f32),
@@ -88,7 +97,7 @@ def ws4_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fal
             h0 = hblk * hb
 
             if tx < 128:  # score warpgroup (the only reader of Q)
-                T.set_max_nreg(REGS[0], 0)
+                T.set_max_nreg(regs[0], 0)
                 T.copy(Q[tok, h0 : h0 + hb, 0:d], q_lat)
                 T.copy(Q[tok, h0 : h0 + hb, d:D_QK], q_rope)
                 T.fill(l_i, 0)
@@ -125,7 +134,7 @@ def ws4_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fal
                                               -T.infinity(f32) if split else T.infinity(f32))
                 T.copy(l_blk, Lse[tok, h0 : h0 + hb])
             elif tx < 384:  # the two value warpgroups: the gemm splits the 512 columns between them
-                T.set_max_nreg(REGS[1], 1)
+                T.set_max_nreg(regs[1], 1)
                 T.fill(acc_o0, 0)
                 T.fill(acc_o1, 0)
                 for r in T.serial(n_rounds):
@@ -147,26 +156,29 @@ def ws4_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fal
                 T.copy(acc_o0, Out[tok, h0 : h0 + hb, 0:half])
                 T.copy(acc_o1, Out[tok, h0 : h0 + hb, half:d])
             else:  # gather warpgroup (as in ws)
-                T.set_max_nreg(REGS[2], 0)
+                T.set_max_nreg(regs[2], 0)
                 g = tx - 384
                 for r in T.serial(n_rounds):
                     for st in T.unroll(2):
                         if r * 2 + st < n_chunks:
                             T.barrier_wait(free[st], (r + 1) % 2)
                             c0 = (r * 2 + st) * BI
-                            if g < BI // 4:  # the chunk's 64 indices: 16 threads x 4 int32
-                                T.ptx_cp_async(T.access_ptr(idx_sh[st, g * 4], "w", 4),
-                                               T.access_ptr(Idx[tok, c0 + g * 4], "r", 4), 4)
-                            for p in T.unroll(BI // ROWS_PER_PASS):
-                                row = Idx[tok, c0 + p * ROWS_PER_PASS + g // 8]
-                                ok = (row >= 0) and (row < n_kv)
-                                src = T.max(T.min(row, n_kv - 1), 0)  # in bounds even when not read
-                                dst = p * ROWS_PER_PASS + g // 8
-                                for u in T.unroll(d // 64):
-                                    T.ptx_cp_async(T.access_ptr(kv_lat[st, dst, u * 64 + (g % 8) * 8], "w", 8),
-                                                   T.access_ptr(KV[src, u * 64 + (g % 8) * 8], "r", 8), 8, ok)
-                                T.ptx_cp_async(T.access_ptr(kv_rope[st, dst, (g % 8) * 8], "w", 8),
-                                               T.access_ptr(KV[src, d + (g % 8) * 8], "r", 8), 8, ok)
-                            T.cp_async_barrier_noinc(ready[st])
+                            if fp8:
+                                fp8_gather(KV, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g)
+                            else:
+                                if g < BI // 4:  # the chunk's 64 indices: 16 threads x 4 int32
+                                    T.ptx_cp_async(T.access_ptr(idx_sh[st, g * 4], "w", 4),
+                                                   T.access_ptr(Idx[tok, c0 + g * 4], "r", 4), 4)
+                                for p in T.unroll(BI // ROWS_PER_PASS):
+                                    row = Idx[tok, c0 + p * ROWS_PER_PASS + g // 8]
+                                    ok = (row >= 0) and (row < n_kv)
+                                    src = T.max(T.min(row, n_kv - 1), 0)  # in bounds even when not read
+                                    dst = p * ROWS_PER_PASS + g // 8
+                                    for u in T.unroll(d // 64):
+                                        T.ptx_cp_async(T.access_ptr(kv_lat[st, dst, u * 64 + (g % 8) * 8], "w", 8),
+                                                       T.access_ptr(KV[src, u * 64 + (g % 8) * 8], "r", 8), 8, ok)
+                                    T.ptx_cp_async(T.access_ptr(kv_rope[st, dst, (g % 8) * 8], "w", 8),
+                                                   T.access_ptr(KV[src, d + (g % 8) * 8], "r", 8), 8, ok)
+                                T.cp_async_barrier_noinc(ready[st])
 
     return sparse_mla_ws4

@@ -1,0 +1,81 @@
+"""The ``fp8_656`` gather of the warp-specialised schedules (``ws4f8``, ``wsf8``): a TileLang macro run by the
+gather warpgroup, which dequantises cache rows into the bf16 ring stage the consumer warpgroups read.
+
+A ``fp8_656`` row (656 bytes; ``dsa_runtime.families``): bytes ``[0, 512)`` the latent as e4m3, ``[512, 528)``
+four fp32 scales (scale ``u`` covers latent columns ``128 u .. + 128``; any fp32 value is read, the cache writes
+powers of two), ``[528, 656)`` the 64 bf16 rope values. The stage row is ``[fp32(e4m3) * scale -> bf16 | rope]``,
+the bf16 576-row the bf16 gathers copy.
+
+The rows are read straight from global memory into registers (no staging buffer: the bf16 ring fills shared
+memory): one warp per row, 4 rows a pass, 16 passes a 64-row chunk. Lane ``l`` loads latent bytes
+``16 l .. + 16`` (one 16-byte load, all under scale ``l // 8``), that scale, and rope values ``2 l, 2 l + 1``; a
+warp's loads of a row are contiguous. An index of ``-1`` (or ``>= S``) reads nothing: the registers are zero, so
+the stage row is zero (its score is masked; a zero ``V`` row keeps ``0 * V`` finite).
+
+Indices: each lane loads one index a chunk and every pass takes its row's by warp shuffle (warp ``w`` fills rows
+``4 p + w``; lane ``l`` holds row ``4 (l % 16) + w``, pass ``p`` reads lane ``p``). Reading ``Idx`` once per row
+costs a 64-bit address each (``n_tok * k`` is unbounded), which did not fit the ``ws4`` gather's registers.
+Threads ``g < 64`` also store the chunk's indices into ``idx_sh`` for the score warpgroup's mask.
+
+The stage is written with ordinary stores (generic proxy) and read by wgmma (async proxy): every gather thread
+fences (``fence.proxy.async``) and then arrives on ``ready[stage]`` (128 arrivals, the count the cp.async gather's
+``cp.async.mbarrier.arrive.noinc`` gave).
+"""
+
+# No ``from __future__ import annotations``: TileLang evaluates the kernel's annotations.
+from typing import Any
+
+from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import D_LATENT
+
+ROW_BYTES = 656
+SCALE_AT = D_LATENT // 4  # in the fp32 view: bytes 512..527
+ROPE_AT = (D_LATENT + 16) // 2  # in the bf16 view: bytes 528..655
+WARPS = 4  # gather warps: one row each per pass
+BI = 64  # rows per chunk (the schedules' chunk)
+
+
+def fp8_gather_macro(n_kv: Any) -> Any:
+    """The gather macro ``fp8_gather(KV8, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g)``: ``KV8`` the
+    ``[S, 656]`` e4m3 cache, ``g`` the thread's index in the gather warpgroup (0..127), chunk ``c0 .. c0 + 64`` of
+    row ``tok`` into stage ``st``; ends with the warpgroup's arrival on ``ready[st]``."""
+    import tilelang.language as T
+
+    bf16, f32, fp8 = "bfloat16", "float32", "float8_e4m3fn"
+
+    @T.macro
+    def fp8_gather(KV8, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g):
+        # The scales and the rope through views of the same buffer: one base pointer and row offset for all.
+        KVS = T.view(KV8, (n_kv, ROW_BYTES // 4), f32)
+        KVR = T.view(KV8, (n_kv, ROW_BYTES // 2), bf16)
+        lat8 = T.alloc_local((16,), fp8)
+        sc = T.alloc_local((1,), f32)
+        rope = T.alloc_local((2,), bf16)
+        row = T.alloc_var("int32")
+        lane, wid = g % 32, g // 32
+        if g < BI:
+            idx_sh[st, g] = Idx[tok, c0 + g]
+        mine = Idx[tok, c0 + (lane % 16) * WARPS + wid]
+        for p in T.serial(BI // WARPS):
+            row = T.shfl_sync(mine, p)
+            dst = p * WARPS + wid
+            if (row >= 0) and (row < n_kv):
+                for v in T.vectorized(16):
+                    lat8[v] = KV8[row, lane * 16 + v]
+                sc[0] = KVS[row, SCALE_AT + lane // 8]
+                for v in T.vectorized(2):
+                    rope[v] = KVR[row, ROPE_AT + lane * 2 + v]
+            else:  # -1 (or past the cache): a zero row, nothing read
+                for v in T.vectorized(16):
+                    lat8[v] = T.cast(0, fp8)
+                sc[0] = T.float32(0)
+                for v in T.vectorized(2):
+                    rope[v] = T.cast(0, bf16)
+            for h2 in T.unroll(2):
+                for v in T.vectorized(8):
+                    kv_lat[st, dst, lane * 16 + h2 * 8 + v] = T.cast(T.cast(lat8[h2 * 8 + v], f32) * sc[0], bf16)
+            for v in T.vectorized(2):
+                kv_rope[st, dst, lane * 2 + v] = rope[v]
+        T.fence_proxy_async()  # generic-proxy stores of the stage, read next by wgmma (async proxy)
+        T.barrier_arrive(ready[st])
+
+    return fp8_gather
