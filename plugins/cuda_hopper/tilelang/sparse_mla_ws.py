@@ -30,6 +30,9 @@ count to 240 (128 accumulators of O, 32 of S), ``gather`` lowers its own to 56, 
 warp holds (the first version asked ``inc 160`` for ``value``) is outside the PTX contract and made the kernel
 die on an H200 with "an illegal instruction was encountered"; :mod:`.setmaxnreg_check` rejects it in the
 generated source.
+
+``variant="wsf8"``: ``ws`` over the ``fp8_656`` cache (decode only), the gather being :mod:`.gather_fp8`
+(ordinary loads and stores into the same ring, an ordinary arrival on ``ready[s]``); setmaxnreg 248 / 168 / 88.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the kernel's annotations, which name locals.

@@ -22,6 +22,10 @@ overwritten), ``done`` (128: the final row sums are in ``l_sh``). Chunk ``c`` li
 Registers: ``__launch_bounds__(512, 1)`` gives every thread 128; ``score`` lowers to 112, both ``value``
 warpgroups raise to 176 and ``gather`` lowers to 40: ``(112 + 2 * 176 + 40) * 128 <= 128 * 512``
 (:mod:`.setmaxnreg_check` checks the generated source).
+
+``ws4f8`` (``fp8=True``): the same schedule over the ``fp8_656`` cache, the gather being :mod:`.gather_fp8`
+(ordinary loads and stores, an ordinary arrival on ``ready[s]``); its gather gets 48 registers, the whole pool
+``(112 + 2 * 176 + 48) * 128 = 128 * 512``, and ptxas spills 40 bytes there.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the kernel's annotations, which name locals.
