@@ -58,7 +58,7 @@ def ws4_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fal
     out_t = f32 if split else bf16
     kv_w, kv_t = (ROW_BYTES, "float8_e4m3fn") if fp8 else (D_QK, bf16)
     regs = REGS_FP8 if fp8 else REGS
-    fp8_gather = fp8_gather_macro(n_kv) if fp8 else None
+    fp8_gather = fp8_gather_macro(n_kv, 1) if fp8 else None  # one row at a time: 48 registers (2 spilled more)
 
     @T.prim_func
     def sparse_mla_ws4(
