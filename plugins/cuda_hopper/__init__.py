@@ -72,7 +72,7 @@ def defaults(_: Detection) -> PlatformDefaults:
             "prefill_attn": "SGLang's Hopper default: flashmla_sparse prefill",
             "decode_attn": "SGLang's Hopper default: fa3 decode over gathered bf16 pages",
             "sparse_attn": "SGLang's Hopper choices: flashmla_sparse prefill, fa3 decode (not provided here), "
-            "flashmla_kv for an FP8 cache, else our TileLang kernel (bf16 KV), else Triton",
+            "flashmla_kv for an FP8 cache, else our TileLang kernels (bf16 KV; fp8_656 decode), else Triton",
             "moe": "Triton fused grouped routing + FP8 block-scaled grouped GEMMs (DeepGEMM first when registered)",
             **NVIDIA_REASONS,
         },

@@ -1,5 +1,5 @@
 """``dsa-runtime conformance tilelang --full --device cuda`` on a Hopper GPU with tilelang installed: every
-claimed sparse_attn case passes (prefill and bf16 decode), padded ones included."""
+claimed sparse_attn case passes (prefill, bf16 decode and fp8_656 decode), padded ones included."""
 
 from __future__ import annotations
 
@@ -25,3 +25,5 @@ def test_full_tier_passes_every_claimed_case():
     assert not bad, "\n".join(bad)
     ran = {c.id.split("/")[1] for c in report.cases if c.status == "passed"}
     assert ran == {"prefill", "decode"}, ran
+    layouts = {c.id.split("/")[2] for c in report.cases if c.status == "passed" and "/decode/" in c.id}
+    assert layouts == {"bf16", "fp8_656"}, layouts

@@ -75,7 +75,11 @@ def test_availability_check_imports_no_triton():
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed: the backend cannot be chosen")
 def test_auto_on_hopper_resolves_moe_to_triton_with_a_logged_reason(monkeypatch, caplog):
     caplog.set_level(logging.INFO, logger="dsa_runtime.resolve")
+    from dsa_runtime.plugins.cuda_hopper.tilelang import sparse_attn as tl_attn
+
     monkeypatch.setenv("DSA_FAKE_GPU", "NVIDIA H100 80GB HBM3:9.0")
+    # tilelang comes before triton for sparse_attn on Hopper: keep it out whether or not this venv has it
+    monkeypatch.setattr(tl_attn, "tilelang_library", lambda: (False, "tilelang is not installed"))
     resolved = resolve_kernels(KernelConfig())
     for method in ("moe.route", "moe.experts"):
         choice = resolved.choices[method]

@@ -7,7 +7,8 @@ powers of two), ``[528, 656)`` the 64 bf16 rope values. The stage row is ``[fp32
 the bf16 576-row the bf16 gathers copy.
 
 The rows are read straight from global memory into registers (no staging buffer: the bf16 ring fills shared
-memory): one warp per row, 4 rows a pass, 16 passes a 64-row chunk. Lane ``l`` loads latent bytes
+memory): one warp per row, 4 rows a pass, 16 passes a 64-row chunk; a warp issues the loads of ``in_flight``
+rows before it converts them (``wsf8``: 4, ``ws4f8``: 1, its 48 registers hold no more). Lane ``l`` loads latent bytes
 ``16 l .. + 16`` (one 16-byte load, all under scale ``l // 8``), that scale, and rope values ``2 l, 2 l + 1``; a
 warp's loads of a row are contiguous. An index of ``-1`` (or ``>= S``) reads nothing: the registers are zero, so
 the stage row is zero (its score is masked; a zero ``V`` row keeps ``0 * V`` finite).
@@ -34,47 +35,54 @@ WARPS = 4  # gather warps: one row each per pass
 BI = 64  # rows per chunk (the schedules' chunk)
 
 
-def fp8_gather_macro(n_kv: Any) -> Any:
+def fp8_gather_macro(n_kv: Any, in_flight: int = 1) -> Any:
     """The gather macro ``fp8_gather(KV8, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g)``: ``KV8`` the
     ``[S, 656]`` e4m3 cache, ``g`` the thread's index in the gather warpgroup (0..127), chunk ``c0 .. c0 + 64`` of
-    row ``tok`` into stage ``st``; ends with the warpgroup's arrival on ``ready[st]``."""
+    row ``tok`` into stage ``st``; ends with the warpgroup's arrival on ``ready[st]``. ``in_flight``: rows a warp
+    loads before converting any (6 registers a lane each): the loads of one row alone keep too few bytes in
+    flight to cover the memory latency."""
     import tilelang.language as T
 
     bf16, f32, fp8 = "bfloat16", "float32", "float8_e4m3fn"
+    r_n = in_flight
+    assert (BI // WARPS) % r_n == 0
 
     @T.macro
     def fp8_gather(KV8, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g):
         # The scales and the rope through views of the same buffer: one base pointer and row offset for all.
         KVS = T.view(KV8, (n_kv, ROW_BYTES // 4), f32)
         KVR = T.view(KV8, (n_kv, ROW_BYTES // 2), bf16)
-        lat8 = T.alloc_local((16,), fp8)
-        sc = T.alloc_local((1,), f32)
-        rope = T.alloc_local((2,), bf16)
+        lat8 = T.alloc_local((r_n, 16), fp8)
+        sc = T.alloc_local((r_n,), f32)
+        rope = T.alloc_local((r_n, 2), bf16)
         row = T.alloc_var("int32")
         lane, wid = g % 32, g // 32
         if g < BI:
             idx_sh[st, g] = Idx[tok, c0 + g]
         mine = Idx[tok, c0 + (lane % 16) * WARPS + wid]
-        for p in T.serial(BI // WARPS):
-            row = T.shfl_sync(mine, p)
-            dst = p * WARPS + wid
-            if (row >= 0) and (row < n_kv):
-                for v in T.vectorized(16):
-                    lat8[v] = KV8[row, lane * 16 + v]
-                sc[0] = KVS[row, SCALE_AT + lane // 8]
+        for pp in T.serial(BI // WARPS // r_n):
+            for i in T.unroll(r_n):  # the loads of r_n rows first ...
+                row = T.shfl_sync(mine, pp * r_n + i)
+                if (row >= 0) and (row < n_kv):
+                    for v in T.vectorized(16):
+                        lat8[i, v] = KV8[row, lane * 16 + v]
+                    sc[i] = KVS[row, SCALE_AT + lane // 8]
+                    for v in T.vectorized(2):
+                        rope[i, v] = KVR[row, ROPE_AT + lane * 2 + v]
+                else:  # -1 (or past the cache): a zero row, nothing read
+                    for v in T.vectorized(16):
+                        lat8[i, v] = T.cast(0, fp8)
+                    sc[i] = T.float32(0)
+                    for v in T.vectorized(2):
+                        rope[i, v] = T.cast(0, bf16)
+            for i in T.unroll(r_n):  # ... then their conversions and stores
+                dst = (pp * r_n + i) * WARPS + wid
+                for h2 in T.unroll(2):
+                    for v in T.vectorized(8):
+                        kv_lat[st, dst, lane * 16 + h2 * 8 + v] = T.cast(
+                            T.cast(lat8[i, h2 * 8 + v], f32) * sc[i], bf16)
                 for v in T.vectorized(2):
-                    rope[v] = KVR[row, ROPE_AT + lane * 2 + v]
-            else:  # -1 (or past the cache): a zero row, nothing read
-                for v in T.vectorized(16):
-                    lat8[v] = T.cast(0, fp8)
-                sc[0] = T.float32(0)
-                for v in T.vectorized(2):
-                    rope[v] = T.cast(0, bf16)
-            for h2 in T.unroll(2):
-                for v in T.vectorized(8):
-                    kv_lat[st, dst, lane * 16 + h2 * 8 + v] = T.cast(T.cast(lat8[h2 * 8 + v], f32) * sc[0], bf16)
-            for v in T.vectorized(2):
-                kv_rope[st, dst, lane * 2 + v] = rope[v]
+                    kv_rope[st, dst, lane * 2 + v] = rope[i, v]
         T.fence_proxy_async()  # generic-proxy stores of the stage, read next by wgmma (async proxy)
         T.barrier_arrive(ready[st])
 

@@ -30,6 +30,10 @@ count to 240 (128 accumulators of O, 32 of S), ``gather`` lowers its own to 56, 
 warp holds (the first version asked ``inc 160`` for ``value``) is outside the PTX contract and made the kernel
 die on an H200 with "an illegal instruction was encountered"; :mod:`.setmaxnreg_check` rejects it in the
 generated source.
+
+``variant="wsf8"``: ``ws`` over the ``fp8_656`` cache (decode only), the gather being :mod:`.gather_fp8`
+(ordinary loads and stores into the same ring, an ordinary arrival on ``ready[s]``); setmaxnreg 248 / 168 / 88,
+each gather warp loading 4 rows (24 registers a lane) before converting them.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the kernel's annotations, which name locals.
@@ -43,6 +47,7 @@ REGS = (240, None, 56)  # score (inc), value (the launch count: no setmaxnreg), 
 # wsf8: the dequantising gather (.gather_fp8) holds its rows in registers, so it keeps 88; the score warpgroup
 # gets 248 (at 240 ptxas spilled 8 bytes there in this build): (248 + 168 + 88) * 128 = 168 * 384, the pool.
 REGS_FP8 = (248, None, 88)
+FP8_IN_FLIGHT = 4  # wsf8: rows a gather warp loads before converting (8 spilled at 88 registers)
 
 
 def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = False) -> Any:
@@ -65,7 +70,7 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
     fp8 = cfg.variant == "wsf8"
     kv_w, kv_t = (ROW_BYTES, "float8_e4m3fn") if fp8 else (D_QK, bf16)
     regs = REGS_FP8 if fp8 else REGS
-    fp8_gather = fp8_gather_macro(n_kv) if fp8 else None
+    fp8_gather = fp8_gather_macro(n_kv, FP8_IN_FLIGHT) if fp8 else None
 
     @T.macro
     def scores(acc_s, idx_sh, q_lat, q_rope, kv_lat, kv_rope, st, asynchronous):

@@ -22,6 +22,10 @@ overwritten), ``done`` (128: the final row sums are in ``l_sh``). Chunk ``c`` li
 Registers: ``__launch_bounds__(512, 1)`` gives every thread 128; ``score`` lowers to 112, both ``value``
 warpgroups raise to 176 and ``gather`` lowers to 40: ``(112 + 2 * 176 + 40) * 128 <= 128 * 512``
 (:mod:`.setmaxnreg_check` checks the generated source).
+
+``ws4f8`` (``fp8=True``): the same schedule over the ``fp8_656`` cache, the gather being :mod:`.gather_fp8`
+(ordinary loads and stores, an ordinary arrival on ``ready[s]``); its gather gets 48 registers, the whole pool
+``(112 + 2 * 176 + 48) * 128 = 128 * 512``, and ptxas spills 40 bytes there.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the kernel's annotations, which name locals.
@@ -54,7 +58,7 @@ def ws4_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fal
     out_t = f32 if split else bf16
     kv_w, kv_t = (ROW_BYTES, "float8_e4m3fn") if fp8 else (D_QK, bf16)
     regs = REGS_FP8 if fp8 else REGS
-    fp8_gather = fp8_gather_macro(n_kv) if fp8 else None
+    fp8_gather = fp8_gather_macro(n_kv, 1) if fp8 else None  # one row at a time: 48 registers (2 spilled more)
 
     @T.prim_func
     def sparse_mla_ws4(
