@@ -10,8 +10,8 @@ FlashMLA and DeepGEMM have no usable PyPI release; when a user has built them (`
 repositories), their modules ``flash_mla`` / ``deep_gemm`` are detected and reported here. The FlashMLA adapters
 ``flashmla_sparse`` (prefill) and ``flashmla_kv`` (FP8 decode) of :mod:`.flashmla` are always registered and
 available only with a built ``flash_mla`` on an SM90 GPU (``dsa-runtime plugins`` says why not otherwise).
-Backend ``tilelang`` (:mod:`.tilelang`) runs our own TileLang sparse MLA kernel (prefill and bf16 decode at 64 /
-128 heads, k a multiple of 64); it is available when the ``tilelang`` package is installed and an SM90 GPU is
+Backend ``tilelang`` (:mod:`.tilelang`) runs our own TileLang sparse MLA kernels (prefill, bf16 and ``fp8_656``
+decode at 64 / 128 heads, k a multiple of 64); it is available when the ``tilelang`` package is installed and an SM90 GPU is
 visible, and sits between FlashMLA and Triton in ``auto``.
 """
 
@@ -130,8 +130,8 @@ def tilelang_backend() -> Backend:
         kernels={"sparse_attn": "dsa_runtime.plugins.cuda_hopper.tilelang.sparse_attn:TileLangSparseAttn"},
         available=tilelang_available,
         platform="cuda_hopper",
-        description="our TileLang sparse MLA for SM90 (wgmma, gathered KV in shared memory): prefill and bf16 "
-        "decode, 64/128 heads, k % 64",
+        description="our TileLang sparse MLA for SM90 (wgmma, gathered KV in shared memory): prefill, bf16 "
+        "and fp8_656 decode, 64/128 heads, k % 64",
     )
 
 
