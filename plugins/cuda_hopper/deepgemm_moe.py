@@ -18,6 +18,10 @@ expert width not a multiple of 128) run :class:`~dsa_runtime.torch_kernels.moe.T
 
 from __future__ import annotations
 
+import functools
+import os
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
@@ -37,21 +41,26 @@ def _swiglu_quant(h13: Tensor, inter: int, fmt: str) -> tuple[Tensor, Tensor]:
     return quantize_blocks(act, fmt)  # type: ignore[arg-type]
 
 
+@functools.lru_cache(maxsize=1)
+def _triton_installed() -> bool:
+    from dsa_runtime.hw_probe import module_available
+
+    return module_available("triton")
+
+
 def _triton_glue(t: Tensor) -> bool:
     """The Triton glue kernels run for ``t``: on CUDA with triton installed, or on CPU under Triton's interpreter
     (``TRITON_INTERPRET=1``, how the CPU tests check them); otherwise the torch glue."""
-    import os
-
-    from dsa_runtime.hw_probe import module_available
-
-    return (t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1") and module_available("triton")
+    return (t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1") and _triton_installed()
 
 
-def quantize_rows_cuda(x: Tensor, fmt: str) -> tuple[Tensor, Tensor]:
-    """Activation quantization per (token, 128) by the Triton kernel (same rule as ``quantize_blocks``)."""
-    from dsa_runtime.plugins.cuda_hopper.triton.moe_quant import quantize_rows
+class _SortedRows(NamedTuple):
+    """Both GEMMs' output over the expert-sorted rows and how rows and pairs map onto each other."""
 
-    return quantize_rows(x.contiguous(), fmt)
+    y: Tensor  # [rows, D] bf16, unweighted; padding rows unwritten
+    pos: Tensor  # [T * k] int32: each pair's row in y, -1 when not computed
+    pair: Tensor  # [rows] int64: each row's pair (0 for padding rows)
+    valid: Tensor  # [rows] bool: the row holds a pair
 
 
 def _weights(experts: ExpertWeights) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -104,6 +113,7 @@ class DeepGEMMMoE:
         if decode not in ("triton", "masked"):
             raise ValueError(f"unknown decode path {decode!r}; valid: triton, masked")
         self.decode = decode
+        self._triton: dict[str, object] = {}
         self.api = api or load_api()
 
     def experts(
@@ -139,9 +149,7 @@ class DeepGEMMMoE:
         if tokens <= self.masked_max_tokens and self.decode == "triton" and x.is_cuda and _triton_glue(x):
             # Decode-sized batches: the Triton kernels stream only the chosen experts' weights at the copy
             # ceiling (64 tokens: 2.24 ms on the H200) where DeepGEMM's masked layout took 3.92 ms.
-            from dsa_runtime.plugins.cuda_hopper.triton.moe_experts import TritonMoE
-
-            return TritonMoE(fmt, check_ids=self.check_ids).experts(x, topk_weights, topk_ids, experts, shared)
+            return self._triton_moe(fmt).experts(x, topk_weights, topk_ids, experts, shared)
         if tokens > self.masked_max_tokens and _triton_glue(x):
             out16 = self._prefill_cuda(x, topk_weights, ids, experts, shared, fmt)
             if self.check_ids and bool(bad.any()):
@@ -184,14 +192,15 @@ class DeepGEMMMoE:
         in one pass, one weighted combine of the expert-sorted rows straight to bf16). The torch glue cost more
         than both GEMMs together at 8192 tokens on the H200 (26 ms vs 7.2 ms of DeepGEMM kernels)."""
         from dsa_runtime.plugins.cuda_hopper.triton.moe_gemm import combine_sorted
+        from dsa_runtime.plugins.cuda_hopper.triton.moe_quant import quantize_rows
 
         tokens, dim = x.shape
-        x8, xs = quantize_rows_cuda(x, fmt)
-        y, pos = self._contiguous_rows(x8, xs, ids, _weights(experts), fmt)
+        x8, xs = quantize_rows(x.contiguous(), fmt)
+        y, pos, _, _ = self._contiguous_rows(x8, xs, ids, _weights(experts), fmt)
         ys, pos_s = y, pos
         if shared is not None:
             zeros = torch.zeros(tokens, 1, dtype=torch.int32, device=x.device)
-            ys, pos_s = self._contiguous_rows(x8, xs, zeros, _weights(shared), fmt)
+            ys, pos_s, _, _ = self._contiguous_rows(x8, xs, zeros, _weights(shared), fmt)
         wts = topk_weights.to(device=x.device, dtype=torch.float32).contiguous()
         out = torch.empty(tokens, dim, dtype=torch.bfloat16, device=x.device)
         block = 1024
@@ -201,9 +210,16 @@ class DeepGEMMMoE:
         )
         return out
 
-    def _contiguous_rows(self, x8: Tensor, xs: Tensor, ids: Tensor, w: tuple, fmt: str) -> tuple[Tensor, Tensor]:
-        """Both GEMMs over the pairs sorted per expert: ``y`` ``[rows, D]`` bf16 (unweighted, padding rows
-        unwritten) and ``pos`` ``[T * k]`` int32, each pair's row in ``y`` (``-1``: not computed)."""
+    def _triton_moe(self, fmt: str):
+        """The Triton MoE for decode-sized batches (one per scale rule, made on first use)."""
+        from dsa_runtime.plugins.cuda_hopper.triton.moe_experts import TritonMoE
+
+        if fmt not in self._triton:
+            self._triton[fmt] = TritonMoE(fmt, check_ids=self.check_ids)  # type: ignore[arg-type]
+        return self._triton[fmt]
+
+    def _contiguous_rows(self, x8: Tensor, xs: Tensor, ids: Tensor, w: tuple, fmt: str) -> _SortedRows:
+        """Both GEMMs over the pairs sorted per expert (:class:`_SortedRows`)."""
         w13, s13, w2, s2 = w
         n_exp, two_inter, dim = w13.shape
         top_k = ids.shape[1]
@@ -217,7 +233,8 @@ class DeepGEMMMoE:
         slot = torch.where(valid, pair, n_pairs)  # padding rows -> one dump entry past the pairs
         pos = torch.full((n_pairs + 1,), -1, dtype=torch.int32, device=x8.device)
         pos.scatter_(0, slot, torch.arange(rows, dtype=torch.int32, device=x8.device))
-        tok = torch.where(valid, pair, 0) // top_k
+        pair = torch.where(valid, pair, 0)
+        tok = pair // top_k
         h13 = torch.empty(rows, two_inter, dtype=torch.bfloat16, device=x8.device)
         self.api.grouped_contiguous(_rows(x8, tok), xs[tok].contiguous(), w13, s13, h13, m_indices)
         inter = two_inter // 2
@@ -233,19 +250,11 @@ class DeepGEMMMoE:
         del h13
         y = torch.empty(rows, dim, dtype=torch.bfloat16, device=x8.device)
         self.api.grouped_contiguous(h8, hs, w2, s2, y, m_indices)
-        return y, pos[:n_pairs]
+        return _SortedRows(y, pos[:n_pairs], pair, valid)
 
     def _contiguous(self, x8: Tensor, xs: Tensor, wts: Tensor, ids: Tensor, w: tuple, fmt: str, out: Tensor) -> None:
         """Add the pairs' weighted expert outputs into ``out`` ``[T, D]`` fp32 (torch glue)."""
-        n_pairs = ids.numel()
-        y, pos = self._contiguous_rows(x8, xs, ids, w, fmt)
-        valid = torch.zeros(y.shape[0] + 1, dtype=torch.bool, device=y.device)
-        pair = torch.zeros(y.shape[0] + 1, dtype=torch.long, device=y.device)
-        computed = pos >= 0
-        row_of = torch.where(computed, pos.long(), y.shape[0])
-        valid[row_of] = computed
-        pair[row_of] = torch.arange(n_pairs, device=y.device)
-        valid, pair = valid[:-1], pair[:-1]
+        y, _, pair, valid = self._contiguous_rows(x8, xs, ids, w, fmt)
         rows = y.shape[0]
         tok = pair // ids.shape[1]
         w_row = wts.reshape(-1)[pair]
