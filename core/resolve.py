@@ -259,7 +259,8 @@ def _auto_choice(
 ) -> Choice:
     family = method.split(".")[0]
     fallback = bool(skipped)
-    passed_over: list[str] = []  # earlier preferences that cannot run this method: said in the reason
+    # (backend, why) of the earlier preferences passed over: said in the reason
+    passed_over: list[tuple[str, str]] = []
     padded: str | None = None  # the first preference that runs the method only with head/k padding
     for name in defaults.preference(method):
         backend = manager.backends.get(name)
@@ -274,13 +275,12 @@ def _auto_choice(
                                 method_needs(method, device, kv_layout, needs))
             if pads:
                 padded = padded or name
-                passed_over.append(f"{name} would pad ({pads})")
+                passed_over.append((name, f"{name} would pad ({pads})"))
                 continue
             return _preferred(platform, defaults, family, name, method, fallback, skipped, passed_over)
         skipped.append(problem)
-        passed_over.append(problem)
+        passed_over.append((name, problem))
     if padded is not None:
-        passed_over = [p for p in passed_over if not p.startswith(f"{padded} would pad")]
         return _preferred(platform, defaults, family, padded, method, fallback, skipped, passed_over)
     reference = manager.backends.get("reference")
     if reference is not None and why_not(reference, method, device, kv_layout, needs) is None:
@@ -294,13 +294,15 @@ def _auto_choice(
 
 
 def _preferred(platform: Platform, defaults: PlatformDefaults, family: str, name: str, method: str, fallback: bool,
-               skipped: list[str], passed_over: list[str]) -> Choice:
+               skipped: list[str], passed_over: list[tuple[str, str]]) -> Choice:
+    """The choice of preference ``name``, its reason naming the other preferences passed over."""
     why = defaults.reasons.get(family)
     reason = f"{platform.name} default" + (f": {why}" if why else "")
     if fallback:
         return Choice(family, name, f"fallback: {'; '.join(skipped)}; {reason}", method)
-    if passed_over:
-        reason += f" (passed over: {'; '.join(passed_over)})"
+    others = [text for other, text in passed_over if other != name]
+    if others:
+        reason += f" (passed over: {'; '.join(others)})"
     return Choice(family, name, reason, method)
 
 
