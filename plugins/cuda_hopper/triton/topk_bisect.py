@@ -55,6 +55,25 @@ def kth_key(key, k, live):
 
 
 @triton.jit
+def threshold(key, n, k):
+    """``(thr, take_all, need)`` for ``n`` real keys (padding ``INT_MIN``): the k-th largest key (``INT_MIN`` when
+    all ``n <= k`` are taken, flagged by ``take_all``) and how many keys equal to it complete the top-k."""
+    take_all = (n <= k).to(tl.int32)
+    thr = kth_key(key, k, take_all == 0)
+    need = tl.where(take_all != 0, 0, k - tl.sum((key > thr).to(tl.int32), 0))
+    return thr, take_all, need
+
+
+@triton.jit
+def fill_tail(row_ptr, start, k, VALUE: tl.constexpr, BLOCK: tl.constexpr):
+    """``row_ptr[start:k] = VALUE`` (int32): the padding after a row's selected entries."""
+    offs = tl.arange(0, BLOCK)
+    for c0 in range(start, k, BLOCK):
+        idx = c0 + offs
+        tl.store(row_ptr + idx, tl.full([BLOCK], VALUE, tl.int32), mask=idx < k)
+
+
+@triton.jit
 def rank_selected(key, thr, take_all, need):
     """Where each selected key goes in a ``[k]`` row: keys above ``thr`` at ``[0, k - need)``, then the first
     ``need`` keys equal to it, each group in tensor order. Returns ``(dest, selected)``. One packed scan: the
@@ -88,12 +107,7 @@ def _topk_bisect_kernel(
     inside = cols < hi
     # Only the keys stay live in registers: padding folds into them as INT_MIN (radix_key never yields it).
     key = tl.where(inside, radix_key(tl.load(row_ptr + cols, mask=inside, other=0.0)), -2147483648)
-    take_all = (n <= k).to(tl.int32)
-    thr = kth_key(key, k, take_all == 0)  # INT_MIN for a take-all row: every key is "above"
-    n_gt = tl.sum((key > thr).to(tl.int32), 0)
-    need = tl.where(take_all != 0, 0, k - n_gt)
-    eq_base = k - need
-    offs = tl.arange(0, BLOCK)
+    thr, take_all, need = threshold(key, n, k)  # thr INT_MIN for a take-all row: every key is "above"
     if REG_WRITE:  # one scan over the registers instead of a chunked pass over memory
         dest, sel = rank_selected(key, thr, take_all, need)
         val = cols - lo
@@ -101,16 +115,14 @@ def _topk_bisect_kernel(
             val = to_slots(val, table_row, page_size, sel)
         tl.store(out_row + dest, val, mask=sel)
     else:
+        offs = tl.arange(0, BLOCK)
         zero = tl.zeros([], dtype=tl.int32)
         c_gt = zero
         c_eq = zero
         for c0 in range(lo, hi, BLOCK):
-            c_gt, c_eq = write_block(row_ptr, out_row, c0 + offs, hi, lo, zero, thr, take_all, need, eq_base,
+            c_gt, c_eq = write_block(row_ptr, out_row, c0 + offs, hi, lo, zero, thr, take_all, need, k - need,
                                      c_gt, c_eq, table_row, page_size, FUSE)
-    filled = tl.minimum(n, k)
-    for c0 in range(filled, k, BLOCK):
-        idx = c0 + offs
-        tl.store(out_row + idx, tl.full([BLOCK], -1, tl.int32), mask=idx < k)
+    fill_tail(out_row, tl.minimum(n, k), k, -1, BLOCK)
 
 
 def launch_bisect(logits, starts, ends, out, k, table, batch, page_size, *, block: int = 1024,

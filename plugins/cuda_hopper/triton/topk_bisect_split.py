@@ -24,8 +24,9 @@ from dsa_runtime.plugins.cuda_hopper.triton.topk import BISECT_MAX_WIDTH as MAX_
 from dsa_runtime.plugins.cuda_hopper.triton.topk_bisect import (
     bisect_warps,
     bisect_width,
-    kth_key,
+    fill_tail,
     rank_selected,
+    threshold,
 )
 from dsa_runtime.plugins.cuda_hopper.triton.topk_radix import radix_key, to_slots
 
@@ -90,17 +91,12 @@ def _slice_kernel(
     inside = cols < b
     x = tl.load(logits_ptr + r.to(tl.int64) * stride_row + cols, mask=inside, other=0.0)
     key = tl.where(inside, radix_key(x), INT_MIN)
-    take_all = (n <= k).to(tl.int32)
-    thr = kth_key(key, k, take_all == 0)
-    need = tl.where(take_all != 0, 0, k - tl.sum((key > thr).to(tl.int32), 0))
+    thr, take_all, need = threshold(key, n, k)
     dest, sel = rank_selected(key, thr, take_all, need)
     base = (r.to(tl.int64) * S + j) * k
     tl.store(ckey_ptr + base + dest, key, mask=sel)
     tl.store(ccol_ptr + base + dest, cols, mask=sel)
-    offs = tl.arange(0, BLOCK)
-    for c0 in range(tl.minimum(n, k), k, BLOCK):
-        idx = c0 + offs
-        tl.store(ckey_ptr + base + idx, tl.full([BLOCK], INT_MIN, tl.int32), mask=idx < k)
+    fill_tail(ckey_ptr + base, tl.minimum(n, k), k, INT_MIN, BLOCK)
 
 
 @triton.jit
@@ -120,18 +116,13 @@ def _merge_kernel(
     base = r.to(tl.int64) * SK
     key = tl.load(ckey_ptr + base + offs, mask=inside, other=INT_MIN)
     n = tl.sum((key != INT_MIN).to(tl.int32), 0)
-    take_all = (n <= k).to(tl.int32)
-    thr = kth_key(key, k, take_all == 0)
-    need = tl.where(take_all != 0, 0, k - tl.sum((key > thr).to(tl.int32), 0))
+    thr, take_all, need = threshold(key, n, k)
     dest, sel = rank_selected(key, thr, take_all, need)
-    wo = tl.arange(0, BLOCK)
     if OUT_CAND:
         col_row = table_ptr + r.to(tl.int64) * k
         tl.store(out_row + dest, key, mask=sel)
         tl.store(col_row + dest, tl.load(ccol_ptr + base + offs, mask=sel, other=0), mask=sel)
-        for c0 in range(tl.minimum(n, k), k, BLOCK):
-            idx = c0 + wo
-            tl.store(out_row + idx, tl.full([BLOCK], INT_MIN, tl.int32), mask=idx < k)
+        fill_tail(out_row, tl.minimum(n, k), k, INT_MIN, BLOCK)
     else:
         lo = tl.load(starts_ptr + r).to(tl.int32)
         val = tl.load(ccol_ptr + base + offs, mask=sel, other=0) - lo
@@ -139,9 +130,7 @@ def _merge_kernel(
             table_row = table_ptr + tl.load(batch_ptr + r).to(tl.int64) * stride_table
             val = to_slots(val, table_row, page_size, sel)
         tl.store(out_row + dest, val, mask=sel)
-        for c0 in range(tl.minimum(n, k), k, BLOCK):
-            idx = c0 + wo
-            tl.store(out_row + idx, tl.full([BLOCK], -1, tl.int32), mask=idx < k)
+        fill_tail(out_row, tl.minimum(n, k), k, -1, BLOCK)
 
 
 def launch_bisect_split(logits, starts, ends, out, k, table, batch, page_size, *, split: int, groups: int = 1,
