@@ -133,6 +133,21 @@ def run_indexer(results: dict, cands, fp8_tf: float, copy_gbs: float, gen: torch
     return rows
 
 
+def flaggems_topk(skipped: dict):
+    """FlagGems' top-k (the carried optional peer), or None with the reason in ``skipped``."""
+    try:
+        import flag_gems
+
+        fg = getattr(flag_gems, "topk", None) or getattr(getattr(flag_gems, "ops", None), "topk", None)
+        if fg is None:
+            raise AttributeError("flag_gems has no topk")
+        return fg
+    except Exception as exc:  # optional peer
+        print(f"topk flaggems: skipped ({type(exc).__name__}: {exc})", flush=True)
+        skipped["topk/flaggems"] = f"{type(exc).__name__}: {exc}"
+        return None
+
+
 def topk_candidates(no_ref: bool, skipped: dict, flaggems: bool = False) -> list[Candidate]:
     out = []
     kern, why = registered("triton", "topk.topk", k=TOPK)
@@ -142,20 +157,12 @@ def topk_candidates(no_ref: bool, skipped: dict, flaggems: bool = False) -> list
     else:
         out.append(Candidate("triton", lambda a, k=kern: k.topk(a["x"], a["s"], a["e"], TOPK)))
     out.append(Candidate("torch.topk", lambda a: torch.topk(a["x"], TOPK, dim=1).indices.to(torch.int32)))
-    if not flaggems:
+    if flaggems:
+        fg = flaggems_topk(skipped)
+        if fg is not None:
+            out.append(Candidate("flaggems", lambda a: fg(a["x"], TOPK, dim=1)[1].to(torch.int32)))
+    else:
         skipped["topk/flaggems"] = "not asked for (--flaggems: its first calls autotune for minutes per shape)"
-        return out + ([] if no_ref else [Candidate("torch_reference", lambda a: ReferenceTopK().topk(
-            a["x"], a["s"], a["e"], TOPK), True)])
-    try:
-        import flag_gems
-
-        fg = getattr(flag_gems, "topk", None) or getattr(getattr(flag_gems, "ops", None), "topk", None)
-        if fg is None:
-            raise AttributeError("flag_gems has no topk")
-        out.append(Candidate("flaggems", lambda a: fg(a["x"], TOPK, dim=1)[1].to(torch.int32)))
-    except Exception as exc:  # optional peer
-        print(f"topk flaggems: skipped ({type(exc).__name__}: {exc})", flush=True)
-        skipped["topk/flaggems"] = f"{type(exc).__name__}: {exc}"
     if not no_ref:
         out.append(Candidate("torch_reference", lambda a: ReferenceTopK().topk(a["x"], a["s"], a["e"], TOPK), True))
     return out
