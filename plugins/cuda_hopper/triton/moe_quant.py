@@ -48,6 +48,16 @@ def fp8_quantize(x, s, PRE_ROUND: tl.constexpr = False):
 
 
 @triton.jit
+def store_block_fp8(x, q_ptr, s_ptr, rows, cols, kb, m, R, stride_q, stride_s, UE8M0: tl.constexpr,
+                    PRE_ROUND: tl.constexpr):
+    """Quantize the fp32 tile ``x`` ``[BLOCK_R, 128]`` (column block ``kb`` of ``rows``) with one scale per row
+    and store it and the scales."""
+    s = fp8_scale(tl.max(tl.abs(x), axis=1), UE8M0)
+    tl.store(q_ptr + rows[:, None].to(tl.int64) * stride_q + cols[None, :], fp8_quantize(x, s[:, None], PRE_ROUND), mask=m)
+    tl.store(s_ptr + rows * stride_s + kb, s, mask=rows < R)
+
+
+@triton.jit
 def _quant_rows_kernel(x_ptr, q_ptr, s_ptr, R, N, stride_x, stride_q, stride_s, UE8M0: tl.constexpr,
                        BLOCK_R: tl.constexpr, PRE_ROUND: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -55,26 +65,29 @@ def _quant_rows_kernel(x_ptr, q_ptr, s_ptr, R, N, stride_x, stride_q, stride_s, 
     cols = kb * 128 + tl.arange(0, 128)
     m = (rows < R)[:, None] & (cols < N)[None, :]
     x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_x + cols[None, :], mask=m, other=0.0).to(tl.float32)
-    s = fp8_scale(tl.max(tl.abs(x), axis=1), UE8M0)
-    tl.store(q_ptr + rows[:, None].to(tl.int64) * stride_q + cols[None, :], fp8_quantize(x, s[:, None], PRE_ROUND), mask=m)
-    tl.store(s_ptr + rows * stride_s + kb, s, mask=rows < R)
+    store_block_fp8(x, q_ptr, s_ptr, rows, cols, kb, m, R, stride_q, stride_s, UE8M0, PRE_ROUND)
+
+
+def _launch_rows(kernel, src: Tensor, rows: int, n: int, scale_fmt: str) -> tuple[Tensor, Tensor]:
+    """Allocate ``[rows, n]`` e4m3 and ``[rows, ceil(n / 128)]`` fp32 scales and run ``kernel`` over them
+    (4 rows x one 128-column block per program)."""
+    if scale_fmt not in ("ue8m0", "float"):
+        raise ValueError(f"unknown scale_fmt {scale_fmt!r}; valid: ue8m0, float")
+    nb = triton.cdiv(n, 128)
+    q = torch.empty(rows, n, dtype=FP8, device=src.device)
+    s = torch.empty(rows, nb, dtype=torch.float32, device=src.device)
+    if rows:
+        block_r = 4
+        kernel[(triton.cdiv(rows, block_r), nb)](
+            src, q, s, rows, n, src.stride(0), q.stride(0), s.stride(0), UE8M0=scale_fmt == "ue8m0",
+            BLOCK_R=block_r, PRE_ROUND=INTERPRET, num_warps=4,
+        )
+    return q, s
 
 
 def quantize_rows(x: Tensor, scale_fmt: str) -> tuple[Tensor, Tensor]:
     """``x`` ``[R, N]`` bf16/fp32 -> ``x8`` ``[R, N]`` e4m3 and scales ``[R, ceil(N / 128)]`` fp32."""
-    if scale_fmt not in ("ue8m0", "float"):
-        raise ValueError(f"unknown scale_fmt {scale_fmt!r}; valid: ue8m0, float")
-    rows, n = x.shape
-    nb = triton.cdiv(n, 128)
-    q = torch.empty(rows, n, dtype=FP8, device=x.device)
-    s = torch.empty(rows, nb, dtype=torch.float32, device=x.device)
-    if rows:
-        block_r = 4
-        _quant_rows_kernel[(triton.cdiv(rows, block_r), nb)](
-            x, q, s, rows, n, x.stride(0), q.stride(0), s.stride(0), UE8M0=scale_fmt == "ue8m0", BLOCK_R=block_r,
-            PRE_ROUND=INTERPRET, num_warps=4,
-        )
-    return q, s
+    return _launch_rows(_quant_rows_kernel, x, x.shape[0], x.shape[1], scale_fmt)
 
 
 @triton.jit
@@ -88,26 +101,10 @@ def _swiglu_quant_kernel(h_ptr, q_ptr, s_ptr, R, INTER, stride_h, stride_q, stri
     g = tl.load(base, mask=m, other=0.0).to(tl.float32)
     u = tl.load(base + INTER, mask=m, other=0.0).to(tl.float32)
     act = g / (1.0 + tl.exp(-g)) * u
-    s = fp8_scale(tl.max(tl.abs(act), axis=1), UE8M0)
-    tl.store(q_ptr + rows[:, None].to(tl.int64) * stride_q + cols[None, :], fp8_quantize(act, s[:, None], PRE_ROUND),
-             mask=m)
-    tl.store(s_ptr + rows * stride_s + kb, s, mask=rows < R)
+    store_block_fp8(act, q_ptr, s_ptr, rows, cols, kb, m, R, stride_q, stride_s, UE8M0, PRE_ROUND)
 
 
 def swiglu_quantize_rows(h13: Tensor, scale_fmt: str) -> tuple[Tensor, Tensor]:
     """``h13`` ``[R, 2I]`` bf16 (gate columns, then up) -> ``silu(gate) * up`` (fp32) quantized per 128:
     ``[R, I]`` e4m3 and ``[R, ceil(I / 128)]`` fp32 scales; one read of ``h13``, no fp32 temporaries."""
-    if scale_fmt not in ("ue8m0", "float"):
-        raise ValueError(f"unknown scale_fmt {scale_fmt!r}; valid: ue8m0, float")
-    rows, two_inter = h13.shape
-    inter = two_inter // 2
-    nb = triton.cdiv(inter, 128)
-    q = torch.empty(rows, inter, dtype=FP8, device=h13.device)
-    s = torch.empty(rows, nb, dtype=torch.float32, device=h13.device)
-    if rows:
-        block_r = 4
-        _swiglu_quant_kernel[(triton.cdiv(rows, block_r), nb)](
-            h13, q, s, rows, inter, h13.stride(0), q.stride(0), s.stride(0), UE8M0=scale_fmt == "ue8m0",
-            BLOCK_R=block_r, PRE_ROUND=INTERPRET, num_warps=4,
-        )
-    return q, s
+    return _launch_rows(_swiglu_quant_kernel, h13, h13.shape[0], h13.shape[1] // 2, scale_fmt)
