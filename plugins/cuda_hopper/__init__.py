@@ -79,14 +79,23 @@ def defaults(_: Detection) -> PlatformDefaults:
     )
 
 
+def on_sm90(library: tuple[bool, str]) -> tuple[bool, str]:
+    """A backend's availability: its library check ``(found, why)``, then an SM90 GPU (NVML probe; neither torch
+    nor the library is imported). The reason names both."""
+    found, why = library
+    if not found:
+        return False, why
+    detection = detect()
+    if not detection.present:
+        return False, detection.reason
+    return True, f"{why}; {detection.reason}"
+
+
 def triton_available() -> tuple[bool, str]:
     """``triton`` is installed and an SM90 GPU is visible (NVML probe; triton itself is not imported)."""
     if not module_available("triton"):
         return False, "the triton package is not installed (pip install 'dsa-runtime[hopper]')"
-    detection = detect()
-    if not detection.present:
-        return False, detection.reason
-    return True, f"triton installed; {detection.reason}"
+    return on_sm90((True, "triton installed"))
 
 
 def triton_backend() -> Backend:

@@ -45,12 +45,9 @@ def deepgemm_available() -> tuple[bool, str]:
     """``deep_gemm`` is installed and an SM90 GPU is visible (neither torch nor deep_gemm is imported)."""
     if not module_available("deep_gemm"):
         return False, "deep_gemm is not installed (build it with tools/gpu/build_deepgemm.sh; docs/hopper.md)"
-    from dsa_runtime.plugins.cuda_hopper import detect  # late: the platform module imports this one
+    from dsa_runtime.plugins.cuda_hopper import on_sm90  # late: the platform module imports this one
 
-    detection = detect()
-    if not detection.present:
-        return False, detection.reason
-    return True, f"deep_gemm installed; {detection.reason}"
+    return on_sm90((True, "deep_gemm installed"))
 
 
 def deepgemm_backend() -> Backend:

@@ -82,15 +82,9 @@ def flashmla_library() -> tuple[bool, str]:
 
 def flashmla_available() -> tuple[bool, str]:
     """A built ``flash_mla`` and an SM90 GPU (NVML probe): FlashMLA's SM90 kernels run only on sm_90a."""
-    from dsa_runtime.plugins.cuda_hopper import detect
+    from dsa_runtime.plugins.cuda_hopper import on_sm90
 
-    ok, why = flashmla_library()
-    if not ok:
-        return False, why
-    detection = detect()
-    if not detection.present:
-        return False, detection.reason
-    return True, f"{why}; {detection.reason}"
+    return on_sm90(flashmla_library())
 
 
 def _api() -> tuple[Any, bool]:

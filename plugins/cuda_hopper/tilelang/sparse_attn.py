@@ -65,15 +65,9 @@ def tilelang_library() -> tuple[bool, str]:
 
 def tilelang_available() -> tuple[bool, str]:
     """``tilelang`` installed and an SM90 GPU visible (NVML probe): the kernel uses wgmma, sm_90a only."""
-    from dsa_runtime.plugins.cuda_hopper import detect
+    from dsa_runtime.plugins.cuda_hopper import on_sm90
 
-    ok, why = tilelang_library()
-    if not ok:
-        return False, why
-    detection = detect()
-    if not detection.present:
-        return False, detection.reason
-    return True, f"{why}; {detection.reason}"
+    return on_sm90(tilelang_library())
 
 
 def config_from_env() -> TLConfig | None:
