@@ -33,19 +33,27 @@ from dsa_runtime.plugins.cuda_hopper.triton.topk_radix import radix_key, to_slot
 INT_MIN = tl.constexpr(-2147483648)
 
 
+def _slices(rows: int, width: int, k: int, sms: int, most: int) -> int:
+    """The fewest slices of at most :data:`MAX_WIDTH` columns, doubled (up to ``most``) while the rows leave SMs
+    idle and each slice stays at least ``max(2k, 4096)`` wide."""
+    s = 1
+    while s * MAX_WIDTH < width:
+        s *= 2
+    while rows * s * 2 <= sms and width // (s * 2) >= max(2 * k, 4096) and s * 2 <= most:
+        s *= 2
+    return s
+
+
 def bisect_split_for(rows: int, width: int, k: int, sms: int, merge_max: int = 8192) -> int:
     """Slices per row: enough for slices of at most :data:`MAX_WIDTH` columns, then doubled while the rows
     leave SMs idle and each slice stays at least ``max(2k, 4096)`` wide; 1 when one program per row is best.
     0 (another search must take the row) when the candidates of the slices a row needs (``S * k``) exceed
     ``merge_max``, or when long rows cut into 32K slices would still leave half the SMs idle (1 x 128K: the
     candidate search's 16 programs per row win there, 0.054 vs 0.082 ms on the H200)."""
-    s = 1
-    while s * MAX_WIDTH < width:
-        s *= 2
-    if s > 1 and rows * s < sms // 2:
+    fewest = -(-width // MAX_WIDTH)
+    if fewest > 1 and rows * (1 << (fewest - 1).bit_length()) < sms // 2:
         return 0
-    while rows * s * 2 <= sms and width // (s * 2) >= max(2 * k, 4096) and s * 2 * k <= merge_max:
-        s *= 2
+    s = _slices(rows, width, k, sms, merge_max // k)
     if s > 1 and s * k > merge_max:
         return 0
     return s
@@ -60,11 +68,7 @@ def bisect_plan(rows: int, width: int, k: int, sms: int, merge_max: int = 8192,
     per = merge_max // k
     if s != 0 or not two_level or per < 2:
         return s, 1
-    s = 1
-    while s * MAX_WIDTH < width:
-        s *= 2
-    while rows * s * 2 <= sms and width // (s * 2) >= max(2 * k, 4096) and s * 2 <= per * per:
-        s *= 2
+    s = _slices(rows, width, k, sms, per * per)
     g = 1
     while s // g > per:
         g *= 2
