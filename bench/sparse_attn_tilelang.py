@@ -4,14 +4,14 @@
    :data:`~dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla.CANDIDATES`: 64 and 128 heads, k 2048 and 64 /
    128, T = 3 and 512, ragged ``-1`` padding (one row all ``-1``), duplicated indices, every unselected KV row
    poisoned with NaN (row 0 and the last row included: a read ``-1`` shows) and the outputs poisoned (NaN left
-   in the caching allocator's blocks the kernel reuses). bf16 decode (batch 4 with split-K, batch 64
+   in the caching allocator's blocks the kernel reuses). bf16 decode (batch 4 with split-SIZES.k, batch 64
    unsplit) the same way. Each ``fp8_656`` decode candidate (``wsf8``, ``ws4f8``: decode only) against the
    reference decode with ``layout="fp8_656"``: batch 4 with split-K and batch 64 unsplit, -1 rows, one empty
    query, unselected cache rows poisoned with e4m3 NaN bytes, outputs poisoned.
 2. Speed: prefill of 4096 queries over 8K and 32K keys, 128 heads, k 2048, for each candidate and the Triton
    default in the same run (event-timed median, ``bench/common.time_ms``); bf16 decode batch 64 at a 32K context
    (page 64) for the default and Triton; ``fp8_656`` decode at batch 64 and 128 x 32K for each FP8 candidate and
-   the Triton FP8 decode (``mla_fp8_decode.decode_fp8_656``). TFLOP/s with ``FLOPs = 2 * H * (576 + 512) * K`` per query, and the %
+   the Triton FP8 decode (``mla_fp8_decode.decode_fp8_656``). TFLOP/s with ``FLOPs = 2 * H * (576 + 512) * SIZES.k`` per query, and the %
    of a bf16 ``torch.matmul`` 8192^3 measured in the same run (issue 9: aim >= 55%).
 
     python3 bench/sparse_attn_tilelang.py [--out bench/results/sparse_attn_tilelang.json] [--quick] [--no-triton]
@@ -39,6 +39,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import bf16_matmul_ceiling_tflops, time_ms, write_json  # noqa: E402
+from sparse_attn_tilelang_setup import (  # noqa: E402
+    PAGE,
+    SCALE,
+    SIZES,
+    check,
+    fp8_check_case,
+    fp8_timing_cache,
+    poison_allocator,
+    prefill_case,
+    prefill_inputs,
+)
 
 from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_attn import TileLangSparseAttn, plan_splits  # noqa: E402
 from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import (  # noqa: E402
@@ -49,13 +60,7 @@ from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import (  # noqa: E402
     precompile,
 )
 from dsa_runtime.reference.sparse_attn import ReferenceSparseAttn  # noqa: E402
-from dsa_runtime.testing.compare import out_and_lse  # noqa: E402
-from dsa_runtime.testing.tolerances import tolerance  # noqa: E402
 
-SCALE, PAGE, K = 0.135234, 64, 2048
-# The GPU sizes; --dry-run (CPU, the reference standing in for the kernel) shrinks them to check this script.
-DEV, T_PRE, S_PRE, DEC_BATCH, DEC_CTX = "cuda", 4096, (8192, 32768), 64, 32768
-FP8_BATCHES = [64, 128]  # fp8_656 decode timings (batch x DEC_CTX)
 REF = ReferenceSparseAttn()
 # A kernel that deadlocks (a wrong mbarrier phase) never returns: a watchdog ends the run with what it was doing.
 PROGRESS = {"t": time.time(), "what": "start", "limit": 600.0}
@@ -68,7 +73,7 @@ def step(what: str, limit: float = 180.0) -> None:
 
 
 def sync() -> None:
-    if DEV == "cuda":
+    if SIZES.dev == "cuda":
         torch.cuda.synchronize()
 
 
@@ -80,11 +85,7 @@ def cpu_ms(fn) -> float:
 
 def dry_run() -> None:
     """CPU plumbing check: tiny sizes, and the reference (with the kernel's split conventions) as the kernel."""
-    global DEV, T_PRE, S_PRE, DEC_BATCH, DEC_CTX, K
-    DEV, T_PRE, S_PRE, DEC_BATCH, DEC_CTX, K = "cpu", 8, (512,), 2, 1024, 256
-    CHECK_SHAPES[:] = [(3, 300, 64, 64), (5, 700, 128, 256)]
-    FP8_BATCHES[:] = [2, 3]
-    FP8_CHECKS[:] = [(4, None), (6, 1)]
+    SIZES.shrink_for_cpu()
 
     fault = os.environ.get("DSA_TILELANG_DRY_FAULT")  # tests: this candidate's process dies like a faulting kernel
 
@@ -126,50 +127,7 @@ def watchdog(out: str) -> None:
                 os._exit(3)
 
 
-def poison_allocator(nbytes: int) -> None:
-    """Leave NaN in freed blocks of the caching allocator, so outputs the kernel does not write show up."""
-    if DEV == "cuda":
-        blob = torch.full((nbytes // 4,), float("nan"), device=DEV)
-        del blob
 
-
-def prefill_case(gen: torch.Generator, t: int, s: int, heads: int, k: int):
-    """Random q/kv, distinct indices with ragged -1 padding, one all -1 row, a duplicated index; unselected KV
-    rows (always row 0 and the last) are NaN."""
-    q = torch.randn(t, heads, 576, device=DEV, generator=gen).bfloat16()
-    kv = torch.randn(s, 576, device=DEV, generator=gen).bfloat16()
-    pool = s - 2  # rows 1 .. s-2 may be selected
-    idx = torch.rand(t, pool, device=DEV, generator=gen).argsort(dim=1)[:, :k].to(torch.int32) + 1
-    if t > 1:
-        idx[1, k // 3:] = -1  # ragged: a short context
-        idx[0, :] = -1  # an empty query: zeros and lse +inf
-    if t > 2:
-        idx[2, 1] = idx[2, 0]  # a duplicate: counts twice
-    idx[3::5, ::7] = -1
-    used = torch.zeros(s, dtype=torch.bool, device=DEV)
-    used[idx[idx >= 0].long()] = True
-    kv[~used] = float("nan")
-    return q, kv, idx
-
-
-def check(name: str, got, want) -> bool:
-    out, lse = got
-    msg = out_and_lse(out.float(), lse, want[0].float(), want[1], tolerance("sparse_attn.out"),
-                      tolerance("sparse_attn.lse"))
-    empty = torch.isposinf(want[1])
-    if msg is None and bool(empty.any()) and bool((out[empty] != 0).any()):
-        msg = "a query with no valid index has a non-zero output"
-    if msg is None and not bool(torch.isfinite(out).all()):
-        msg = "non-finite output"
-    err = (out.float() - want[0].float()).abs().max().item()
-    fin = torch.isfinite(want[1])
-    lerr = (lse[fin] - want[1][fin]).abs().max().item() if bool(fin.any()) else 0.0
-    print(f"  {'PASS' if msg is None else 'FAIL'} {name:54s} max|out err| {err:.3e}  max|lse err| {lerr:.3e}"
-          + ("" if msg is None else f"  {msg}"), flush=True)
-    return msg is None
-
-
-CHECK_SHAPES = [(3, 300, 64, 64), (3, 300, 128, 128), (512, 4096, 128, 2048), (512, 3000, 64, 2048)]
 
 
 def warm(configs, quick: bool, default_decode: bool = True) -> None:
@@ -177,21 +135,21 @@ def warm(configs, quick: bool, default_decode: bool = True) -> None:
     keys = []
     fp8 = [c for c in configs if c.variant in FP8_VARIANTS]
     for cfg in fp8:  # the fp8_656 decode checks and timings
-        for rows, splits in FP8_CHECKS + [(b, None) for b in FP8_BATCHES]:
-            n = splits or plan_splits(rows, 128, K)
-            keys.append((128, K // n, SCALE, cfg, n > 1))
+        for rows, splits in SIZES.fp8_checks + [(b, None) for b in SIZES.fp8_batches]:
+            n = splits or plan_splits(rows, 128, SIZES.k)
+            keys.append((128, SIZES.k // n, SCALE, cfg, n > 1))
     configs = [c for c in configs if c.variant not in FP8_VARIANTS]
-    for _t, _s, heads, k in CHECK_SHAPES[2:3] if quick or not configs else CHECK_SHAPES:
-        for cfg in configs if (heads, k) == (128, K) else configs[:1]:
+    for _t, _s, heads, k in SIZES.check_shapes[2:3] if quick or not configs else SIZES.check_shapes:
+        for cfg in configs if (heads, k) == (128, SIZES.k) else configs[:1]:
             keys.append((heads, k, SCALE, TileLangSparseAttn(config=cfg)._config(k), False))
-    n_plan = plan_splits(DEC_BATCH, 128, K)
+    n_plan = plan_splits(SIZES.dec_batch, 128, SIZES.k)
     for cfg in configs:  # the timed decode of each candidate
-        keys.append((128, K // n_plan, SCALE, TileLangSparseAttn(config=cfg)._config(K // n_plan), n_plan > 1))
+        keys.append((128, SIZES.k // n_plan, SCALE, TileLangSparseAttn(config=cfg)._config(SIZES.k // n_plan), n_plan > 1))
     if default_decode:
         for rows in (4, 64):
-            n = plan_splits(rows, 128, K) if rows == 4 else 1
-            keys.append((128, K // n, SCALE, DEFAULT_CONFIG, n > 1))
-        keys.append((128, K // 2, SCALE, DEFAULT_CONFIG, True))  # decode timed with 2 splits
+            n = plan_splits(rows, 128, SIZES.k) if rows == 4 else 1
+            keys.append((128, SIZES.k // n, SCALE, DEFAULT_CONFIG, n > 1))
+        keys.append((128, SIZES.k // 2, SCALE, DEFAULT_CONFIG, True))  # decode timed with 2 splits
     t0 = time.time()
     step(f"compiling {len(set(keys))} kernels", limit=420)
     errors = precompile(keys)
@@ -205,15 +163,15 @@ def correctness(gen: torch.Generator, configs, quick: bool, decode: bool = True)
     ok = True
     per_cfg = RESULTS["checks"]
     for cfg in [c for c in configs if c.variant in FP8_VARIANTS]:
-        for batch, splits in FP8_CHECKS:
+        for batch, splits in SIZES.fp8_checks:
             passed = check_fp8_decode(gen, cfg, batch, splits)
             per_cfg[cfg.label()] = per_cfg.get(cfg.label(), True) and passed
             ok &= passed
     configs = [c for c in configs if c.variant not in FP8_VARIANTS]
-    for t, s, heads, k in (CHECK_SHAPES[2:3] if quick else CHECK_SHAPES) if configs else ():
+    for t, s, heads, k in (SIZES.check_shapes[2:3] if quick else SIZES.check_shapes) if configs else ():
         q, kv, idx = prefill_case(gen, t, s, heads, k)
         want = REF.prefill(q[:64], kv, idx[:64], SCALE)  # the reference on the first rows (keeps it quick)
-        for cfg in configs if (heads, k) == (128, K) else configs[:1]:
+        for cfg in configs if (heads, k) == (128, SIZES.k) else configs[:1]:
             poison_allocator(4 * t * heads * 512 * 2)
             name = f"prefill {cfg.label()} t{t} s{s} h{heads} k{k}"
             step(name)
@@ -225,17 +183,17 @@ def correctness(gen: torch.Generator, configs, quick: bool, decode: bool = True)
     for batch, splits in ((4, None), (64, 1)) if decode else ():
         heads = 128
         pages = batch * 8 + 1
-        cache = torch.randn(pages, PAGE, 576, device=DEV, generator=gen).bfloat16()
-        slots = torch.rand(batch, (pages - 1) * PAGE, device=DEV, generator=gen).argsort(dim=1)[:, :K] + PAGE
-        slots = slots.to(torch.int32).view(batch, 1, K)
+        cache = torch.randn(pages, PAGE, 576, device=SIZES.dev, generator=gen).bfloat16()
+        slots = torch.rand(batch, (pages - 1) * PAGE, device=SIZES.dev, generator=gen).argsort(dim=1)[:, :SIZES.k] + PAGE
+        slots = slots.to(torch.int32).view(batch, 1, SIZES.k)
         slots[0, 0, 100:] = -1
-        used = torch.zeros(pages * PAGE, dtype=torch.bool, device=DEV)
+        used = torch.zeros(pages * PAGE, dtype=torch.bool, device=SIZES.dev)
         used[slots[slots >= 0].long()] = True
         cache.view(-1, 576)[~used] = float("nan")
-        q = torch.randn(batch, 1, heads, 576, device=DEV, generator=gen).bfloat16()
-        n = splits or plan_splits(batch, heads, K)
+        q = torch.randn(batch, 1, heads, 576, device=SIZES.dev, generator=gen).bfloat16()
+        n = splits or plan_splits(batch, heads, SIZES.k)
         poison_allocator(4 * batch * heads * 512 * 4 * n)
-        name = f"decode bf16 b{batch} h{heads} k{K} splits {n}"
+        name = f"decode bf16 b{batch} h{heads} k{SIZES.k} splits {n}"
         step(name)
         got = TileLangSparseAttn(decode_splits=n).decode(q, cache, slots, SCALE, layout="bf16")
         sync()
@@ -246,92 +204,52 @@ def correctness(gen: torch.Generator, configs, quick: bool, decode: bool = True)
     return ok
 
 
-FP8_CHECKS = [(4, None), (64, 1)]  # (batch, decode splits; None: the planned split) of the fp8_656 checks
-
-
-def fp8_check_case(gen: torch.Generator, batch: int, heads: int = 128):
-    """An ``fp8_656`` paged cache (page 64) whose selected rows pack random c / k_pe with power-of-two scales and
-    whose other rows (page 0 always among them) are garbage bytes with an e4m3 NaN in every 128-block; per
-    request K distinct slots, request 0 cut to 100 (-1 after), request 1 all -1 (an empty query)."""
-    from dsa_runtime.testing.fp8util import pack_mla_656, random_bytes
-
-    pages = batch * 8 + 1
-    slots = torch.rand(batch, (pages - 1) * PAGE, device=DEV, generator=gen).argsort(dim=1)[:, :K] + PAGE
-    slots = slots.to(torch.int32).view(batch, 1, K)
-    slots[0, 0, 100:] = -1
-    slots[1, 0, :] = -1
-    used = torch.unique(slots[slots >= 0].long())
-    cache = random_bytes(gen, (pages * PAGE, 656), torch.device(DEV))
-    cache[:, 0:512:61] = 0x7F  # e4m3 NaN
-    c = torch.randn(used.numel(), 512, device=DEV, generator=gen)
-    k_pe = torch.randn(used.numel(), 64, device=DEV, generator=gen).bfloat16()
-    cache[used] = pack_mla_656(c, k_pe, "ue8m0")
-    q = torch.randn(batch, 1, heads, 576, device=DEV, generator=gen).bfloat16()
-    return q, cache.view(pages, PAGE, 656), slots
 
 
 def check_fp8_decode(gen: torch.Generator, cfg, batch: int, splits: int | None) -> bool:
     """One fp8_656 decode check of ``cfg`` against the reference decode."""
     q, cache, slots = fp8_check_case(gen, batch)
-    n = splits or plan_splits(batch, 128, K)
+    n = splits or plan_splits(batch, 128, SIZES.k)
     poison_allocator(4 * batch * 128 * 512 * 4 * n)
-    name = f"decode fp8_656 {cfg.label()} b{batch} h128 k{K} splits {n}"
+    name = f"decode fp8_656 {cfg.label()} b{batch} h128 k{SIZES.k} splits {n}"
     step(name)
     got = TileLangSparseAttn(config=cfg, decode_splits=n).decode(q, cache, slots, SCALE, layout="fp8_656")
     sync()
     return check(name, got, REF.decode(q, cache, slots, SCALE, layout="fp8_656"))
 
 
-def fp8_timing_cache(gen: torch.Generator, rows: int) -> torch.Tensor:
-    """``[rows // 64, 64, 656]`` rows of random finite e4m3 c, power-of-two scales, random bf16 k_pe."""
-    cache = torch.randint(0, 256, (rows, 656), dtype=torch.uint8, device=DEV, generator=gen)
-    c = cache[:, :512]
-    c[(c & 0x7F) == 0x7F] = 0x3C  # no e4m3 NaN
-    exps = torch.randint(-8, 1, (rows, 4), device=DEV, generator=gen).float()
-    cache[:, 512:528] = torch.exp2(exps).contiguous().view(torch.uint8)
-    cache[:, 528:] = torch.randn(rows, 64, device=DEV, generator=gen).bfloat16().view(torch.uint8)
-    return cache.view(-1, PAGE, 656)
-
-
 def speed_fp8(rows: list[dict], gen: torch.Generator, configs, ceiling: float, triton: bool) -> None:
-    """fp8_656 decode of each FP8 candidate (planned splits) and of the Triton FP8 decode, batch x DEC_CTX."""
-    for batch in FP8_BATCHES:
+    """fp8_656 decode of each FP8 candidate (planned splits) and of the Triton FP8 decode, batch x the decode context."""
+    for batch in SIZES.fp8_batches:
         speed_fp8_batch(rows, gen, batch, configs, ceiling, triton)
-        if DEV == "cuda":
+        if SIZES.dev == "cuda":
             torch.cuda.empty_cache()
 
 
 def speed_fp8_batch(rows: list[dict], gen: torch.Generator, batch: int, configs, ceiling: float,
                     triton: bool) -> None:
-    cache = fp8_timing_cache(gen, batch * DEC_CTX + PAGE)
-    slots = torch.stack([torch.randperm(DEC_CTX, device=DEV, generator=gen)[:K] + b * DEC_CTX
-                         for b in range(batch)]).to(torch.int32).view(batch, 1, K)
-    qd = torch.randn(batch, 1, 128, 576, device=DEV, generator=gen).bfloat16()
-    shape = f"decode fp8 b{batch} {DEC_CTX // 1024}K h128"
-    n = plan_splits(batch, 128, K)
+    cache = fp8_timing_cache(gen, batch * SIZES.dec_ctx + PAGE)
+    slots = torch.stack([torch.randperm(SIZES.dec_ctx, device=SIZES.dev, generator=gen)[:SIZES.k] + b * SIZES.dec_ctx
+                         for b in range(batch)]).to(torch.int32).view(batch, 1, SIZES.k)
+    qd = torch.randn(batch, 1, 128, 576, device=SIZES.dev, generator=gen).bfloat16()
+    shape = f"decode fp8 b{batch} {SIZES.dec_ctx // 1024}K h128"
+    n = plan_splits(batch, 128, SIZES.k)
     for cfg in configs:
         kern = TileLangSparseAttn(config=cfg, decode_splits=n)
         timed(rows, shape, f"tilelang {cfg.label()} splits {n}",
-              lambda k=kern: k.decode(qd, cache, slots, SCALE, layout="fp8_656"), flops(batch, 128, K), ceiling)
+              lambda k=kern: k.decode(qd, cache, slots, SCALE, layout="fp8_656"), flops(batch, 128, SIZES.k), ceiling)
     if triton:
         from dsa_runtime.plugins.cuda_hopper.triton.mla_fp8_decode import decode_fp8_656
 
         timed(rows, shape, "triton fp8 default", lambda: decode_fp8_656(qd, cache, slots, SCALE),
-              flops(batch, 128, K), ceiling)
-
-
-def prefill_inputs(gen: torch.Generator, s: int):
-    q = torch.randn(T_PRE, 128, 576, device=DEV, generator=gen).bfloat16()
-    kv = torch.randn(s, 576, device=DEV, generator=gen).bfloat16()
-    idx = torch.rand(T_PRE, s, device=DEV, generator=gen).argsort(dim=1)[:, :K].to(torch.int32)
-    return q, kv, idx
+              flops(batch, 128, SIZES.k), ceiling)
 
 
 def timed(rows: list[dict], shape: str, label: str, fn, n_flops: int, ceiling: float) -> None:
     t0 = time.time()
     step(f"timing {shape} {label}")
     try:
-        ms = time_ms(fn) if DEV == "cuda" else cpu_ms(fn)
+        ms = time_ms(fn) if SIZES.dev == "cuda" else cpu_ms(fn)
     except Exception as exc:  # noqa: BLE001 - a candidate that fails to compile or run is a result
         why = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:200]
         print(f"  {shape:22s} {label:24s} FAILED: {why}", flush=True)
@@ -345,15 +263,15 @@ def timed(rows: list[dict], shape: str, label: str, fn, n_flops: int, ceiling: f
 
 def speed_prefill(rows: list[dict], gen: torch.Generator, s: int, configs, ceiling: float, triton: bool) -> None:
     q, kv, idx = prefill_inputs(gen, s)
-    shape = f"prefill t{T_PRE} s{s // 1024}K"
+    shape = f"prefill t{SIZES.t_pre} s{s // 1024}K"
     for cfg in configs:
         kern = TileLangSparseAttn(config=cfg)
         timed(rows, shape, f"tilelang {cfg.label()}", lambda k=kern: k.prefill(q, kv, idx, SCALE),
-              flops(T_PRE, 128, K), ceiling)
+              flops(SIZES.t_pre, 128, SIZES.k), ceiling)
     if triton:
         from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_prefill import sparse_mla_forward
 
-        timed(rows, shape, "triton default", lambda: sparse_mla_forward(q, kv, idx, SCALE), flops(T_PRE, 128, K),
+        timed(rows, shape, "triton default", lambda: sparse_mla_forward(q, kv, idx, SCALE), flops(SIZES.t_pre, 128, SIZES.k),
               ceiling)
 
 
@@ -368,26 +286,26 @@ def speed(gen: torch.Generator, configs, ceiling: float, triton: bool, default_d
     configs = [c for c in configs if c.variant not in FP8_VARIANTS]
     if not configs and not triton:
         return rows
-    for s in S_PRE:
+    for s in SIZES.s_pre:
         speed_prefill(rows, gen, s, configs, ceiling, triton)
-        if DEV == "cuda":
+        if SIZES.dev == "cuda":
             torch.cuda.empty_cache()
-    batch, ctx = DEC_BATCH, DEC_CTX
+    batch, ctx = SIZES.dec_batch, SIZES.dec_ctx
     pages = batch * ctx // PAGE + 1
-    cache = torch.randn(pages, PAGE, 576, device=DEV, generator=gen).bfloat16()
-    slots = torch.stack([torch.randperm(ctx, device=DEV, generator=gen)[:K] + b * ctx for b in range(batch)])
-    slots = slots.to(torch.int32).view(batch, 1, K)
-    qd = torch.randn(batch, 1, 128, 576, device=DEV, generator=gen).bfloat16()
+    cache = torch.randn(pages, PAGE, 576, device=SIZES.dev, generator=gen).bfloat16()
+    slots = torch.stack([torch.randperm(ctx, device=SIZES.dev, generator=gen)[:SIZES.k] + b * ctx for b in range(batch)])
+    slots = slots.to(torch.int32).view(batch, 1, SIZES.k)
+    qd = torch.randn(batch, 1, 128, 576, device=SIZES.dev, generator=gen).bfloat16()
     shape = f"decode b{batch} {ctx // 1024}K h128"
-    n_plan = plan_splits(batch, 128, K)
+    n_plan = plan_splits(batch, 128, SIZES.k)
     for cfg, n in [(c, n_plan) for c in configs] + ([(DEFAULT_CONFIG, 2)] if default_decode else []):
         kern = TileLangSparseAttn(config=cfg, decode_splits=n)
         timed(rows, shape, f"tilelang {cfg.label()} splits {n}",
-              lambda k=kern: k.decode(qd, cache, slots, SCALE, layout="bf16"), flops(batch, 128, K), ceiling)
+              lambda k=kern: k.decode(qd, cache, slots, SCALE, layout="bf16"), flops(batch, 128, SIZES.k), ceiling)
     if triton:
         from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_decode_bf16 import decode_bf16
 
-        timed(rows, shape, "triton default", lambda: decode_bf16(qd, cache, slots, SCALE), flops(batch, 128, K),
+        timed(rows, shape, "triton default", lambda: decode_bf16(qd, cache, slots, SCALE), flops(batch, 128, SIZES.k),
               ceiling)
     return rows
 
@@ -461,13 +379,13 @@ def main() -> int:
     except PackageNotFoundError:
         tl_version = "not installed"
     info = {"torch": torch.__version__, "tilelang": tl_version, "cuda": str(torch.version.cuda)}
-    if DEV == "cuda":
+    if SIZES.dev == "cuda":
         props = torch.cuda.get_device_properties(0)
         info |= {"gpu": props.name, "sms": str(props.multi_processor_count)}
     if not args.child:
         print(info, flush=True)
     start = time.time()
-    gen = torch.Generator(device=DEV).manual_seed(0)
+    gen = torch.Generator(device=SIZES.dev).manual_seed(0)
     if args.child:
         configs = [c for c in CANDIDATES if c.label() == args.label]
     else:
@@ -481,7 +399,7 @@ def main() -> int:
     threading.Thread(target=watchdog, args=(args.out,), daemon=True).start()
     # The pipe candidates own the decode checks and timings of the default; a child runs only its candidate.
     with_default = not args.child and DEFAULT_CONFIG in here
-    if DEV == "cuda" and here:
+    if SIZES.dev == "cuda" and here:
         warm(here, args.quick, default_decode=with_default)
     ok = True
     if here and not args.no_check:
@@ -491,7 +409,7 @@ def main() -> int:
         ceiling = args.ceiling
     else:
         step("bf16 matmul ceiling")
-        ceiling = bf16_matmul_ceiling_tflops() if DEV == "cuda" else 1.0
+        ceiling = bf16_matmul_ceiling_tflops() if SIZES.dev == "cuda" else 1.0
         print(f"bf16 matmul 8192^3: {ceiling:.1f} TFLOP/s", flush=True)
     RESULTS["matmul_tflops"] = ceiling
     if here or not args.no_triton:
@@ -500,7 +418,7 @@ def main() -> int:
         speed(gen, here, ceiling, not args.no_triton, default_decode=with_default, fp8_triton=fp8_triton)
     if isolated:
         write_json(args.out, RESULTS | {"partial": True})  # the pipe results are safe before any child runs
-        if DEV == "cuda":
+        if SIZES.dev == "cuda":
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
         for cfg in isolated:
