@@ -33,14 +33,42 @@ SCALE_AT = D_LATENT // 4  # in the fp32 view: bytes 512..527
 ROPE_AT = (D_LATENT + 16) // 2  # in the bf16 view: bytes 528..655
 WARPS = 4  # gather warps: one row each per pass
 BI = 64  # rows per chunk (the schedules' chunk)
+# The kernel prelude of the prefetching gather (``wsf8p``): a 656-byte bulk prefetch into the L2 (sm_90).
+PREFETCH_SRC = """
+__device__ __forceinline__ void dsa_prefetch_row_l2(const void* row) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], 656;" :: "l"(row) : "memory");
+}
+"""
 
 
-def fp8_gather_macro(n_kv: Any, in_flight: int = 1) -> Any:
-    """The gather macro ``fp8_gather(KV8, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g)``: ``KV8`` the
-    ``[S, 656]`` e4m3 cache, ``g`` the thread's index in the gather warpgroup (0..127), chunk ``c0 .. c0 + 64`` of
-    row ``tok`` into stage ``st``; ends with the warpgroup's arrival on ``ready[st]``. ``in_flight``: rows a warp
-    loads before converting any (6 registers a lane each): the loads of one row alone keep too few bytes in
-    flight to cover the memory latency."""
+def lane_slot(g: Any) -> Any:
+    """Chunk position of the index lane ``g % 32`` of gather warp ``g // 32`` holds (passes shuffle it out)."""
+    return ((g % 32) % 16) * WARPS + g // 32
+
+
+def fp8_prefetch_macro(n_kv: Any) -> Any:
+    """The macro ``prefetch_rows(KV8, row, g)``: lanes 0..15 of each gather warp ask the L2 for the whole
+    656-byte row ``row`` (their chunk index, :func:`lane_slot`) with one ``cp.async.bulk.prefetch.L2``; nothing
+    is written and no register waits for it. ``-1`` (or ``>= S``) asks for nothing. Needs :data:`PREFETCH_SRC`
+    in the kernel's prelude."""
+    import tilelang.language as T
+
+    @T.macro
+    def prefetch_rows(KV8, row, g):
+        if (g % 32) < 16 and (row >= 0) and (row < n_kv):
+            T.call_extern("handle", "dsa_prefetch_row_l2", T.address_of(KV8[row, 0]))
+
+    return prefetch_rows
+
+
+def fp8_gather_macro(n_kv: Any, in_flight: int = 1, given_index: bool = False) -> Any:
+    """The gather macro ``fp8_gather(KV8, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g[, mine])``: ``KV8``
+    the ``[S, 656]`` e4m3 cache, ``g`` the thread's index in the gather warpgroup (0..127), chunk ``c0 .. c0 +
+    64`` of row ``tok`` into stage ``st``; ends with the warpgroup's arrival on ``ready[st]``. ``in_flight``: rows
+    a warp loads before converting any (6 registers a lane each): the loads of one row alone keep too few bytes
+    in flight to cover the memory latency. ``given_index``: the caller passes ``mine`` (the lane's index,
+    ``Idx[tok, c0 + lane_slot(g)]``, loaded a chunk ahead) instead of the macro loading it after the stage
+    is free."""
     import tilelang.language as T
 
     bf16, f32, fp8 = "bfloat16", "float32", "float8_e4m3fn"
@@ -48,7 +76,7 @@ def fp8_gather_macro(n_kv: Any, in_flight: int = 1) -> Any:
     assert (BI // WARPS) % r_n == 0
 
     @T.macro
-    def fp8_gather(KV8, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g):
+    def fp8_gather(KV8, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g, given):
         # The scales and the rope through views of the same buffer: one base pointer and row offset for all.
         KVS = T.view(KV8, (n_kv, ROW_BYTES // 4), f32)
         KVR = T.view(KV8, (n_kv, ROW_BYTES // 2), bf16)
@@ -59,7 +87,7 @@ def fp8_gather_macro(n_kv: Any, in_flight: int = 1) -> Any:
         lane, wid = g % 32, g // 32
         if g < BI:
             idx_sh[st, g] = Idx[tok, c0 + g]
-        mine = Idx[tok, c0 + (lane % 16) * WARPS + wid]
+        mine = given if given_index else Idx[tok, c0 + lane_slot(g)]
         for pp in T.serial(BI // WARPS // r_n):
             for i in T.unroll(r_n):  # the loads of r_n rows first ...
                 row = T.shfl_sync(mine, pp * r_n + i)

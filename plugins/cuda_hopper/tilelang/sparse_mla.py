@@ -78,11 +78,12 @@ CANDIDATES = (
     DECODE_CONFIG,
     TLConfig(block_i=64, num_stages=2, threads=512, variant="ws4f8"),
     FP8_DECODE_CONFIG,
+    TLConfig(block_i=64, num_stages=2, threads=384, variant="wsf8p"),
 )
 # Threads each warp-specialised schedule runs (their block_i is 64).
-WS_THREADS = {"ws": 384, "wsa": 384, "ws4": 512, "ws4f8": 512, "wsf8": 384}
+WS_THREADS = {"ws": 384, "wsa": 384, "ws4": 512, "ws4f8": 512, "wsf8": 384, "wsf8p": 384}
 # Schedules that read the ``fp8_656`` cache (decode only: prefill runs over the bf16 KV buffer).
-FP8_VARIANTS = frozenset({"ws4f8", "wsf8"})
+FP8_VARIANTS = frozenset({"ws4f8", "wsf8", "wsf8p"})
 
 
 def check_shape(heads: int, k: int, cfg: TLConfig) -> None:
@@ -221,7 +222,7 @@ def source_problems(src: str) -> list[str]:
     out = []
     if "wgmma" not in src:
         out.append("no wgmma GEMM")
-    fp8 = re.search(r"const fp8_e4_t\* __restrict__ (\w+)", src)
+    fp8 = re.search(r"(?:const )?fp8_e4_t\* __restrict__ (\w+)", src)  # not const when prefetched
     if fp8:  # the fp8_656 gathers load rows into registers: each load must sit under the index check
         from dsa_runtime.plugins.cuda_hopper.tilelang.setmaxnreg_check import setmaxnreg_problems
 
@@ -243,10 +244,11 @@ def source_problems(src: str) -> list[str]:
 
 def fp8_gather_problems(src: str, kv: str) -> list[str]:
     """What is wrong with the ``fp8_656`` gathers of ``src`` (whose cache parameter is named ``kv``): every read
-    of the cache must sit inside ``if ((0 <= row) && (row < n_kv)) {`` (so a ``-1`` is never read)."""
+    of the cache, and every L2 prefetch of a row, must sit inside an ``if`` that checks ``0 <= row`` and
+    ``row < n_kv`` of one variable (so a ``-1`` is never read)."""
     import re
 
-    guard = "if ((0 <= row) && (row < n_kv)) {"
+    guard_re = re.compile(r"^if \(.*\b0 <= (\w+)\).*\b\1 < n_kv\).*\{$")
     read = re.compile(rf"\b{kv}\b")
     stack = [False]  # per open brace: inside the guard?
     reads = 0
@@ -266,7 +268,7 @@ def fp8_gather_problems(src: str, kv: str) -> list[str]:
             if len(stack) > 1:
                 stack.pop()
         for _ in range(line.count("{")):
-            stack.append(stack[-1] or line == guard)
+            stack.append(stack[-1] or guard_re.match(line) is not None)
     return [] if reads else ["the fp8_656 cache is never read"]
 
 

@@ -57,7 +57,13 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
     (:mod:`.gather_fp8`)."""
     import tilelang.language as T
 
-    from dsa_runtime.plugins.cuda_hopper.tilelang.gather_fp8 import ROW_BYTES, fp8_gather_macro
+    from dsa_runtime.plugins.cuda_hopper.tilelang.gather_fp8 import (
+        PREFETCH_SRC,
+        ROW_BYTES,
+        fp8_gather_macro,
+        fp8_prefetch_macro,
+        lane_slot,
+    )
 
     hb, d, dr, half = HEAD_BLOCK, D_LATENT, D_ROPE, D_LATENT // 2
     overlap = cfg.variant == "wsa"
@@ -67,10 +73,12 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
     n_tok, n_kv = T.dynamic("n_tok"), T.dynamic("n_kv")
     bf16, f32 = "bfloat16", "float32"
     out_t = f32 if split else bf16
-    fp8 = cfg.variant == "wsf8"
+    fp8 = cfg.variant in ("wsf8", "wsf8p")
+    ahead = cfg.variant == "wsf8p"  # indices a chunk ahead, that chunk's rows prefetched into the L2
     kv_w, kv_t = (ROW_BYTES, "float8_e4m3fn") if fp8 else (D_QK, bf16)
     regs = REGS_FP8 if fp8 else REGS
-    fp8_gather = fp8_gather_macro(n_kv, FP8_IN_FLIGHT) if fp8 else None
+    fp8_gather = fp8_gather_macro(n_kv, FP8_IN_FLIGHT, given_index=ahead) if fp8 else None
+    prefetch_rows = fp8_prefetch_macro(n_kv) if ahead else None
 
     @T.macro
     def scores(acc_s, idx_sh, q_lat, q_rope, kv_lat, kv_rope, st, asynchronous):
@@ -119,7 +127,7 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
         Out: T.Tensor((n_tok, heads, d), out_t),
         Lse: T.Tensor((n_tok, heads), f32),
     ):
-        with T.Kernel(n_tok, heads // hb, threads=384) as (tok, hblk):
+        with T.Kernel(n_tok, heads // hb, threads=384, prelude=PREFETCH_SRC if ahead else None) as (tok, hblk):
             q_lat = T.alloc_shared((hb, d), bf16)
             q_rope = T.alloc_shared((hb, dr), bf16)
             kv_lat = T.alloc_shared((2, BI, d), bf16)
@@ -218,13 +226,30 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
             else:  # gather warpgroup
                 T.set_max_nreg(regs[2], 0)
                 g = tx - 256
+                if ahead:  # this lane's index of chunk 0 (cur) and of chunk 1 (nxt); chunk 0's row asked of the L2
+                    cur = T.alloc_var("int32")
+                    nxt = T.alloc_var("int32")
+                    nn = T.alloc_var("int32")
+                    cur = Idx[tok, lane_slot(g)]
+                    nxt = Idx[tok, T.min(BI, k - BI) + lane_slot(g)]
+                    prefetch_rows(KV, cur, g)
                 for r in T.serial(n_rounds):
                     for st in T.unroll(2):
                         if r * 2 + st < n_chunks:
-                            T.barrier_wait(free[st], (r + 1) % 2)
                             c0 = (r * 2 + st) * BI
-                            if fp8:
-                                fp8_gather(KV, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g)
+                            if ahead:
+                                # Chunk c + 1's rows into the L2 while chunk c waits and loads; chunk c + 2's
+                                # index is loaded now and first read a chunk later.
+                                if c0 + BI < k:
+                                    prefetch_rows(KV, nxt, g)
+                                nn = Idx[tok, T.min(c0 + 2 * BI, k - BI) + lane_slot(g)]
+                            T.barrier_wait(free[st], (r + 1) % 2)
+                            if ahead:
+                                fp8_gather(KV, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g, cur)
+                                cur = nxt
+                                nxt = nn
+                            elif fp8:
+                                fp8_gather(KV, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g, 0)
                             else:
                                 if g < BI // 4:  # the chunk's 64 indices: 16 threads x 4 int32
                                     T.ptx_cp_async(T.access_ptr(idx_sh[st, g * 4], "w", 4),
