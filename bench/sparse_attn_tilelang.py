@@ -9,7 +9,9 @@
    reference decode with ``layout="fp8_656"``: batch 4 with split-K and batch 64 unsplit, -1 rows, one empty
    query, unselected cache rows poisoned with e4m3 NaN bytes, outputs poisoned.
 2. Speed: prefill of 4096 queries over 8K and 32K keys, 128 heads, k 2048, for each candidate and the Triton
-   default in the same run (event-timed median, ``bench/common.time_ms``); bf16 decode batch 64 at a 32K context
+   default in the same run (``triton.testing.do_bench`` median through ``bench/common.bench_ms``: calls queued
+   back to back, as in a CUDA graph, so the host's launch overhead is not counted; the event-timed single calls
+   used before 2026-11-23 08:00 UTC counted it, ~50 us a decode call); bf16 decode batch 64 at a 32K context
    (page 64) for the default and Triton; ``fp8_656`` decode at batch 64 and 128 x 32K for each FP8 candidate and
    the Triton FP8 decode (``mla_fp8_decode.decode_fp8_656``). TFLOP/s with ``FLOPs = 2 * H * (576 + 512) * SIZES.k`` per query, and the %
    of a bf16 ``torch.matmul`` 8192^3 measured in the same run (issue 9: aim >= 55%).
@@ -38,7 +40,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import bf16_matmul_ceiling_tflops, time_ms, write_json  # noqa: E402
+from common import bench_ms, bf16_matmul_ceiling_tflops, write_json  # noqa: E402
 from sparse_attn_tilelang_setup import (  # noqa: E402
     PAGE,
     SCALE,
@@ -249,7 +251,7 @@ def timed(rows: list[dict], shape: str, label: str, fn, n_flops: int, ceiling: f
     t0 = time.time()
     step(f"timing {shape} {label}")
     try:
-        ms = time_ms(fn) if SIZES.dev == "cuda" else cpu_ms(fn)
+        ms = bench_ms(fn) if SIZES.dev == "cuda" else cpu_ms(fn)
     except Exception as exc:  # noqa: BLE001 - a candidate that fails to compile or run is a result
         why = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:200]
         print(f"  {shape:22s} {label:24s} FAILED: {why}", flush=True)

@@ -61,56 +61,79 @@ def fp8_prefetch_macro(n_kv: Any) -> Any:
     return prefetch_rows
 
 
-def fp8_gather_macro(n_kv: Any, in_flight: int = 1, given_index: bool = False) -> Any:
-    """The gather macro ``fp8_gather(KV8, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g[, mine])``: ``KV8``
+def fp8_gather_macro(n_kv: Any, in_flight: int = 1, given_index: bool = False, pipelined: bool = False) -> Any:
+    """The gather macro ``fp8_gather(KV8, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g, given)``: ``KV8``
     the ``[S, 656]`` e4m3 cache, ``g`` the thread's index in the gather warpgroup (0..127), chunk ``c0 .. c0 +
-    64`` of row ``tok`` into stage ``st``; ends with the warpgroup's arrival on ``ready[st]``. ``in_flight``: rows
-    a warp loads before converting any (6 registers a lane each): the loads of one row alone keep too few bytes
-    in flight to cover the memory latency. ``given_index``: the caller passes ``mine`` (the lane's index,
-    ``Idx[tok, c0 + lane_slot(g)]``, loaded a chunk ahead) instead of the macro loading it after the stage
-    is free."""
+    64`` of row ``tok`` into stage ``st``; ends with the warpgroup's arrival on ``ready[st]``.
+
+    ``in_flight``: rows a warp loads per pass before converting them (6 registers a lane each): the loads of one
+    row alone keep too few bytes in flight to cover the memory latency. ``pipelined``: two register buffers of
+    ``in_flight`` rows; the loads of pass ``p + 1`` are issued before the conversions of pass ``p``, so a warp
+    converts while its next rows are on the way. ``given_index``: ``given`` is the lane's index (``Idx[tok, c0 +
+    lane_slot(g)]``, loaded a chunk ahead by the caller) instead of the macro loading it once the stage is free
+    (otherwise ``given`` is unused)."""
     import tilelang.language as T
 
     bf16, f32, fp8 = "bfloat16", "float32", "float8_e4m3fn"
     r_n = in_flight
-    assert (BI // WARPS) % r_n == 0
+    passes = BI // WARPS // r_n
+    assert (BI // WARPS) % r_n == 0 and (not pipelined or passes % 2 == 0)
+    n_buf = 2 if pipelined else 1
+
+    @T.macro
+    def load_rows(KV8, KVS, KVR, lat8, sc, rope, mine, pp, b, lane):
+        """Rows of pass ``pp`` into register buffer ``b`` (a Python int: the buffers stay in registers)."""
+        row = T.alloc_var("int32")
+        for i in T.unroll(r_n):
+            row = T.shfl_sync(mine, pp * r_n + i)
+            if (row >= 0) and (row < n_kv):
+                for v in T.vectorized(16):
+                    lat8[b * r_n + i, v] = KV8[row, lane * 16 + v]
+                sc[b * r_n + i] = KVS[row, SCALE_AT + lane // 8]
+                for v in T.vectorized(2):
+                    rope[b * r_n + i, v] = KVR[row, ROPE_AT + lane * 2 + v]
+            else:  # -1 (or past the cache): a zero row, nothing read
+                for v in T.vectorized(16):
+                    lat8[b * r_n + i, v] = T.cast(0, fp8)
+                sc[b * r_n + i] = T.float32(0)
+                for v in T.vectorized(2):
+                    rope[b * r_n + i, v] = T.cast(0, bf16)
+
+    @T.macro
+    def store_rows(kv_lat, kv_rope, lat8, sc, rope, st, pp, b, lane, wid):
+        """Buffer ``b`` (pass ``pp``'s rows) converted to bf16 into the stage."""
+        for i in T.unroll(r_n):
+            dst = (pp * r_n + i) * WARPS + wid
+            for h2 in T.unroll(2):
+                for v in T.vectorized(8):
+                    kv_lat[st, dst, lane * 16 + h2 * 8 + v] = T.cast(
+                        T.cast(lat8[b * r_n + i, h2 * 8 + v], f32) * sc[b * r_n + i], bf16)
+            for v in T.vectorized(2):
+                kv_rope[st, dst, lane * 2 + v] = rope[b * r_n + i, v]
 
     @T.macro
     def fp8_gather(KV8, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g, given):
         # The scales and the rope through views of the same buffer: one base pointer and row offset for all.
         KVS = T.view(KV8, (n_kv, ROW_BYTES // 4), f32)
         KVR = T.view(KV8, (n_kv, ROW_BYTES // 2), bf16)
-        lat8 = T.alloc_local((r_n, 16), fp8)
-        sc = T.alloc_local((r_n,), f32)
-        rope = T.alloc_local((r_n, 2), bf16)
-        row = T.alloc_var("int32")
+        lat8 = T.alloc_local((n_buf * r_n, 16), fp8)
+        sc = T.alloc_local((n_buf * r_n,), f32)
+        rope = T.alloc_local((n_buf * r_n, 2), bf16)
         lane, wid = g % 32, g // 32
         if g < BI:
             idx_sh[st, g] = Idx[tok, c0 + g]
         mine = given if given_index else Idx[tok, c0 + lane_slot(g)]
-        for pp in T.serial(BI // WARPS // r_n):
-            for i in T.unroll(r_n):  # the loads of r_n rows first ...
-                row = T.shfl_sync(mine, pp * r_n + i)
-                if (row >= 0) and (row < n_kv):
-                    for v in T.vectorized(16):
-                        lat8[i, v] = KV8[row, lane * 16 + v]
-                    sc[i] = KVS[row, SCALE_AT + lane // 8]
-                    for v in T.vectorized(2):
-                        rope[i, v] = KVR[row, ROPE_AT + lane * 2 + v]
-                else:  # -1 (or past the cache): a zero row, nothing read
-                    for v in T.vectorized(16):
-                        lat8[i, v] = T.cast(0, fp8)
-                    sc[i] = T.float32(0)
-                    for v in T.vectorized(2):
-                        rope[i, v] = T.cast(0, bf16)
-            for i in T.unroll(r_n):  # ... then their conversions and stores
-                dst = (pp * r_n + i) * WARPS + wid
-                for h2 in T.unroll(2):
-                    for v in T.vectorized(8):
-                        kv_lat[st, dst, lane * 16 + h2 * 8 + v] = T.cast(
-                            T.cast(lat8[i, h2 * 8 + v], f32) * sc[i], bf16)
-                for v in T.vectorized(2):
-                    kv_rope[st, dst, lane * 2 + v] = rope[i, v]
+        if pipelined:
+            load_rows(KV8, KVS, KVR, lat8, sc, rope, mine, 0, 0, lane)
+            for q in T.serial(passes // 2):
+                for b in T.unroll(2):
+                    if q * 2 + b + 1 < passes:
+                        load_rows(KV8, KVS, KVR, lat8, sc, rope, mine, q * 2 + b + 1, 1 - b, lane)
+                    store_rows(kv_lat, kv_rope, lat8, sc, rope, st, q * 2 + b, b, lane, wid)
+        else:
+            for pp in T.serial(passes):
+                load_rows(KV8, KVS, KVR, lat8, sc, rope, mine, pp, 0, lane)
+                store_rows(kv_lat, kv_rope, lat8, sc, rope, st, pp, 0, lane, wid)
         T.fence_proxy_async()  # generic-proxy stores of the stage, read next by wgmma (async proxy)
         T.barrier_arrive(ready[st])
 

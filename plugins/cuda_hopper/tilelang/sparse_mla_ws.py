@@ -48,6 +48,8 @@ REGS = (240, None, 56)  # score (inc), value (the launch count: no setmaxnreg), 
 # gets 248 (at 240 ptxas spilled 8 bytes there in this build): (248 + 168 + 88) * 128 = 168 * 384, the pool.
 REGS_FP8 = (248, None, 88)
 FP8_IN_FLIGHT = 4  # wsf8: rows a gather warp loads before converting (8 spilled at 88 registers)
+# wsf8p8: eight rows a pass; wsf8pp: two buffers of four rows, the next pass loading while this one converts.
+REGS_FP8_8 = (248, None, 88)
 
 
 def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = False) -> Any:
@@ -73,11 +75,13 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
     n_tok, n_kv = T.dynamic("n_tok"), T.dynamic("n_kv")
     bf16, f32 = "bfloat16", "float32"
     out_t = f32 if split else bf16
-    fp8 = cfg.variant in ("wsf8", "wsf8p")
-    ahead = cfg.variant == "wsf8p"  # indices a chunk ahead, that chunk's rows prefetched into the L2
+    fp8 = cfg.variant in ("wsf8", "wsf8p", "wsf8p8", "wsf8pp")
+    ahead = fp8 and cfg.variant != "wsf8"  # indices a chunk ahead, that chunk's rows prefetched into the L2
     kv_w, kv_t = (ROW_BYTES, "float8_e4m3fn") if fp8 else (D_QK, bf16)
-    regs = REGS_FP8 if fp8 else REGS
-    fp8_gather = fp8_gather_macro(n_kv, FP8_IN_FLIGHT, given_index=ahead) if fp8 else None
+    regs = (REGS_FP8_8 if cfg.variant in ("wsf8p8", "wsf8pp") else REGS_FP8) if fp8 else REGS
+    in_flight = 8 if cfg.variant == "wsf8p8" else FP8_IN_FLIGHT
+    fp8_gather = (fp8_gather_macro(n_kv, in_flight, given_index=ahead, pipelined=cfg.variant == "wsf8pp")
+                  if fp8 else None)
     prefetch_rows = fp8_prefetch_macro(n_kv) if ahead else None
 
     @T.macro
@@ -208,6 +212,8 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
                 T.copy(acc_o_lo, Out[tok, h0 : h0 + hb, 0:half])
                 T.copy(l_blk, Lse[tok, h0 : h0 + hb])
             elif tx < 256:  # value warpgroup: stays at the launch count (151 registers used; see the docstring)
+                if regs[1] is not None:
+                    T.set_max_nreg(regs[1], 0)
                 T.fill(acc_o_hi, 0)
                 for r in T.serial(n_rounds):
                     for st in T.unroll(2):
