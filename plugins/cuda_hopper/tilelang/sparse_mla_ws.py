@@ -39,6 +39,7 @@ each gather warp loading 4 rows (24 registers a lane) before converting them.
 # No ``from __future__ import annotations``: TileLang evaluates the kernel's annotations, which name locals.
 from typing import Any
 
+from dsa_runtime.plugins.cuda_hopper.tilelang.gather_fp8_staged import SBI
 from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import D_LATENT, D_QK, D_ROPE, HEAD_BLOCK, LN2, LOG2E
 
 BI = 64
@@ -66,28 +67,36 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
         fp8_prefetch_macro,
         lane_slot,
     )
+    from dsa_runtime.plugins.cuda_hopper.tilelang.gather_fp8_staged import (
+        RAW_STAGES,
+        staged_buffers,
+        staged_gather_macro,
+    )
 
     hb, d, dr, half = HEAD_BLOCK, D_LATENT, D_ROPE, D_LATENT // 2
     overlap = cfg.variant == "wsa"
-    n_chunks = k // BI
+    bi = SBI if cfg.variant == "wsf8s" else BI  # rows per chunk (ring stage)
+    n_chunks = k // bi
     n_rounds = -(-n_chunks // 2)
     scale2 = sm_scale * LOG2E
     n_tok, n_kv = T.dynamic("n_tok"), T.dynamic("n_kv")
     bf16, f32 = "bfloat16", "float32"
     out_t = f32 if split else bf16
-    fp8 = cfg.variant in ("wsf8", "wsf8p", "wsf8p8", "wsf8pp")
-    ahead = fp8 and cfg.variant != "wsf8"  # indices a chunk ahead, that chunk's rows prefetched into the L2
+    staged = cfg.variant == "wsf8s"  # raw rows staged by cp.async, 32-row blocks (.gather_fp8_staged)
+    fp8 = cfg.variant in ("wsf8", "wsf8p", "wsf8p8", "wsf8pp", "wsf8s")
+    ahead = fp8 and cfg.variant not in ("wsf8", "wsf8s")  # indices a chunk ahead, that chunk's rows prefetched into the L2
     kv_w, kv_t = (ROW_BYTES, "float8_e4m3fn") if fp8 else (D_QK, bf16)
     regs = (REGS_FP8_8 if cfg.variant in ("wsf8p8", "wsf8pp") else REGS_FP8) if fp8 else REGS
     in_flight = 8 if cfg.variant == "wsf8p8" else FP8_IN_FLIGHT
     fp8_gather = (fp8_gather_macro(n_kv, in_flight, given_index=ahead, pipelined=cfg.variant == "wsf8pp")
                   if fp8 else None)
     prefetch_rows = fp8_prefetch_macro(n_kv) if ahead else None
+    staged_gather = staged_gather_macro(n_kv, k) if staged else None
 
     @T.macro
     def scores(acc_s, idx_sh, q_lat, q_rope, kv_lat, kv_rope, st, asynchronous):
         """acc_s = mask + Q . K^T of stage ``st`` (issued only, when ``asynchronous``)."""
-        for h, j in T.Parallel(hb, BI):
+        for h, j in T.Parallel(hb, bi):
             acc_s[h, j] = T.if_then_else(
                 (idx_sh[st, j] >= 0) and (idx_sh[st, j] < n_kv), 0, -T.infinity(f32))
         if asynchronous:
@@ -104,7 +113,7 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
         T.reduce_max(acc_s, m_i, dim=1, clear=False)
         for h in T.Parallel(hb):
             alpha[h] = T.exp2((m_prev[h] - m_i[h]) * scale2)
-        for h, j in T.Parallel(hb, BI):
+        for h, j in T.Parallel(hb, bi):
             acc_s[h, j] = T.exp2(acc_s[h, j] * scale2 - m_i[h] * scale2)
         T.reduce_sum(acc_s, l_blk, dim=1)
         for h in T.Parallel(hb):
@@ -134,14 +143,14 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
         with T.Kernel(n_tok, heads // hb, threads=384, prelude=PREFETCH_SRC if ahead else None) as (tok, hblk):
             q_lat = T.alloc_shared((hb, d), bf16)
             q_rope = T.alloc_shared((hb, dr), bf16)
-            kv_lat = T.alloc_shared((2, BI, d), bf16)
-            kv_rope = T.alloc_shared((2, BI, dr), bf16)
-            idx_sh = T.alloc_shared((2, BI), "int32")
-            p_sh = T.alloc_shared((hb, BI), bf16)
+            kv_lat = T.alloc_shared((2, bi, d), bf16)
+            kv_rope = T.alloc_shared((2, bi, dr), bf16)
+            idx_sh = T.alloc_shared((2, bi), "int32")
+            p_sh = T.alloc_shared((hb, bi), bf16)
             alpha_sh = T.alloc_shared((hb,), f32)
             l_sh = T.alloc_shared((hb,), f32)
 
-            acc_s = T.alloc_fragment((hb, BI), f32)
+            acc_s = T.alloc_fragment((hb, bi), f32)
             acc_o_lo = T.alloc_fragment((hb, half), f32)
             acc_o_hi = T.alloc_fragment((hb, half), f32)
             m_i = T.alloc_fragment((hb,), f32)
@@ -151,6 +160,9 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
             alpha = T.alloc_fragment((hb,), f32)
             row = T.alloc_var("int32")
 
+            if staged:
+                raw_lat, raw_sc, raw_rope = staged_buffers(T)
+                raw_ready = T.alloc_barrier([128] * RAW_STAGES)
             ready = T.alloc_barrier([128, 128])
             free = T.alloc_barrier([256, 256])
             p_ready = T.alloc_barrier(128)
@@ -183,7 +195,7 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
                                     T.wgmma_gemm(p_sh, kv_lat[st, :, 0:half], acc_o_lo)
                                     T.wait_wgmma(1)  # the scores of c + 1 are in; P(c) . V(c) may still run
                                     # Pin the accumulators after each wait: nvcc must not hoist their reads above it.
-                                    T.warpgroup_fence_operand(acc_s, num_regs=hb * BI // 128)
+                                    T.warpgroup_fence_operand(acc_s, num_regs=hb * bi // 128)
                                     softmax(acc_s, m_i, m_prev, l_i, l_blk, alpha)
                                     T.wait_wgmma(0)
                                     T.warpgroup_fence_operand(acc_o_lo, num_regs=hb * half // 128)
@@ -232,6 +244,9 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
             else:  # gather warpgroup
                 T.set_max_nreg(regs[2], 0)
                 g = tx - 256
+                if staged:
+                    staged_gather(KV, Idx, raw_lat, raw_sc, raw_rope, raw_ready, idx_sh, kv_lat, kv_rope, ready,
+                                  free, tok, g)
                 if ahead:  # this lane's index of chunk 0 (cur) and of chunk 1 (nxt); chunk 0's row asked of the L2
                     cur = T.alloc_var("int32")
                     nxt = T.alloc_var("int32")
@@ -239,7 +254,7 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
                     cur = Idx[tok, lane_slot(g)]
                     nxt = Idx[tok, T.min(BI, k - BI) + lane_slot(g)]
                     prefetch_rows(KV, cur, g)
-                for r in T.serial(n_rounds):
+                for r in T.serial(0 if staged else n_rounds):
                     for st in T.unroll(2):
                         if r * 2 + st < n_chunks:
                             c0 = (r * 2 + st) * BI
