@@ -61,7 +61,8 @@ def fp8_prefetch_macro(n_kv: Any) -> Any:
     return prefetch_rows
 
 
-def fp8_gather_macro(n_kv: Any, in_flight: int = 1, given_index: bool = False, pipelined: bool = False) -> Any:
+def fp8_gather_macro(n_kv: Any, in_flight: int = 1, given_index: bool = False, pipelined: bool = False,
+                     out: str = "bfloat16") -> Any:
     """The gather macro ``fp8_gather(KV8, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g, given)``: ``KV8``
     the ``[S, 656]`` e4m3 cache, ``g`` the thread's index in the gather warpgroup (0..127), chunk ``c0 .. c0 +
     64`` of row ``tok`` into stage ``st``; ends with the warpgroup's arrival on ``ready[st]``.
@@ -71,10 +72,12 @@ def fp8_gather_macro(n_kv: Any, in_flight: int = 1, given_index: bool = False, p
     ``in_flight`` rows; the loads of pass ``p + 1`` are issued before the conversions of pass ``p``, so a warp
     converts while its next rows are on the way. ``given_index``: ``given`` is the lane's index (``Idx[tok, c0 +
     lane_slot(g)]``, loaded a chunk ahead by the caller) instead of the macro loading it once the stage is free
-    (otherwise ``given`` is unused)."""
+    (otherwise ``given`` is unused). ``out``: the stage's dtype (``"float16"``: e4m3 -> fp16 and the scale
+    multiplied in fp16, saturating at the fp16 range; the rope converted from bf16)."""
     import tilelang.language as T
 
-    bf16, f32, fp8 = "bfloat16", "float32", "float8_e4m3fn"
+    bf16, f16, f32, fp8 = "bfloat16", "float16", "float32", "float8_e4m3fn"
+    half = out == f16
     r_n = in_flight
     passes = BI // WARPS // r_n
     assert (BI // WARPS) % r_n == 0 and (not pipelined or passes % 2 == 0)
@@ -104,12 +107,20 @@ def fp8_gather_macro(n_kv: Any, in_flight: int = 1, given_index: bool = False, p
         """Buffer ``b`` (pass ``pp``'s rows) converted to bf16 into the stage."""
         for i in T.unroll(r_n):
             dst = (pp * r_n + i) * WARPS + wid
-            for h2 in T.unroll(2):
-                for v in T.vectorized(8):
-                    kv_lat[st, dst, lane * 16 + h2 * 8 + v] = T.cast(
-                        T.cast(lat8[b * r_n + i, h2 * 8 + v], f32) * sc[b * r_n + i], bf16)
-            for v in T.vectorized(2):
-                kv_rope[st, dst, lane * 2 + v] = rope[b * r_n + i, v]
+            if half:
+                sc_h = T.cast(sc[b * r_n + i], f16)
+                for h2 in T.unroll(2):
+                    for v in T.vectorized(8):
+                        kv_lat[st, dst, lane * 16 + h2 * 8 + v] = T.cast(lat8[b * r_n + i, h2 * 8 + v], f16) * sc_h
+                for v in T.vectorized(2):
+                    kv_rope[st, dst, lane * 2 + v] = T.cast(T.cast(rope[b * r_n + i, v], f32), f16)
+            else:
+                for h2 in T.unroll(2):
+                    for v in T.vectorized(8):
+                        kv_lat[st, dst, lane * 16 + h2 * 8 + v] = T.cast(
+                            T.cast(lat8[b * r_n + i, h2 * 8 + v], f32) * sc[b * r_n + i], bf16)
+                for v in T.vectorized(2):
+                    kv_rope[st, dst, lane * 2 + v] = rope[b * r_n + i, v]
 
     @T.macro
     def fp8_gather(KV8, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g, given):

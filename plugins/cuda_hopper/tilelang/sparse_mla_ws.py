@@ -83,12 +83,15 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
     bf16, f32 = "bfloat16", "float32"
     out_t = f32 if split else bf16
     staged = cfg.variant == "wsf8s"  # raw rows staged by cp.async, 32-row blocks (.gather_fp8_staged)
-    fp8 = cfg.variant in ("wsf8", "wsf8p", "wsf8p8", "wsf8pp", "wsf8s")
-    ahead = fp8 and cfg.variant not in ("wsf8", "wsf8s")  # indices a chunk ahead, that chunk's rows prefetched into the L2
+    fp8 = cfg.variant in ("wsf8", "wsf8p", "wsf8p8", "wsf8pp", "wsf8s", "wsf8h")
+    ahead = fp8 and cfg.variant not in ("wsf8", "wsf8s", "wsf8h")
+    # wsf8h: the tensor-core operands (Q, the gathered rows, P) in fp16: e4m3 -> fp16 is one instruction a pair
+    # and the scale one fp16 multiply a pair, where bf16 goes through fp32 (three instructions a value).
+    mm_t = "float16" if cfg.variant == "wsf8h" else "bfloat16"  # indices a chunk ahead, that chunk's rows prefetched into the L2
     kv_w, kv_t = (ROW_BYTES, "float8_e4m3fn") if fp8 else (D_QK, bf16)
     regs = (REGS_FP8_8 if cfg.variant in ("wsf8p8", "wsf8pp") else REGS_FP8) if fp8 else REGS
     in_flight = 8 if cfg.variant == "wsf8p8" else FP8_IN_FLIGHT
-    fp8_gather = (fp8_gather_macro(n_kv, in_flight, given_index=ahead, pipelined=cfg.variant == "wsf8pp")
+    fp8_gather = (fp8_gather_macro(n_kv, in_flight, given_index=ahead, pipelined=cfg.variant == "wsf8pp", out=mm_t)
                   if fp8 else None)
     prefetch_rows = fp8_prefetch_macro(n_kv) if ahead else None
     staged_gather = staged_gather_macro(n_kv, k) if staged else None
@@ -141,12 +144,12 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
         Lse: T.Tensor((n_tok, heads), f32),
     ):
         with T.Kernel(n_tok, heads // hb, threads=384, prelude=PREFETCH_SRC if ahead else None) as (tok, hblk):
-            q_lat = T.alloc_shared((hb, d), bf16)
-            q_rope = T.alloc_shared((hb, dr), bf16)
-            kv_lat = T.alloc_shared((2, bi, d), bf16)
-            kv_rope = T.alloc_shared((2, bi, dr), bf16)
+            q_lat = T.alloc_shared((hb, d), mm_t)
+            q_rope = T.alloc_shared((hb, dr), mm_t)
+            kv_lat = T.alloc_shared((2, bi, d), mm_t)
+            kv_rope = T.alloc_shared((2, bi, dr), mm_t)
             idx_sh = T.alloc_shared((2, bi), "int32")
-            p_sh = T.alloc_shared((hb, bi), bf16)
+            p_sh = T.alloc_shared((hb, bi), mm_t)
             alpha_sh = T.alloc_shared((hb,), f32)
             l_sh = T.alloc_shared((hb,), f32)
 
