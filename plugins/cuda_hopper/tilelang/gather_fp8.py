@@ -62,7 +62,7 @@ def fp8_prefetch_macro(n_kv: Any) -> Any:
 
 
 def fp8_gather_macro(n_kv: Any, in_flight: int = 1, given_index: bool = False, pipelined: bool = False,
-                     out: str = "bfloat16") -> Any:
+                     out: str = "bfloat16", half_rows: bool = False) -> Any:
     """The gather macro ``fp8_gather(KV8, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g, given)``: ``KV8``
     the ``[S, 656]`` e4m3 cache, ``g`` the thread's index in the gather warpgroup (0..127), chunk ``c0 .. c0 +
     64`` of row ``tok`` into stage ``st``; ends with the warpgroup's arrival on ``ready[st]``.
@@ -73,7 +73,9 @@ def fp8_gather_macro(n_kv: Any, in_flight: int = 1, given_index: bool = False, p
     converts while its next rows are on the way. ``given_index``: ``given`` is the lane's index (``Idx[tok, c0 +
     lane_slot(g)]``, loaded a chunk ahead by the caller) instead of the macro loading it once the stage is free
     (otherwise ``given`` is unused). ``out``: the stage's dtype (``"float16"``: e4m3 -> fp16 and the scale
-    multiplied in fp16, saturating at the fp16 range; the rope converted from bf16)."""
+    multiplied in fp16; the rope converted from bf16). ``half_rows`` (``wsf8c``): only rows ``32 rank .. + 32``
+    (``rank`` the macro's last argument) and no arrival on ``ready`` (the caller pushes the half to the peer CTA
+    first: :mod:`.cluster_push`)."""
     import tilelang.language as T
 
     bf16, f16, f32, fp8 = "bfloat16", "float16", "float32", "float8_e4m3fn"
@@ -123,7 +125,7 @@ def fp8_gather_macro(n_kv: Any, in_flight: int = 1, given_index: bool = False, p
                     kv_rope[st, dst, lane * 2 + v] = rope[b * r_n + i, v]
 
     @T.macro
-    def fp8_gather(KV8, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g, given):
+    def fp8_gather(KV8, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g, given, rank):
         # The scales and the rope through views of the same buffer: one base pointer and row offset for all.
         KVS = T.view(KV8, (n_kv, ROW_BYTES // 4), f32)
         KVR = T.view(KV8, (n_kv, ROW_BYTES // 2), bf16)
@@ -141,11 +143,16 @@ def fp8_gather_macro(n_kv: Any, in_flight: int = 1, given_index: bool = False, p
                     if q * 2 + b + 1 < passes:
                         load_rows(KV8, KVS, KVR, lat8, sc, rope, mine, q * 2 + b + 1, 1 - b, lane)
                     store_rows(kv_lat, kv_rope, lat8, sc, rope, st, q * 2 + b, b, lane, wid)
+        elif half_rows:
+            for pp in T.serial(passes // 2):
+                load_rows(KV8, KVS, KVR, lat8, sc, rope, mine, rank * (passes // 2) + pp, 0, lane)
+                store_rows(kv_lat, kv_rope, lat8, sc, rope, st, rank * (passes // 2) + pp, 0, lane, wid)
         else:
             for pp in T.serial(passes):
                 load_rows(KV8, KVS, KVR, lat8, sc, rope, mine, pp, 0, lane)
                 store_rows(kv_lat, kv_rope, lat8, sc, rope, st, pp, 0, lane, wid)
-        T.fence_proxy_async()  # generic-proxy stores of the stage, read next by wgmma (async proxy)
-        T.barrier_arrive(ready[st])
+        T.fence_proxy_async()  # generic-proxy stores of the stage, read next by wgmma / bulk copies (async proxy)
+        if not half_rows:
+            T.barrier_arrive(ready[st])
 
     return fp8_gather

@@ -83,11 +83,12 @@ CANDIDATES = (
     TLConfig(block_i=64, num_stages=2, threads=384, variant="wsf8pp"),
     TLConfig(block_i=64, num_stages=2, threads=384, variant="wsf8s"),
     TLConfig(block_i=64, num_stages=2, threads=384, variant="wsf8h"),
+    TLConfig(block_i=64, num_stages=2, threads=384, variant="wsf8c"),
 )
 # Threads each warp-specialised schedule runs (their block_i is 64).
-WS_THREADS = {"ws": 384, "wsa": 384, "ws4": 512, "ws4f8": 512, "wsf8": 384, "wsf8p": 384, "wsf8p8": 384, "wsf8pp": 384, "wsf8s": 384, "wsf8h": 384}
+WS_THREADS = {"ws": 384, "wsa": 384, "ws4": 512, "ws4f8": 512, "wsf8": 384, "wsf8p": 384, "wsf8p8": 384, "wsf8pp": 384, "wsf8s": 384, "wsf8h": 384, "wsf8c": 384}
 # Schedules that read the ``fp8_656`` cache (decode only: prefill runs over the bf16 KV buffer).
-FP8_VARIANTS = frozenset({"ws4f8", "wsf8", "wsf8p", "wsf8p8", "wsf8pp", "wsf8s", "wsf8h"})
+FP8_VARIANTS = frozenset({"ws4f8", "wsf8", "wsf8p", "wsf8p8", "wsf8pp", "wsf8s", "wsf8h", "wsf8c"})
 
 
 def check_shape(heads: int, k: int, cfg: TLConfig) -> None:

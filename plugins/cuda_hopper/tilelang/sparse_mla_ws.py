@@ -67,6 +67,7 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
         fp8_prefetch_macro,
         lane_slot,
     )
+    from dsa_runtime.plugins.cuda_hopper.tilelang.cluster_push import CLUSTER_SRC, PUSH_BYTES
     from dsa_runtime.plugins.cuda_hopper.tilelang.gather_fp8_staged import (
         RAW_STAGES,
         staged_buffers,
@@ -83,16 +84,20 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
     bf16, f32 = "bfloat16", "float32"
     out_t = f32 if split else bf16
     staged = cfg.variant == "wsf8s"  # raw rows staged by cp.async, 32-row blocks (.gather_fp8_staged)
-    fp8 = cfg.variant in ("wsf8", "wsf8p", "wsf8p8", "wsf8pp", "wsf8s", "wsf8h")
-    ahead = fp8 and cfg.variant not in ("wsf8", "wsf8s", "wsf8h")
+    fp8 = cfg.variant in ("wsf8", "wsf8p", "wsf8p8", "wsf8pp", "wsf8s", "wsf8h", "wsf8c")
+    ahead = cfg.variant in ("wsf8p", "wsf8p8", "wsf8pp")
+    cluster = cfg.variant == "wsf8c"  # the two head blocks of a row share the gather (.cluster_push)
+    if cluster and heads // hb != 2:
+        raise ValueError(f"the wsf8c schedule pairs the two 64-head blocks of 128 heads, got {heads} heads")
     # wsf8h: the tensor-core operands (Q, the gathered rows, P) in fp16: e4m3 -> fp16 is one instruction a pair
     # and the scale one fp16 multiply a pair, where bf16 goes through fp32 (three instructions a value).
-    mm_t = "float16" if cfg.variant == "wsf8h" else "bfloat16"  # indices a chunk ahead, that chunk's rows prefetched into the L2
+    mm_t = "float16" if cfg.variant in ("wsf8h", "wsf8c") else "bfloat16"  # indices a chunk ahead, that chunk's rows prefetched into the L2
     kv_w, kv_t = (ROW_BYTES, "float8_e4m3fn") if fp8 else (D_QK, bf16)
     regs = (REGS_FP8_8 if cfg.variant in ("wsf8p8", "wsf8pp") else REGS_FP8) if fp8 else REGS
     in_flight = 8 if cfg.variant == "wsf8p8" else FP8_IN_FLIGHT
-    fp8_gather = (fp8_gather_macro(n_kv, in_flight, given_index=ahead, pipelined=cfg.variant == "wsf8pp", out=mm_t)
-                  if fp8 else None)
+    fp8_gather = (fp8_gather_macro(n_kv, in_flight, given_index=ahead, pipelined=cfg.variant == "wsf8pp", out=mm_t,
+                                   half_rows=cluster) if fp8 else None)
+    prelude = CLUSTER_SRC if cluster else (PREFETCH_SRC if ahead else None)
     prefetch_rows = fp8_prefetch_macro(n_kv) if ahead else None
     staged_gather = staged_gather_macro(n_kv, k) if staged else None
 
@@ -135,6 +140,13 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
             acc_o_lo[h, e] *= alpha[h]
 
 
+    @T.macro
+    def release(free, st, hblk):
+        """This consumer thread is done with stage ``st`` (wsf8c: in the peer CTA's count as well)."""
+        T.barrier_arrive(free[st])
+        if cluster:
+            T.mbarrier_arrive(free[st], 1 - hblk)
+
     @T.prim_func
     def sparse_mla_ws(
         Q: T.Tensor((n_tok, heads, D_QK), bf16),
@@ -143,7 +155,8 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
         Out: T.Tensor((n_tok, heads, d), out_t),
         Lse: T.Tensor((n_tok, heads), f32),
     ):
-        with T.Kernel(n_tok, heads // hb, threads=384, prelude=PREFETCH_SRC if ahead else None) as (tok, hblk):
+        with T.Kernel(n_tok, heads // hb, threads=384, prelude=prelude,
+                      cluster_dims=(1, 2, 1) if cluster else None) as (tok, hblk):
             q_lat = T.alloc_shared((hb, d), mm_t)
             q_rope = T.alloc_shared((hb, dr), mm_t)
             kv_lat = T.alloc_shared((2, bi, d), mm_t)
@@ -167,13 +180,16 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
                 raw_lat, raw_sc, raw_rope = staged_buffers(T)
                 raw_ready = T.alloc_barrier([128] * RAW_STAGES)
             ready = T.alloc_barrier([128, 128])
-            free = T.alloc_barrier([256, 256])
+            # wsf8c: both CTAs' consumers free a stage (the peer's arrive remotely)
+            free = T.alloc_cluster_barrier([512, 512]) if cluster else T.alloc_barrier([256, 256])
             p_ready = T.alloc_barrier(128)
             p_free = T.alloc_barrier(128)
             done = T.alloc_barrier(128)
 
             tx = T.get_thread_binding()
             h0 = hblk * hb
+            if cluster:  # the peer's barriers are initialised before anyone arrives on them remotely
+                T.call_extern("handle", "dsa_cluster_sync")
 
             if tx < 128:  # score warpgroup (the only reader of Q: it loads Q while the first gathers run)
                 T.set_max_nreg(regs[0], 1)
@@ -202,11 +218,11 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
                                     softmax(acc_s, m_i, m_prev, l_i, l_blk, alpha)
                                     T.wait_wgmma(0)
                                     T.warpgroup_fence_operand(acc_o_lo, num_regs=hb * half // 128)
-                                    T.barrier_arrive(free[st])
+                                    release(free, st, hblk)
                                     publish(acc_s, alpha, p_sh, alpha_sh, acc_o_lo, p_ready, p_free, r * 2 + st + 1)
                                 else:
                                     T.gemm(p_sh, kv_lat[st, :, 0:half], acc_o_lo)
-                                    T.barrier_arrive(free[st])
+                                    release(free, st, hblk)
                 else:
                     for r in T.serial(n_rounds):
                         for st in T.unroll(2):
@@ -216,7 +232,7 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
                                 softmax(acc_s, m_i, m_prev, l_i, l_blk, alpha)
                                 publish(acc_s, alpha, p_sh, alpha_sh, acc_o_lo, p_ready, p_free, r * 2 + st)
                                 T.gemm(p_sh, kv_lat[st, :, 0:half], acc_o_lo)
-                                T.barrier_arrive(free[st])
+                                release(free, st, hblk)
                 T.copy(l_i, l_sh)
                 T.barrier_arrive(done)
                 for h, e in T.Parallel(hb, half):
@@ -239,7 +255,7 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
                                 acc_o_hi[h, e] *= alpha_sh[h]
                             T.gemm(p_sh, kv_lat[st, :, half:d], acc_o_hi)
                             T.barrier_arrive(p_free)
-                            T.barrier_arrive(free[st])
+                            release(free, st, hblk)
                 T.barrier_wait(done, 0)
                 for h, e in T.Parallel(hb, half):
                     acc_o_hi[h, e] = T.if_then_else(l_sh[h] > 0, acc_o_hi[h, e] / l_sh[h], 0)
@@ -269,11 +285,21 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
                                 nn = Idx[tok, T.min(c0 + 2 * BI, k - BI) + lane_slot(g)]
                             T.barrier_wait(free[st], (r + 1) % 2)
                             if ahead:
-                                fp8_gather(KV, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g, cur)
+                                fp8_gather(KV, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g, cur, 0)
                                 cur = nxt
                                 nxt = nn
+                            elif cluster:
+                                fp8_gather(KV, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g, 0, hblk)
+                                T.sync_threads(7, 128)  # the warpgroup's half is in shared memory (and fenced)
+                                if g == 0:
+                                    T.call_extern("handle", "dsa_push_half_stage", T.access_ptr(kv_lat[st, 0, 0], "r"),
+                                                  T.access_ptr(kv_rope[st, 0, 0], "r"), T.address_of(ready[st]), hblk,
+                                                  1 - hblk)
+                                    T.mbarrier_arrive_expect_tx(ready[st], PUSH_BYTES)
+                                else:
+                                    T.barrier_arrive(ready[st])
                             elif fp8:
-                                fp8_gather(KV, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g, 0)
+                                fp8_gather(KV, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g, 0, 0)
                             else:
                                 if g < BI // 4:  # the chunk's 64 indices: 16 threads x 4 int32
                                     T.ptx_cp_async(T.access_ptr(idx_sh[st, g * 4], "w", 4),
@@ -289,5 +315,7 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
                                     T.ptx_cp_async(T.access_ptr(kv_rope[st, dst, (g % 8) * 8], "w", 8),
                                                    T.access_ptr(KV[src, d + (g % 8) * 8], "r", 8), 8, ok)
                                 T.cp_async_barrier_noinc(ready[st])
+            if cluster:  # no CTA leaves while its peer may still push into it or arrive on its barriers
+                T.call_extern("handle", "dsa_cluster_sync")
 
     return sparse_mla_ws
