@@ -190,12 +190,13 @@ def test_decode_split_bookkeeping_equals_the_reference(monkeypatch, splits):
     assert torch.isposinf(lse[0, 0]).all() and (out[0, 0] == 0).all()
 
 
-@pytest.mark.parametrize("splits", [1, 2])
-def test_fp8_decode_routes_the_e4m3_rows_to_the_fp8_kernel(monkeypatch, splits):
-    """layout="fp8_656": the flat [S, 656] rows reach the kernel as e4m3 with the FP8 launch shape, and the
-    result (stand-in kernel) equals the reference fp8_656 decode; unselected rows are NaN garbage."""
+@pytest.mark.parametrize(("splits", "heads"), [(1, 64), (2, 64), (1, 128)])
+def test_fp8_decode_routes_the_e4m3_rows_to_the_fp8_kernel(monkeypatch, splits, heads):
+    """layout="fp8_656": the flat [S, 656] rows reach the kernel as e4m3 with the FP8 launch shape (the paired
+    wsf8c for 128 heads, wsf8h for one 64-head block), and the result (stand-in kernel) equals the reference
+    fp8_656 decode; unselected rows are NaN garbage."""
     import dsa_runtime.plugins.cuda_hopper.triton as triton_pkg
-    from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import FP8_DECODE_CONFIG
+    from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import FP8_DECODE_CONFIG, FP8_DECODE_CONFIG_64
     from dsa_runtime.testing.fp8util import pack_mla_656, random_bytes
 
     combine_mod = types.ModuleType("sparse_mla_combine")
@@ -204,12 +205,13 @@ def test_fp8_decode_routes_the_e4m3_rows_to_the_fp8_kernel(monkeypatch, splits):
     seen = []
 
     def run(self, q, kv, idx, sm_scale, split, decode=False):
-        seen.append((kv.dtype, tuple(kv.shape), self._config(idx.shape[-1], decode, kv.dtype == torch.float8_e4m3fn)))
+        seen.append((kv.dtype, tuple(kv.shape),
+                     self._config(idx.shape[-1], decode, kv.dtype == torch.float8_e4m3fn, q.shape[1])))
         return _torch_run(self, q, kv, idx, sm_scale, split, decode)
 
     monkeypatch.setattr(tl_attn.TileLangSparseAttn, "_run", run)
     gen = torch.Generator().manual_seed(5)
-    b, n_q, heads, pages, k = 2, 2, 64, 5, 128
+    b, n_q, pages, k = 2, 2, 5, 128
     idx = torch.stack([torch.randperm(pages * 64 - 64, generator=gen)[:k] + 64 for _ in range(b * n_q)])
     idx = idx.to(torch.int32).view(b, n_q, k)
     idx[0, 1] = -1  # an empty query
@@ -223,7 +225,9 @@ def test_fp8_decode_routes_the_e4m3_rows_to_the_fp8_kernel(monkeypatch, splits):
     q = torch.randn(b, n_q, heads, 576, generator=gen).bfloat16()
     out, lse = tl_attn.TileLangSparseAttn(decode_splits=splits).decode(q, cache, idx, 0.135234, layout="fp8_656")
     want_out, want_lse = ReferenceSparseAttn().decode(q, cache, idx, 0.135234, layout="fp8_656")
-    assert seen == [(torch.float8_e4m3fn, (pages * 64, 656), FP8_DECODE_CONFIG)]
+    want_cfg = FP8_DECODE_CONFIG if heads == 128 else FP8_DECODE_CONFIG_64
+    assert seen == [(torch.float8_e4m3fn, (pages * 64, 656), want_cfg)]
+    assert want_cfg.variant == ("wsf8c" if heads == 128 else "wsf8h")
     torch.testing.assert_close(out.float(), want_out.float(), rtol=0.02, atol=0.02)
     torch.testing.assert_close(lse, want_lse, rtol=1e-5, atol=1e-4)
     assert torch.isposinf(lse[0, 1]).all() and (out[0, 1] == 0).all()
@@ -243,14 +247,17 @@ def test_fp8_and_bf16_launch_shapes_are_chosen_apart(monkeypatch):
     monkeypatch.delenv(tl_attn.CONFIG_ENV, raising=False)
     assert FP8_DECODE_CONFIG.variant in FP8_VARIANTS and DECODE_CONFIG.variant not in FP8_VARIANTS
     fp8 = [c for c in CANDIDATES if c.variant in FP8_VARIANTS]
-    assert {c.variant for c in fp8} == {"wsf8", "ws4f8"}
+    assert {c.variant for c in fp8} == {"wsf8", "ws4f8", "wsf8h", "wsf8c"}
     kern = tl_attn.TileLangSparseAttn()
     assert kern._config(2048, decode=True, fp8=True) == FP8_DECODE_CONFIG
+    assert kern._config(2048, decode=True, fp8=True, heads=64).variant == "wsf8h"  # wsf8c pairs 2 x 64 heads
     assert kern._config(2048, decode=True) == DECODE_CONFIG and kern._config(2048) == DEFAULT_CONFIG
     for cfg in fp8:
         monkeypatch.setenv(tl_attn.CONFIG_ENV, cfg.label())
         kern = tl_attn.TileLangSparseAttn()
         assert kern._config(2048, decode=True, fp8=True) == cfg
+        assert kern._config(2048, decode=True, fp8=True, heads=64).variant == (
+            "wsf8h" if cfg.variant == "wsf8c" else cfg.variant)
         assert kern._config(2048, decode=True) == DECODE_CONFIG and kern._config(2048) == DEFAULT_CONFIG
     ws = next(c for c in CANDIDATES if c.variant == "ws")
     kern = tl_attn.TileLangSparseAttn(config=ws)
@@ -284,27 +291,57 @@ NO_TILELANG = pytest.mark.skipif(not HAS_TILELANG, reason="tilelang is not insta
 
 @NO_TILELANG
 @pytest.mark.parametrize(("variant", "split"), [("pipe", False), ("ws", True), ("wsa", False), ("ws4", True),
-                                               ("wsf8", True), ("ws4f8", False)])
+                                               ("wsf8", True), ("ws4f8", False), ("wsf8h", False),
+                                               ("wsf8c", True)])
 def test_program_lowers_to_sm90a_cuda_source(variant, split):
-    from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import CANDIDATES, cuda_source, source_problems
+    from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import (
+        CANDIDATES,
+        FP8_VARIANTS,
+        cuda_source,
+        source_problems,
+    )
 
     cfg = next(c for c in CANDIDATES if c.variant == variant)
-    src, smem = cuda_source(64, 192, 0.135234, cfg, split)  # 3 chunks: the ws ring's odd tail
+    heads = 128 if variant == "wsf8c" else 64  # wsf8c pairs the two 64-head blocks of 128 heads
+    src, smem = cuda_source(heads, 192, 0.135234, cfg, split)  # 3 chunks: the ws ring's odd tail
     assert "__global__" in src and ("sparse_mla_pipe" if variant == "pipe" else "sparse_mla_ws") in src
     assert ("wait_wgmma<1>" in src) == (variant == "wsa")  # only wsa overlaps the softmax with its P . V
     assert source_problems(src) == []
     assert ("float* __restrict__ Out" in src) == split  # split partials are fp32
     assert 0 < smem <= 227 * 1024  # fits an H100's shared memory per block
-    fp8 = variant.endswith("f8")
+    fp8 = variant in FP8_VARIANTS
     assert ("const fp8_e4_t* __restrict__" in src) == fp8  # the fp8_656 rows, read as e4m3 (decode only)
     assert ("cp_async_gs_conditional" in src) != fp8  # the FP8 gather loads into registers instead
+    assert ("half_t* __restrict__" in src or "wgmma_ss<tl::DataType::kFloat16" in src) == (variant in ("wsf8h", "wsf8c"))
     if fp8:  # a load outside the index check is caught
         unguarded = src.replace("if ((0 <= row) && (row < n_kv)) {", "if ((0 <= row)) {")
         assert any("outside the index check" in p for p in source_problems(unguarded))
+    if variant == "wsf8c":  # a stage layout other than the one the cluster push copies is caught
+        assert "dsa_push_half_stage(" in src and "cluster_sync" in src
+        moved = src.replace("(((int)blockIdx.y) * 2048)", "(((int)blockIdx.y) * 1024)")
+        assert any("wsf8c: the latent stage" in p for p in source_problems(moved))
+
+
+def test_cluster_push_layout_check_reads_the_stage_stores():
+    """push_layout_problems: silent on kernels without the push; names each stage whose stores do not follow the
+    [stage][atom][half] layout the bulk copies assume (CPU: the store lines as TileLang writes them)."""
+    from dsa_runtime.plugins.cuda_hopper.tilelang.cluster_push import push_layout_problems
+
+    lat = ("*(uint4*)(((half_t*)kv_lat) + ((((((((st_2 * 32768) + (((((int)threadIdx.x) & 31) >> 2) * 4096)) + "
+           "(((int)blockIdx.y) * 2048)) + (pp * 1024)) = v;")
+    rope = "*(uint1*)(((half_t*)kv_rope) + ((((((st_2 * 4096) + (((int)blockIdx.y) * 2048)) + (pp * 1024)) = w;"
+    push = "dsa_push_half_stage(a, b, c, 0, 1);"
+    assert push_layout_problems(lat + rope) == []  # no push: nothing to check
+    assert push_layout_problems("\n".join([lat, rope, push])) == []
+    bad = push_layout_problems("\n".join([lat.replace("4096", "2048"), rope.replace("* 2048", "* 1024"), push]))
+    assert len(bad) == 2 and "latent" in bad[0] and "rope" in bad[1]
 
 
 def test_bad_launch_shapes_are_refused():
     from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import TLConfig, check_shape
+
+    with pytest.raises(ValueError, match="pairs the two 64-head blocks"):
+        check_shape(64, 128, TLConfig(threads=384, variant="wsf8c"))
 
     with pytest.raises(ValueError, match="multiples of 64"):
         check_shape(96, 128, TLConfig())
@@ -334,7 +371,8 @@ def test_gpu_bench_script_plumbing_runs_on_cpu(tmp_path):
     labels = {r["label"] for r in result["rows"]}
     assert any(lbl.startswith("tilelang ws_") for lbl in labels) and any("splits" in lbl for lbl in labels)
     fp8_rows = [r for r in result["rows"] if r["shape"].startswith("decode fp8")]
-    assert {r["label"].split()[1] for r in fp8_rows} == {"wsf8_i64_s2_t384", "ws4f8_i64_s2_t512"}
+    assert {r["label"].split()[1] for r in fp8_rows} == {"wsf8_i64_s2_t384", "ws4f8_i64_s2_t512",
+                                                          "wsf8h_i64_s2_t384", "wsf8c_i64_s2_t384"}
     assert "PASS decode fp8_656 wsf8_i64_s2_t384" in run.stdout and "PASS decode fp8_656 ws4f8" in run.stdout
     # the FP8 candidates run no prefill nor bf16 decode, and a bf16 candidate no fp8_656 decode
     assert all(r["shape"].startswith("decode fp8") for r in result["rows"] if "f8_i64" in r["label"])

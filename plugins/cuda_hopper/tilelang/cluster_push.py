@@ -19,9 +19,15 @@ pushes. A cluster barrier after the barriers' initialisation and one before exit
 both CTAs' lifetimes.
 """
 
+import re
+
 PUSH_BYTES = 9 * 4096  # 8 latent atoms + the rope block, 32 rows each
-ATOM_ELEMS = 64 * 64  # one 64-column atom of a 64-row stage (f16 elements)
-HALF_ROWS = 32
+# The gather's stores of a ring stage in the generated source: stage stride 32768 f16 elements, 64-column atom
+# (lane // 4) stride 4096, then the CTA's half (blockIdx.y) at 2048 = 32 rows of 64; the rope stage stride 4096
+# with the half at 2048. dsa_push_half_stage copies exactly these blocks.
+_LAT_STORE = re.compile(r"\(half_t\*\)kv_lat\) \+ \(+\(st_\d+ \* 32768\) \+ \(\(\(\(\(int\)threadIdx\.x\) & 31\) >> 2\) \* 4096\)\) "
+                        r"\+ \(\(\(int\)blockIdx\.y\) \* 2048\)\)")
+_ROPE_STORE = re.compile(r"\(half_t\*\)kv_rope\) \+ \(+\(st_\d+ \* 4096\) \+ \(\(\(int\)blockIdx\.y\) \* 2048\)\)")
 
 CLUSTER_SRC = r"""
 __device__ __forceinline__ void dsa_cluster_sync() {
@@ -49,3 +55,15 @@ __device__ __forceinline__ void dsa_push_half_stage(const void* lat, const void*
   }
 }
 """
+
+
+def push_layout_problems(src: str) -> list[str]:
+    """What breaks the layout :data:`CLUSTER_SRC` assumes in a ``wsf8c`` source (empty for other kernels)."""
+    if "dsa_push_half_stage(" not in src:
+        return []
+    out = []
+    if not _LAT_STORE.search(src):
+        out.append("wsf8c: the latent stage is not [stage 32768][atom 4096][half 2048 = 32 rows x 64] f16 elements")
+    if not _ROPE_STORE.search(src):
+        out.append("wsf8c: the rope stage is not [stage 4096][half 2048] f16 elements")
+    return out

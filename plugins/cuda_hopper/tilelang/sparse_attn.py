@@ -4,8 +4,10 @@
 * :meth:`TileLangSparseAttn.decode`: the flat view of the paged cache is exactly the prefill problem with
   ``T = B * Q`` rows; small batches split the index list into ``n`` chunks (each chunk a row of its own, fp32
   partial outputs) merged by the Triton combine (:mod:`..triton.sparse_mla_combine`). ``layout="bf16"`` runs the
-  bf16 kernels; ``layout="fp8_656"`` runs :data:`.sparse_mla.FP8_DECODE_CONFIG` (or another of
-  :data:`.sparse_mla.FP8_VARIANTS`), whose gather warpgroup dequantises the 656-byte rows (:mod:`.gather_fp8`).
+  bf16 kernels; ``layout="fp8_656"`` runs :data:`.sparse_mla.FP8_DECODE_CONFIG` (``wsf8c``, 128 heads; 64 heads
+  run :data:`.sparse_mla.FP8_DECODE_CONFIG_64`, ``wsf8h``) or another of :data:`.sparse_mla.FP8_VARIANTS`, whose
+  gather warpgroup dequantises the 656-byte rows (:mod:`.gather_fp8`) into fp16 (``wsf8h`` / ``wsf8c``: the
+  query and the rows must lie within fp16's range, +-65504) or bf16 operands.
 
 Claims are exactly what the kernels run: d_qk 576 / d_v 512, bf16 KV (prefill and decode) or the ``fp8_656``
 cache (decode only), 64 or 128 heads (one 64-head tile per block; the core pads 16 or 32 heads per rank up to 64)
@@ -40,7 +42,8 @@ TILELANG_SPARSE_ATTN_CLAIMS: dict[str, MethodClaim] = {
 }
 # Launch shape by label (e.g. ``ws_i64_s2_t384``), to run another candidate of .sparse_mla.CANDIDATES everywhere
 # (conformance, engine) without a code change, once bench/sparse_attn_tilelang.py has measured it. An fp8_656
-# candidate (``ws4f8`` / ``wsf8``) replaces only the FP8-cache decode kernel, any other only the bf16 ones.
+# candidate (``ws4f8`` / ``wsf8`` / ``wsf8h`` / ``wsf8c``) replaces only the FP8-cache decode kernel, any other only
+# the bf16 ones.
 CONFIG_ENV = "DSA_TILELANG_SPARSE_MLA"
 INSTALL_HINT = "pip install 'dsa-runtime[hopper]' (offline GPU hosts: /work/shared/tools/offline-wheels, docs/hopper.md)"
 # Decode splits: at ~226 KB of shared memory one block runs per SM, so split until the (row, head block, split)
@@ -107,17 +110,20 @@ class TileLangSparseAttn:
         self.config = config or config_from_env()
         self.decode_splits = decode_splits
 
-    def _config(self, k: int, decode: bool = False, fp8: bool = False) -> TLConfig:
+    def _config(self, k: int, decode: bool = False, fp8: bool = False, heads: int = 128) -> TLConfig:
         from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import (
             DECODE_CONFIG,
             DEFAULT_CONFIG,
             FP8_DECODE_CONFIG,
+            FP8_DECODE_CONFIG_64,
             FP8_VARIANTS,
         )
 
         mine = self.config is not None and (self.config.variant in FP8_VARIANTS) == fp8
         if fp8:
-            return self.config if mine else FP8_DECODE_CONFIG
+            cfg = self.config if mine else FP8_DECODE_CONFIG
+            # wsf8c pairs the two 64-head blocks of 128 heads: one block runs the unpaired schedule
+            return FP8_DECODE_CONFIG_64 if cfg.variant == "wsf8c" and heads != 128 else cfg
         cfg = self.config if mine else (DECODE_CONFIG if decode else DEFAULT_CONFIG)
         if k % cfg.block_i and k % 64 == 0 and cfg.variant == "pipe":
             cfg = dataclasses.replace(cfg, block_i=64)  # a chunk wider than k's step: the claimed step fits
@@ -154,7 +160,7 @@ class TileLangSparseAttn:
             out.zero_()
             lse.fill_(float("-inf") if split else float("inf"))
             return out, lse
-        kern = compiled(heads, k, float(sm_scale), self._config(k, decode, fp8), split)
+        kern = compiled(heads, k, float(sm_scale), self._config(k, decode, fp8, heads), split)
         kern(q.contiguous(), kv.contiguous(), indices.to(torch.int32).contiguous(), out, lse)
         return out, lse
 

@@ -64,9 +64,12 @@ PIPE_CONFIG = TLConfig()
 DEFAULT_CONFIG = TLConfig(block_i=64, num_stages=2, threads=384, variant="ws")
 DECODE_CONFIG = TLConfig(block_i=64, num_stages=2, threads=512, variant="ws4")
 # Decode over the fp8_656 cache: a schedule whose gather warpgroup dequantises the rows (.gather_fp8). H200,
-# 2026-11-23 07:18 UTC, 128 heads, k 2048, 32K: wsf8 (four rows in flight per gather warp) 187.8 us at batch 64
-# = 27.4% of the bf16 matmul (Triton 257.6 us, 20.0%); ws4f8 (one row per warp, 48-register gather) 348.0 us.
-FP8_DECODE_CONFIG = TLConfig(block_i=64, num_stages=2, threads=384, variant="wsf8")
+# 2026-11-23 08:20 UTC, 128 heads, k 2048, 32K, batch 64 (do_bench): wsf8c (the two head blocks of a row share
+# the gather as a cluster, fp16 operands) 122.9 us, wsf8h (fp16 operands) 142.0 us, wsf8 (bf16) 148.8-149.1 us,
+# Triton 206.8 us; bench/attention.py the same run: wsf8c 0.122 ms = 43% of the bf16 matmul. wsf8c pairs the two
+# blocks of 128 heads; 64 heads (TP 2, or padded TP 8 ranks) run wsf8h.
+FP8_DECODE_CONFIG = TLConfig(block_i=64, num_stages=2, threads=384, variant="wsf8c")
+FP8_DECODE_CONFIG_64 = TLConfig(block_i=64, num_stages=2, threads=384, variant="wsf8h")
 # What bench/tilelang_compile.py compiles and bench/sparse_attn_tilelang.py times.
 CANDIDATES = (
     PIPE_CONFIG,
@@ -77,18 +80,14 @@ CANDIDATES = (
     TLConfig(block_i=64, num_stages=2, threads=384, variant="wsa"),
     DECODE_CONFIG,
     TLConfig(block_i=64, num_stages=2, threads=512, variant="ws4f8"),
+    TLConfig(block_i=64, num_stages=2, threads=384, variant="wsf8"),
+    FP8_DECODE_CONFIG_64,
     FP8_DECODE_CONFIG,
-    TLConfig(block_i=64, num_stages=2, threads=384, variant="wsf8p"),
-    TLConfig(block_i=64, num_stages=2, threads=384, variant="wsf8p8"),
-    TLConfig(block_i=64, num_stages=2, threads=384, variant="wsf8pp"),
-    TLConfig(block_i=64, num_stages=2, threads=384, variant="wsf8s"),
-    TLConfig(block_i=64, num_stages=2, threads=384, variant="wsf8h"),
-    TLConfig(block_i=64, num_stages=2, threads=384, variant="wsf8c"),
 )
 # Threads each warp-specialised schedule runs (their block_i is 64).
-WS_THREADS = {"ws": 384, "wsa": 384, "ws4": 512, "ws4f8": 512, "wsf8": 384, "wsf8p": 384, "wsf8p8": 384, "wsf8pp": 384, "wsf8s": 384, "wsf8h": 384, "wsf8c": 384}
+WS_THREADS = {"ws": 384, "wsa": 384, "ws4": 512, "ws4f8": 512, "wsf8": 384, "wsf8h": 384, "wsf8c": 384}
 # Schedules that read the ``fp8_656`` cache (decode only: prefill runs over the bf16 KV buffer).
-FP8_VARIANTS = frozenset({"ws4f8", "wsf8", "wsf8p", "wsf8p8", "wsf8pp", "wsf8s", "wsf8h", "wsf8c"})
+FP8_VARIANTS = frozenset({"ws4f8", "wsf8", "wsf8h", "wsf8c"})
 
 
 def check_shape(heads: int, k: int, cfg: TLConfig) -> None:
@@ -99,6 +98,8 @@ def check_shape(heads: int, k: int, cfg: TLConfig) -> None:
         raise ValueError(f"tilelang sparse MLA needs k a positive multiple of block_i {cfg.block_i}, got {k}")
     if cfg.variant not in ("pipe", *WS_THREADS):
         raise ValueError(f"unknown tilelang sparse MLA variant {cfg.variant!r}; valid: pipe, {', '.join(WS_THREADS)}")
+    if cfg.variant == "wsf8c" and heads != 2 * HEAD_BLOCK:
+        raise ValueError(f"the wsf8c schedule pairs the two 64-head blocks of 128 heads, got {heads} heads")
     if cfg.variant != "pipe" and (cfg.threads != WS_THREADS[cfg.variant] or cfg.block_i != 64):
         raise ValueError(f"the {cfg.variant} schedule runs {WS_THREADS[cfg.variant]} threads and block_i 64, "
                          f"got {cfg.label()}")
@@ -227,11 +228,12 @@ def source_problems(src: str) -> list[str]:
     out = []
     if "wgmma" not in src:
         out.append("no wgmma GEMM")
-    fp8 = re.search(r"(?:const )?fp8_e4_t\* __restrict__ (\w+)", src)  # not const when prefetched
+    fp8 = re.search(r"const fp8_e4_t\* __restrict__ (\w+)", src)
     if fp8:  # the fp8_656 gathers load rows into registers: each load must sit under the index check
+        from dsa_runtime.plugins.cuda_hopper.tilelang.cluster_push import push_layout_problems
         from dsa_runtime.plugins.cuda_hopper.tilelang.setmaxnreg_check import setmaxnreg_problems
 
-        return out + fp8_gather_problems(src, fp8.group(1)) + setmaxnreg_problems(src)
+        return out + fp8_gather_problems(src, fp8.group(1)) + setmaxnreg_problems(src) + push_layout_problems(src)
     gathers = re.findall(r"cp_async_gs(?:_conditional)?<16>\([^;]*KV\[[^;]*;", src)
     if not gathers:
         out.append("KV rows are not gathered with cp.async")
@@ -249,15 +251,10 @@ def source_problems(src: str) -> list[str]:
 
 def fp8_gather_problems(src: str, kv: str) -> list[str]:
     """What is wrong with the ``fp8_656`` gathers of ``src`` (whose cache parameter is named ``kv``): every read
-    of the cache, and every L2 prefetch of a row, must sit inside an ``if`` that checks ``0 <= row`` and
-    ``row < n_kv`` of one variable (so a ``-1`` is never read)."""
+    of the cache must sit inside ``if ((0 <= row) && (row < n_kv)) {`` (so a ``-1`` is never read)."""
     import re
 
-    guard_re = re.compile(r"^if \(.*\b0 <= (\w+)\).*\b\1 < n_kv\).*\{$")
-    # A zero-filling cp.async (the staged gather) is guarded by its own predicate: a named index check.
-    named_re = re.compile(r"^bool (ok\w*) = \(\(0 <= (\w+)\) && \(\2 < n_kv\)\);$")
-    copy_re = re.compile(r"^tl::cp_async_gs_conditional<\d+>\(.*, \(+(ok\w*) &&")
-    named: set[str] = set()
+    guard = "if ((0 <= row) && (row < n_kv)) {"
     read = re.compile(rf"\b{kv}\b")
     stack = [False]  # per open brace: inside the guard?
     reads = 0
@@ -265,13 +262,8 @@ def fp8_gather_problems(src: str, kv: str) -> list[str]:
         line = raw.strip()
         if "__restrict__" in line:
             continue  # the declaration
-        if found := named_re.match(line):
-            named.add(found.group(1))
         if read.search(line):
             reads += 1
-            copy = copy_re.match(line)
-            if copy and copy.group(1) in named:
-                continue
             if not stack[-1]:
                 return [f"an fp8_656 cache read outside the index check: {line[:120]}"]
         if line == "} else {":
@@ -282,7 +274,7 @@ def fp8_gather_problems(src: str, kv: str) -> list[str]:
             if len(stack) > 1:
                 stack.pop()
         for _ in range(line.count("{")):
-            stack.append(stack[-1] or guard_re.match(line) is not None)
+            stack.append(stack[-1] or line == guard)
     return [] if reads else ["the fp8_656 cache is never read"]
 
 

@@ -33,13 +33,20 @@ generated source.
 
 ``variant="wsf8"``: ``ws`` over the ``fp8_656`` cache (decode only), the gather being :mod:`.gather_fp8`
 (ordinary loads and stores into the same ring, an ordinary arrival on ``ready[s]``); setmaxnreg 248 / 168 / 88,
-each gather warp loading 4 rows (24 registers a lane) before converting them.
+each gather warp loading 4 rows (24 registers a lane) before converting them. ``wsf8h``: the same with fp16
+tensor-core operands (Q converted when loaded, the ring, P), which the gather reaches from e4m3 in two
+instructions a pair. ``wsf8c``: ``wsf8h`` with the two 64-head blocks of a row launched as a cluster of two that
+splits the gather (:mod:`.cluster_push`: each converts half of every chunk and pushes it into its peer's stage;
+``free`` then counts both CTAs' consumers). In ncu (H200, batch 64 x 32K) the ``wsf8`` gather warps never waited
+for a free stage while both consumer warpgroups waited for rows; the register gather kept ~4 rows a warp in flight
+whatever the batch size asked (ptxas interleaves larger batches with their conversions to fit 88 registers), an L2
+prefetch of the next chunk's rows and a cp.async-staged gather did not help (the bench numbers are in
+docs/benchmarks.md); halving each CTA's rows did.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the kernel's annotations, which name locals.
 from typing import Any
 
-from dsa_runtime.plugins.cuda_hopper.tilelang.gather_fp8_staged import SBI
 from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import D_LATENT, D_QK, D_ROPE, HEAD_BLOCK, LN2, LOG2E
 
 BI = 64
@@ -49,62 +56,41 @@ REGS = (240, None, 56)  # score (inc), value (the launch count: no setmaxnreg), 
 # gets 248 (at 240 ptxas spilled 8 bytes there in this build): (248 + 168 + 88) * 128 = 168 * 384, the pool.
 REGS_FP8 = (248, None, 88)
 FP8_IN_FLIGHT = 4  # wsf8: rows a gather warp loads before converting (8 spilled at 88 registers)
-# wsf8p8: eight rows a pass; wsf8pp: two buffers of four rows, the next pass loading while this one converts.
-REGS_FP8_8 = (248, None, 88)
 
 
 def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = False) -> Any:
-    """The ``ws`` / ``wsa`` / ``wsf8`` schedule as a TileLang ``PrimFunc`` (imports tilelang); ``split`` as in
-    :func:`.sparse_mla.program`. ``k`` must be a multiple of 64 (the chunk); chunks past the last are skipped.
-    ``wsf8``: ``ws`` over the ``[S, 656]`` ``fp8_656`` cache viewed as e4m3, dequantised by the gather
-    (:mod:`.gather_fp8`)."""
+    """The ``ws`` / ``wsa`` / ``wsf8`` / ``wsf8h`` / ``wsf8c`` schedule as a TileLang ``PrimFunc`` (imports
+    tilelang); ``split`` as in :func:`.sparse_mla.program`. ``k`` must be a multiple of 64 (the chunk); chunks past
+    the last are skipped. The FP8 ones: ``ws`` over the ``[S, 656]`` ``fp8_656`` cache viewed as e4m3,
+    dequantised by the gather (:mod:`.gather_fp8`); ``wsf8c`` needs 128 heads."""
     import tilelang.language as T
 
-    from dsa_runtime.plugins.cuda_hopper.tilelang.gather_fp8 import (
-        PREFETCH_SRC,
-        ROW_BYTES,
-        fp8_gather_macro,
-        fp8_prefetch_macro,
-        lane_slot,
-    )
     from dsa_runtime.plugins.cuda_hopper.tilelang.cluster_push import CLUSTER_SRC, PUSH_BYTES
-    from dsa_runtime.plugins.cuda_hopper.tilelang.gather_fp8_staged import (
-        RAW_STAGES,
-        staged_buffers,
-        staged_gather_macro,
-    )
+    from dsa_runtime.plugins.cuda_hopper.tilelang.gather_fp8 import ROW_BYTES, fp8_gather_macro
 
     hb, d, dr, half = HEAD_BLOCK, D_LATENT, D_ROPE, D_LATENT // 2
     overlap = cfg.variant == "wsa"
-    bi = SBI if cfg.variant == "wsf8s" else BI  # rows per chunk (ring stage)
-    n_chunks = k // bi
+    n_chunks = k // BI
     n_rounds = -(-n_chunks // 2)
     scale2 = sm_scale * LOG2E
     n_tok, n_kv = T.dynamic("n_tok"), T.dynamic("n_kv")
     bf16, f32 = "bfloat16", "float32"
     out_t = f32 if split else bf16
-    staged = cfg.variant == "wsf8s"  # raw rows staged by cp.async, 32-row blocks (.gather_fp8_staged)
-    fp8 = cfg.variant in ("wsf8", "wsf8p", "wsf8p8", "wsf8pp", "wsf8s", "wsf8h", "wsf8c")
-    ahead = cfg.variant in ("wsf8p", "wsf8p8", "wsf8pp")
+    fp8 = cfg.variant in ("wsf8", "wsf8h", "wsf8c")
     cluster = cfg.variant == "wsf8c"  # the two head blocks of a row share the gather (.cluster_push)
     if cluster and heads // hb != 2:
         raise ValueError(f"the wsf8c schedule pairs the two 64-head blocks of 128 heads, got {heads} heads")
-    # wsf8h: the tensor-core operands (Q, the gathered rows, P) in fp16: e4m3 -> fp16 is one instruction a pair
-    # and the scale one fp16 multiply a pair, where bf16 goes through fp32 (three instructions a value).
-    mm_t = "float16" if cfg.variant in ("wsf8h", "wsf8c") else "bfloat16"  # indices a chunk ahead, that chunk's rows prefetched into the L2
+    # wsf8h / wsf8c: the tensor-core operands (Q, the gathered rows, P) in fp16, which the gather reaches from
+    # e4m3 in two instructions a pair (.gather_fp8); bf16 goes through fp32.
+    mm_t = "float16" if cfg.variant in ("wsf8h", "wsf8c") else "bfloat16"
     kv_w, kv_t = (ROW_BYTES, "float8_e4m3fn") if fp8 else (D_QK, bf16)
-    regs = (REGS_FP8_8 if cfg.variant in ("wsf8p8", "wsf8pp") else REGS_FP8) if fp8 else REGS
-    in_flight = 8 if cfg.variant == "wsf8p8" else FP8_IN_FLIGHT
-    fp8_gather = (fp8_gather_macro(n_kv, in_flight, given_index=ahead, pipelined=cfg.variant == "wsf8pp", out=mm_t,
-                                   half_rows=cluster) if fp8 else None)
-    prelude = CLUSTER_SRC if cluster else (PREFETCH_SRC if ahead else None)
-    prefetch_rows = fp8_prefetch_macro(n_kv) if ahead else None
-    staged_gather = staged_gather_macro(n_kv, k) if staged else None
+    regs = REGS_FP8 if fp8 else REGS
+    fp8_gather = fp8_gather_macro(n_kv, FP8_IN_FLIGHT, out=mm_t, half_rows=cluster) if fp8 else None
 
     @T.macro
     def scores(acc_s, idx_sh, q_lat, q_rope, kv_lat, kv_rope, st, asynchronous):
         """acc_s = mask + Q . K^T of stage ``st`` (issued only, when ``asynchronous``)."""
-        for h, j in T.Parallel(hb, bi):
+        for h, j in T.Parallel(hb, BI):
             acc_s[h, j] = T.if_then_else(
                 (idx_sh[st, j] >= 0) and (idx_sh[st, j] < n_kv), 0, -T.infinity(f32))
         if asynchronous:
@@ -121,7 +107,7 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
         T.reduce_max(acc_s, m_i, dim=1, clear=False)
         for h in T.Parallel(hb):
             alpha[h] = T.exp2((m_prev[h] - m_i[h]) * scale2)
-        for h, j in T.Parallel(hb, bi):
+        for h, j in T.Parallel(hb, BI):
             acc_s[h, j] = T.exp2(acc_s[h, j] * scale2 - m_i[h] * scale2)
         T.reduce_sum(acc_s, l_blk, dim=1)
         for h in T.Parallel(hb):
@@ -155,18 +141,18 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
         Out: T.Tensor((n_tok, heads, d), out_t),
         Lse: T.Tensor((n_tok, heads), f32),
     ):
-        with T.Kernel(n_tok, heads // hb, threads=384, prelude=prelude,
+        with T.Kernel(n_tok, heads // hb, threads=384, prelude=CLUSTER_SRC if cluster else None,
                       cluster_dims=(1, 2, 1) if cluster else None) as (tok, hblk):
             q_lat = T.alloc_shared((hb, d), mm_t)
             q_rope = T.alloc_shared((hb, dr), mm_t)
-            kv_lat = T.alloc_shared((2, bi, d), mm_t)
-            kv_rope = T.alloc_shared((2, bi, dr), mm_t)
-            idx_sh = T.alloc_shared((2, bi), "int32")
-            p_sh = T.alloc_shared((hb, bi), mm_t)
+            kv_lat = T.alloc_shared((2, BI, d), mm_t)
+            kv_rope = T.alloc_shared((2, BI, dr), mm_t)
+            idx_sh = T.alloc_shared((2, BI), "int32")
+            p_sh = T.alloc_shared((hb, BI), mm_t)
             alpha_sh = T.alloc_shared((hb,), f32)
             l_sh = T.alloc_shared((hb,), f32)
 
-            acc_s = T.alloc_fragment((hb, bi), f32)
+            acc_s = T.alloc_fragment((hb, BI), f32)
             acc_o_lo = T.alloc_fragment((hb, half), f32)
             acc_o_hi = T.alloc_fragment((hb, half), f32)
             m_i = T.alloc_fragment((hb,), f32)
@@ -176,9 +162,6 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
             alpha = T.alloc_fragment((hb,), f32)
             row = T.alloc_var("int32")
 
-            if staged:
-                raw_lat, raw_sc, raw_rope = staged_buffers(T)
-                raw_ready = T.alloc_barrier([128] * RAW_STAGES)
             ready = T.alloc_barrier([128, 128])
             # wsf8c: both CTAs' consumers free a stage (the peer's arrive remotely)
             free = T.alloc_cluster_barrier([512, 512]) if cluster else T.alloc_barrier([256, 256])
@@ -214,7 +197,7 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
                                     T.wgmma_gemm(p_sh, kv_lat[st, :, 0:half], acc_o_lo)
                                     T.wait_wgmma(1)  # the scores of c + 1 are in; P(c) . V(c) may still run
                                     # Pin the accumulators after each wait: nvcc must not hoist their reads above it.
-                                    T.warpgroup_fence_operand(acc_s, num_regs=hb * bi // 128)
+                                    T.warpgroup_fence_operand(acc_s, num_regs=hb * BI // 128)
                                     softmax(acc_s, m_i, m_prev, l_i, l_blk, alpha)
                                     T.wait_wgmma(0)
                                     T.warpgroup_fence_operand(acc_o_lo, num_regs=hb * half // 128)
@@ -263,33 +246,13 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
             else:  # gather warpgroup
                 T.set_max_nreg(regs[2], 0)
                 g = tx - 256
-                if staged:
-                    staged_gather(KV, Idx, raw_lat, raw_sc, raw_rope, raw_ready, idx_sh, kv_lat, kv_rope, ready,
-                                  free, tok, g)
-                if ahead:  # this lane's index of chunk 0 (cur) and of chunk 1 (nxt); chunk 0's row asked of the L2
-                    cur = T.alloc_var("int32")
-                    nxt = T.alloc_var("int32")
-                    nn = T.alloc_var("int32")
-                    cur = Idx[tok, lane_slot(g)]
-                    nxt = Idx[tok, T.min(BI, k - BI) + lane_slot(g)]
-                    prefetch_rows(KV, cur, g)
-                for r in T.serial(0 if staged else n_rounds):
+                for r in T.serial(n_rounds):
                     for st in T.unroll(2):
                         if r * 2 + st < n_chunks:
                             c0 = (r * 2 + st) * BI
-                            if ahead:
-                                # Chunk c + 1's rows into the L2 while chunk c waits and loads; chunk c + 2's
-                                # index is loaded now and first read a chunk later.
-                                if c0 + BI < k:
-                                    prefetch_rows(KV, nxt, g)
-                                nn = Idx[tok, T.min(c0 + 2 * BI, k - BI) + lane_slot(g)]
                             T.barrier_wait(free[st], (r + 1) % 2)
-                            if ahead:
-                                fp8_gather(KV, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g, cur, 0)
-                                cur = nxt
-                                nxt = nn
-                            elif cluster:
-                                fp8_gather(KV, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g, 0, hblk)
+                            if cluster:
+                                fp8_gather(KV, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g, hblk)
                                 T.sync_threads(7, 128)  # the warpgroup's half is in shared memory (and fenced)
                                 if g == 0:
                                     T.call_extern("handle", "dsa_push_half_stage", T.access_ptr(kv_lat[st, 0, 0], "r"),
@@ -299,7 +262,7 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
                                 else:
                                     T.barrier_arrive(ready[st])
                             elif fp8:
-                                fp8_gather(KV, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g, 0, 0)
+                                fp8_gather(KV, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g, 0)
                             else:
                                 if g < BI // 4:  # the chunk's 64 indices: 16 threads x 4 int32
                                     T.ptx_cp_async(T.access_ptr(idx_sh[st, g * 4], "w", 4),

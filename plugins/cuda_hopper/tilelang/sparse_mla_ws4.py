@@ -168,7 +168,7 @@ def ws4_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fal
                             T.barrier_wait(free[st], (r + 1) % 2)
                             c0 = (r * 2 + st) * BI
                             if fp8:
-                                fp8_gather(KV, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g, 0, 0)
+                                fp8_gather(KV, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g, 0)
                             else:
                                 if g < BI // 4:  # the chunk's 64 indices: 16 threads x 4 int32
                                     T.ptx_cp_async(T.access_ptr(idx_sh[st, g * 4], "w", 4),
