@@ -5,7 +5,7 @@
    128, T = 3 and 512, ragged ``-1`` padding (one row all ``-1``), duplicated indices, every unselected KV row
    poisoned with NaN (row 0 and the last row included: a read ``-1`` shows) and the outputs poisoned (NaN left
    in the caching allocator's blocks the kernel reuses). bf16 decode (batch 4 with split-SIZES.k, batch 64
-   unsplit) the same way. Each ``fp8_656`` decode candidate (``wsf8``, ``ws4f8``: decode only) against the
+   unsplit) the same way. Each ``fp8_656`` decode candidate (``wsf8``, ``wsf8h``, ``wsf8c``, ``ws4f8``: decode only) against the
    reference decode with ``layout="fp8_656"``: batch 4 with split-K and batch 64 unsplit, -1 rows, one empty
    query, unselected cache rows poisoned with e4m3 NaN bytes, outputs poisoned.
 2. Speed: prefill of 4096 queries over 8K and 32K keys, 128 heads, k 2048, for each candidate and the Triton
