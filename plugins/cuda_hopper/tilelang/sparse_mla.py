@@ -109,6 +109,8 @@ def pipe_program(heads: int, k: int, sm_scale: float, cfg: TLConfig, split: bool
     """The ``pipe`` schedule as a TileLang ``PrimFunc`` (imports tilelang); ``split``: see :func:`program`."""
     import tilelang.language as T
 
+    from dsa_runtime.plugins.cuda_hopper.tilelang.chunk_steps import chunk_steps
+
     bi, d, dr = cfg.block_i, D_LATENT, D_ROPE
     n_chunks = -(-k // bi)
     scale2 = sm_scale * LOG2E
@@ -117,6 +119,7 @@ def pipe_program(heads: int, k: int, sm_scale: float, cfg: TLConfig, split: bool
     n_kv = T.dynamic("n_kv")
     bf16, f32 = "bfloat16", "float32"
     out_t = f32 if split else bf16
+    softmax, lse, _, _ = chunk_steps(hb, bi, scale2, n_kv, split)
 
     @T.prim_func
     def sparse_mla_pipe(
@@ -164,15 +167,7 @@ def pipe_program(heads: int, k: int, sm_scale: float, cfg: TLConfig, split: bool
                     acc_s[h, j] = T.if_then_else(valid[j], 0, -T.infinity(f32))
                 T.gemm(q_lat, kv_lat, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
                 T.gemm(q_rope, kv_rope, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
-                T.copy(m_i, m_prev)
-                T.reduce_max(acc_s, m_i, dim=1, clear=False)
-                for h in T.Parallel(hb):
-                    alpha[h] = T.exp2((m_prev[h] - m_i[h]) * scale2)
-                for h, j in T.Parallel(hb, bi):
-                    acc_s[h, j] = T.exp2(acc_s[h, j] * scale2 - m_i[h] * scale2)
-                T.reduce_sum(acc_s, l_blk, dim=1)
-                for h in T.Parallel(hb):
-                    l_i[h] = l_i[h] * alpha[h] + l_blk[h]
+                softmax(acc_s, m_i, m_prev, l_i, l_blk, alpha)
                 for h, e in T.Parallel(hb, d):
                     acc_o[h, e] *= alpha[h]
                 T.copy(acc_s, p_sh)
@@ -180,9 +175,7 @@ def pipe_program(heads: int, k: int, sm_scale: float, cfg: TLConfig, split: bool
 
             for h, e in T.Parallel(hb, d):
                 acc_o[h, e] = T.if_then_else(l_i[h] > 0, acc_o[h, e] / l_i[h], 0)
-            for h in T.Parallel(hb):
-                l_blk[h] = T.if_then_else(l_i[h] > 0, (T.log2(l_i[h]) + m_i[h] * scale2) * LN2,
-                                        -T.infinity(f32) if split else T.infinity(f32))
+            lse(l_blk, l_i, m_i)
             T.copy(acc_o, Out[tok, h0 : h0 + hb, :])
             T.copy(l_blk, Lse[tok, h0 : h0 + hb])
 

@@ -47,10 +47,9 @@ docs/benchmarks.md); halving each CTA's rows did.
 # No ``from __future__ import annotations``: TileLang evaluates the kernel's annotations, which name locals.
 from typing import Any
 
-from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import D_LATENT, D_QK, D_ROPE, HEAD_BLOCK, LN2, LOG2E
+from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import D_LATENT, D_QK, D_ROPE, HEAD_BLOCK, LOG2E
 
 BI = 64
-ROWS_PER_PASS = 16  # gather: 128 threads = 16 rows x 8 threads, each thread 16 bytes of a 128-byte segment
 REGS = (240, None, 56)  # score (inc), value (the launch count: no setmaxnreg), gather (dec)
 # wsf8: the dequantising gather (.gather_fp8) holds its rows in registers, so it keeps 88; the score warpgroup
 # gets 248 (at 240 ptxas spilled 8 bytes there in this build): (248 + 168 + 88) * 128 = 168 * 384, the pool.
@@ -65,6 +64,7 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
     dequantised by the gather (:mod:`.gather_fp8`); ``wsf8c`` needs 128 heads."""
     import tilelang.language as T
 
+    from dsa_runtime.plugins.cuda_hopper.tilelang.chunk_steps import chunk_steps
     from dsa_runtime.plugins.cuda_hopper.tilelang.cluster_push import CLUSTER_SRC, PUSH_BYTES
     from dsa_runtime.plugins.cuda_hopper.tilelang.gather_fp8 import ROW_BYTES, fp8_gather_macro
 
@@ -87,31 +87,7 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
     regs = REGS_FP8 if fp8 else REGS
     fp8_gather = fp8_gather_macro(n_kv, FP8_IN_FLIGHT, out=mm_t, half_rows=cluster) if fp8 else None
 
-    @T.macro
-    def scores(acc_s, idx_sh, q_lat, q_rope, kv_lat, kv_rope, st, asynchronous):
-        """acc_s = mask + Q . K^T of stage ``st`` (issued only, when ``asynchronous``)."""
-        for h, j in T.Parallel(hb, BI):
-            acc_s[h, j] = T.if_then_else(
-                (idx_sh[st, j] >= 0) and (idx_sh[st, j] < n_kv), 0, -T.infinity(f32))
-        if asynchronous:
-            T.wgmma_gemm(q_lat, kv_lat[st, :, :], acc_s, transpose_B=True)
-            T.wgmma_gemm(q_rope, kv_rope[st, :, :], acc_s, transpose_B=True)
-        else:
-            T.gemm(q_lat, kv_lat[st, :, :], acc_s, transpose_B=True)
-            T.gemm(q_rope, kv_rope[st, :, :], acc_s, transpose_B=True)
-
-    @T.macro
-    def softmax(acc_s, m_i, m_prev, l_i, l_blk, alpha):
-        """Scores -> probabilities in acc_s; m_i, l_i and the rescale factor alpha updated."""
-        T.copy(m_i, m_prev)
-        T.reduce_max(acc_s, m_i, dim=1, clear=False)
-        for h in T.Parallel(hb):
-            alpha[h] = T.exp2((m_prev[h] - m_i[h]) * scale2)
-        for h, j in T.Parallel(hb, BI):
-            acc_s[h, j] = T.exp2(acc_s[h, j] * scale2 - m_i[h] * scale2)
-        T.reduce_sum(acc_s, l_blk, dim=1)
-        for h in T.Parallel(hb):
-            l_i[h] = l_i[h] * alpha[h] + l_blk[h]
+    softmax, lse, scores, bf16_gather = chunk_steps(hb, BI, scale2, n_kv, split)
 
     @T.macro
     def publish(acc_s, alpha, p_sh, alpha_sh, acc_o_lo, p_ready, p_free, c):
@@ -160,7 +136,6 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
             l_i = T.alloc_fragment((hb,), f32)
             l_blk = T.alloc_fragment((hb,), f32)
             alpha = T.alloc_fragment((hb,), f32)
-            row = T.alloc_var("int32")
 
             ready = T.alloc_barrier([128, 128])
             # wsf8c: both CTAs' consumers free a stage (the peer's arrive remotely)
@@ -220,9 +195,7 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
                 T.barrier_arrive(done)
                 for h, e in T.Parallel(hb, half):
                     acc_o_lo[h, e] = T.if_then_else(l_i[h] > 0, acc_o_lo[h, e] / l_i[h], 0)
-                for h in T.Parallel(hb):
-                    l_blk[h] = T.if_then_else(l_i[h] > 0, (T.log2(l_i[h]) + m_i[h] * scale2) * LN2,
-                                              -T.infinity(f32) if split else T.infinity(f32))
+                lse(l_blk, l_i, m_i)
                 T.copy(acc_o_lo, Out[tok, h0 : h0 + hb, 0:half])
                 T.copy(l_blk, Lse[tok, h0 : h0 + hb])
             elif tx < 256:  # value warpgroup: stays at the launch count (151 registers used; see the docstring)
@@ -264,20 +237,7 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
                             elif fp8:
                                 fp8_gather(KV, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g, 0)
                             else:
-                                if g < BI // 4:  # the chunk's 64 indices: 16 threads x 4 int32
-                                    T.ptx_cp_async(T.access_ptr(idx_sh[st, g * 4], "w", 4),
-                                                   T.access_ptr(Idx[tok, c0 + g * 4], "r", 4), 4)
-                                for p in T.unroll(BI // ROWS_PER_PASS):
-                                    row = Idx[tok, c0 + p * ROWS_PER_PASS + g // 8]
-                                    ok = (row >= 0) and (row < n_kv)
-                                    src = T.max(T.min(row, n_kv - 1), 0)  # in bounds even when not read
-                                    dst = p * ROWS_PER_PASS + g // 8
-                                    for u in T.unroll(d // 64):
-                                        T.ptx_cp_async(T.access_ptr(kv_lat[st, dst, u * 64 + (g % 8) * 8], "w", 8),
-                                                       T.access_ptr(KV[src, u * 64 + (g % 8) * 8], "r", 8), 8, ok)
-                                    T.ptx_cp_async(T.access_ptr(kv_rope[st, dst, (g % 8) * 8], "w", 8),
-                                                   T.access_ptr(KV[src, d + (g % 8) * 8], "r", 8), 8, ok)
-                                T.cp_async_barrier_noinc(ready[st])
+                                bf16_gather(KV, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g)
             if cluster:  # no CTA leaves while its peer may still push into it or arrive on its barriers
                 T.call_extern("handle", "dsa_cluster_sync")
 

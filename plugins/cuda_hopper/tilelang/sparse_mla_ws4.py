@@ -31,8 +31,8 @@ warpgroups raise to 176 and ``gather`` lowers to 40: ``(112 + 2 * 176 + 40) * 12
 # No ``from __future__ import annotations``: TileLang evaluates the kernel's annotations, which name locals.
 from typing import Any
 
-from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import D_LATENT, D_QK, D_ROPE, HEAD_BLOCK, LN2, LOG2E
-from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla_ws import BI, ROWS_PER_PASS
+from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import D_LATENT, D_QK, D_ROPE, HEAD_BLOCK, LOG2E
+from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla_ws import BI
 
 THREADS = 512
 REGS = (112, 176, 40)  # score (dec), each value warpgroup (inc), gather (dec)
@@ -47,6 +47,7 @@ def ws4_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fal
     ``[S, 656]`` ``fp8_656`` cache viewed as e4m3, dequantised by the gather (:mod:`.gather_fp8`)."""
     import tilelang.language as T
 
+    from dsa_runtime.plugins.cuda_hopper.tilelang.chunk_steps import chunk_steps
     from dsa_runtime.plugins.cuda_hopper.tilelang.gather_fp8 import ROW_BYTES, fp8_gather_macro
 
     hb, d, dr, half = HEAD_BLOCK, D_LATENT, D_ROPE, D_LATENT // 2
@@ -59,6 +60,7 @@ def ws4_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fal
     kv_w, kv_t = (ROW_BYTES, "float8_e4m3fn") if fp8 else (D_QK, bf16)
     regs = REGS_FP8 if fp8 else REGS
     fp8_gather = fp8_gather_macro(n_kv, 1) if fp8 else None  # one row at a time: 48 registers (2 spilled more)
+    softmax, lse, scores, bf16_gather = chunk_steps(hb, BI, scale2, n_kv, split)
 
     @T.prim_func
     def sparse_mla_ws4(
@@ -89,7 +91,6 @@ def ws4_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fal
             l_i = T.alloc_fragment((hb,), f32)
             l_blk = T.alloc_fragment((hb,), f32)
             alpha = T.alloc_fragment((hb,), f32)
-            row = T.alloc_var("int32")
 
             ready = T.alloc_barrier([128, 128])
             free = T.alloc_barrier([384, 384])
@@ -110,21 +111,9 @@ def ws4_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fal
                     for st in T.unroll(2):
                         if r * 2 + st < n_chunks:
                             T.barrier_wait(ready[st], r % 2)
-                            for h, j in T.Parallel(hb, BI):
-                                acc_s[h, j] = T.if_then_else(
-                                    (idx_sh[st, j] >= 0) and (idx_sh[st, j] < n_kv), 0, -T.infinity(f32))
-                            T.gemm(q_lat, kv_lat[st, :, :], acc_s, transpose_B=True)
-                            T.gemm(q_rope, kv_rope[st, :, :], acc_s, transpose_B=True)
+                            scores(acc_s, idx_sh, q_lat, q_rope, kv_lat, kv_rope, st, False)
                             T.barrier_arrive(free[st])  # K of this stage read; the values still read V
-                            T.copy(m_i, m_prev)
-                            T.reduce_max(acc_s, m_i, dim=1, clear=False)
-                            for h in T.Parallel(hb):
-                                alpha[h] = T.exp2((m_prev[h] - m_i[h]) * scale2)
-                            for h, j in T.Parallel(hb, BI):
-                                acc_s[h, j] = T.exp2(acc_s[h, j] * scale2 - m_i[h] * scale2)
-                            T.reduce_sum(acc_s, l_blk, dim=1)
-                            for h in T.Parallel(hb):
-                                l_i[h] = l_i[h] * alpha[h] + l_blk[h]
+                            softmax(acc_s, m_i, m_prev, l_i, l_blk, alpha)
                             if r * 2 + st > 0:  # the values are done with P and alpha of the chunk before
                                 T.barrier_wait(p_free, (r * 2 + st + 1) % 2)
                             T.copy(acc_s, p_sh)
@@ -133,9 +122,7 @@ def ws4_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fal
                             T.barrier_arrive(p_ready)
                 T.copy(l_i, l_sh)
                 T.barrier_arrive(done)
-                for h in T.Parallel(hb):
-                    l_blk[h] = T.if_then_else(l_i[h] > 0, (T.log2(l_i[h]) + m_i[h] * scale2) * LN2,
-                                              -T.infinity(f32) if split else T.infinity(f32))
+                lse(l_blk, l_i, m_i)
                 T.copy(l_blk, Lse[tok, h0 : h0 + hb])
             elif tx < 384:  # the two value warpgroups: the gemm splits the 512 columns between them
                 T.set_max_nreg(regs[1], 1)
@@ -170,19 +157,6 @@ def ws4_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fal
                             if fp8:
                                 fp8_gather(KV, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g, 0)
                             else:
-                                if g < BI // 4:  # the chunk's 64 indices: 16 threads x 4 int32
-                                    T.ptx_cp_async(T.access_ptr(idx_sh[st, g * 4], "w", 4),
-                                                   T.access_ptr(Idx[tok, c0 + g * 4], "r", 4), 4)
-                                for p in T.unroll(BI // ROWS_PER_PASS):
-                                    row = Idx[tok, c0 + p * ROWS_PER_PASS + g // 8]
-                                    ok = (row >= 0) and (row < n_kv)
-                                    src = T.max(T.min(row, n_kv - 1), 0)  # in bounds even when not read
-                                    dst = p * ROWS_PER_PASS + g // 8
-                                    for u in T.unroll(d // 64):
-                                        T.ptx_cp_async(T.access_ptr(kv_lat[st, dst, u * 64 + (g % 8) * 8], "w", 8),
-                                                       T.access_ptr(KV[src, u * 64 + (g % 8) * 8], "r", 8), 8, ok)
-                                    T.ptx_cp_async(T.access_ptr(kv_rope[st, dst, (g % 8) * 8], "w", 8),
-                                                   T.access_ptr(KV[src, d + (g % 8) * 8], "r", 8), 8, ok)
-                                T.cp_async_barrier_noinc(ready[st])
+                                bf16_gather(KV, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g)
 
     return sparse_mla_ws4
