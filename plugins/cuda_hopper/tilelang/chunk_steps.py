@@ -7,6 +7,8 @@
   (``l == 0``) gets ``+inf``, or ``-inf`` in a split-K partial (the combine's empty split);
 * ``scores``: ``acc_s = mask + Q . K^T`` over ring stage ``st`` (an index of ``-1`` or ``>= S`` masked to
   ``-inf``), with synchronous GEMMs or issued only (``asynchronous``: the caller waits);
+* ``ring_buffers`` / ``softmax_state``: the shared memory of the warp-specialised schedules (Q, the two-stage ring of
+  rows and their indices, P and the values' rescale factors and row sums) and the running softmax statistics;
 * ``bf16_gather``: the producer warpgroup's cp.async copy of one chunk's indices and its 64 bf16 KV rows into ring
   stage ``st`` (16 bytes a copy, 8 threads per 128-byte segment; an index of ``-1`` or ``>= S`` is a zero-filling
   copy that reads nothing), completing ``ready[st]`` through ``cp.async.mbarrier.arrive.noinc``.
@@ -15,9 +17,25 @@
 # No ``from __future__ import annotations``: TileLang evaluates the macros' annotations.
 from typing import Any
 
-from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import D_LATENT, LN2
+from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import D_LATENT, D_ROPE, LN2
 
 ROWS_PER_PASS = 16  # gather: 128 threads = 16 rows x 8 threads, each thread 16 bytes of a 128-byte segment
+
+
+def ring_buffers(T: Any, hb: int, bi: int, dtype: str) -> tuple:
+    """``(q_lat, q_rope, kv_lat, kv_rope, idx_sh, p_sh, alpha_sh, l_sh)`` of a warp-specialised schedule: the
+    tensor-core operands in ``dtype`` (Q ``[hb, 512 | 64]``, two ring stages of ``bi`` rows, P ``[hb, bi]``), the
+    stages' indices, and fp32 ``[hb]`` rescale factors and row sums for the value warpgroups."""
+    f32 = "float32"
+    return (T.alloc_shared((hb, D_LATENT), dtype), T.alloc_shared((hb, D_ROPE), dtype),
+            T.alloc_shared((2, bi, D_LATENT), dtype), T.alloc_shared((2, bi, D_ROPE), dtype),
+            T.alloc_shared((2, bi), "int32"), T.alloc_shared((hb, bi), dtype),
+            T.alloc_shared((hb,), f32), T.alloc_shared((hb,), f32))
+
+
+def softmax_state(T: Any, hb: int) -> tuple:
+    """``(m_i, m_prev, l_i, l_blk, alpha)``: fp32 ``[hb]`` fragments of the online softmax."""
+    return tuple(T.alloc_fragment((hb,), "float32") for _ in range(5))
 
 
 def chunk_steps(hb: int, bi: int, scale2: float, n_kv: Any, split: bool) -> Any:

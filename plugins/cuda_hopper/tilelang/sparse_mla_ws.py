@@ -47,7 +47,7 @@ docs/benchmarks.md); halving each CTA's rows did.
 # No ``from __future__ import annotations``: TileLang evaluates the kernel's annotations, which name locals.
 from typing import Any
 
-from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import D_LATENT, D_QK, D_ROPE, HEAD_BLOCK, LOG2E
+from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import D_LATENT, D_QK, HEAD_BLOCK, LOG2E
 
 BI = 64
 REGS = (240, None, 56)  # score (inc), value (the launch count: no setmaxnreg), gather (dec)
@@ -64,11 +64,11 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
     dequantised by the gather (:mod:`.gather_fp8`); ``wsf8c`` needs 128 heads."""
     import tilelang.language as T
 
-    from dsa_runtime.plugins.cuda_hopper.tilelang.chunk_steps import chunk_steps
+    from dsa_runtime.plugins.cuda_hopper.tilelang.chunk_steps import chunk_steps, ring_buffers, softmax_state
     from dsa_runtime.plugins.cuda_hopper.tilelang.cluster_push import CLUSTER_SRC, PUSH_BYTES
     from dsa_runtime.plugins.cuda_hopper.tilelang.gather_fp8 import ROW_BYTES, fp8_gather_macro
 
-    hb, d, dr, half = HEAD_BLOCK, D_LATENT, D_ROPE, D_LATENT // 2
+    hb, d, half = HEAD_BLOCK, D_LATENT, D_LATENT // 2
     overlap = cfg.variant == "wsa"
     n_chunks = k // BI
     n_rounds = -(-n_chunks // 2)
@@ -119,23 +119,12 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
     ):
         with T.Kernel(n_tok, heads // hb, threads=384, prelude=CLUSTER_SRC if cluster else None,
                       cluster_dims=(1, 2, 1) if cluster else None) as (tok, hblk):
-            q_lat = T.alloc_shared((hb, d), mm_t)
-            q_rope = T.alloc_shared((hb, dr), mm_t)
-            kv_lat = T.alloc_shared((2, BI, d), mm_t)
-            kv_rope = T.alloc_shared((2, BI, dr), mm_t)
-            idx_sh = T.alloc_shared((2, BI), "int32")
-            p_sh = T.alloc_shared((hb, BI), mm_t)
-            alpha_sh = T.alloc_shared((hb,), f32)
-            l_sh = T.alloc_shared((hb,), f32)
+            q_lat, q_rope, kv_lat, kv_rope, idx_sh, p_sh, alpha_sh, l_sh = ring_buffers(T, hb, BI, mm_t)
 
             acc_s = T.alloc_fragment((hb, BI), f32)
             acc_o_lo = T.alloc_fragment((hb, half), f32)
             acc_o_hi = T.alloc_fragment((hb, half), f32)
-            m_i = T.alloc_fragment((hb,), f32)
-            m_prev = T.alloc_fragment((hb,), f32)
-            l_i = T.alloc_fragment((hb,), f32)
-            l_blk = T.alloc_fragment((hb,), f32)
-            alpha = T.alloc_fragment((hb,), f32)
+            m_i, m_prev, l_i, l_blk, alpha = softmax_state(T, hb)
 
             ready = T.alloc_barrier([128, 128])
             # wsf8c: both CTAs' consumers free a stage (the peer's arrive remotely)

@@ -31,7 +31,7 @@ warpgroups raise to 176 and ``gather`` lowers to 40: ``(112 + 2 * 176 + 40) * 12
 # No ``from __future__ import annotations``: TileLang evaluates the kernel's annotations, which name locals.
 from typing import Any
 
-from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import D_LATENT, D_QK, D_ROPE, HEAD_BLOCK, LOG2E
+from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import D_LATENT, D_QK, HEAD_BLOCK, LOG2E
 from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla_ws import BI
 
 THREADS = 512
@@ -47,10 +47,10 @@ def ws4_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fal
     ``[S, 656]`` ``fp8_656`` cache viewed as e4m3, dequantised by the gather (:mod:`.gather_fp8`)."""
     import tilelang.language as T
 
-    from dsa_runtime.plugins.cuda_hopper.tilelang.chunk_steps import chunk_steps
+    from dsa_runtime.plugins.cuda_hopper.tilelang.chunk_steps import chunk_steps, ring_buffers, softmax_state
     from dsa_runtime.plugins.cuda_hopper.tilelang.gather_fp8 import ROW_BYTES, fp8_gather_macro
 
-    hb, d, dr, half = HEAD_BLOCK, D_LATENT, D_ROPE, D_LATENT // 2
+    hb, d, half = HEAD_BLOCK, D_LATENT, D_LATENT // 2
     n_chunks = k // BI
     n_rounds = -(-n_chunks // 2)
     scale2 = sm_scale * LOG2E
@@ -71,14 +71,7 @@ def ws4_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fal
         Lse: T.Tensor((n_tok, heads), f32),
     ):
         with T.Kernel(n_tok, heads // hb, threads=THREADS) as (tok, hblk):
-            q_lat = T.alloc_shared((hb, d), bf16)
-            q_rope = T.alloc_shared((hb, dr), bf16)
-            kv_lat = T.alloc_shared((2, BI, d), bf16)
-            kv_rope = T.alloc_shared((2, BI, dr), bf16)
-            idx_sh = T.alloc_shared((2, BI), "int32")
-            p_sh = T.alloc_shared((hb, BI), bf16)
-            alpha_sh = T.alloc_shared((hb,), f32)
-            l_sh = T.alloc_shared((hb,), f32)
+            q_lat, q_rope, kv_lat, kv_rope, idx_sh, p_sh, alpha_sh, l_sh = ring_buffers(T, hb, BI, bf16)
 
             acc_s = T.alloc_fragment((hb, BI), f32)
             # Two [64, 256] accumulators, each split over the two value warpgroups: every wgmma is then 64 x 128
@@ -86,11 +79,7 @@ def ws4_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fal
             # refuses at this launch's 128 registers a thread (C7602: it needs 154 whatever setmaxnreg raises).
             acc_o0 = T.alloc_fragment((hb, half), f32)
             acc_o1 = T.alloc_fragment((hb, half), f32)
-            m_i = T.alloc_fragment((hb,), f32)
-            m_prev = T.alloc_fragment((hb,), f32)
-            l_i = T.alloc_fragment((hb,), f32)
-            l_blk = T.alloc_fragment((hb,), f32)
-            alpha = T.alloc_fragment((hb,), f32)
+            m_i, m_prev, l_i, l_blk, alpha = softmax_state(T, hb)
 
             ready = T.alloc_barrier([128, 128])
             free = T.alloc_barrier([384, 384])
