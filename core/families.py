@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    import torch
     from torch import Tensor
 
 Family = Literal["indexer", "topk", "sparse_attn", "kv_quant", "moe"]
@@ -62,6 +63,25 @@ INDEX_K_ROW_BYTES = INDEX_HEAD_DIM + 4  # 132
 FP8_MAX = 448.0
 FP8_AMAX_FLOOR = 1e-4
 QUANT_BLOCK = 128
+
+
+def mla_row_format(layout: str) -> tuple[int, torch.dtype]:
+    """Row width and dtype of an MLA cache ``layout``: ``bf16`` -> (576, bfloat16), ``fp8_656`` -> (656, uint8)."""
+    import torch
+
+    if layout == "fp8_656":
+        return FP8_MLA_ROW_BYTES, torch.uint8
+    if layout == "bf16":
+        return D_QK, torch.bfloat16
+    raise ValueError(f"unknown MLA layout {layout!r}; valid: bf16, fp8_656")
+
+
+def check_mla_cache(kv_cache: Tensor, layout: str) -> None:
+    """Raise ``ValueError`` unless ``kv_cache`` is a ``[pages, page_size, W]`` cache of ``layout``'s rows."""
+    width, dtype = mla_row_format(layout)
+    if kv_cache.dim() != 3 or kv_cache.shape[-1] != width or kv_cache.dtype != dtype:
+        raise ValueError(f"{layout} cache must be [pages, page_size, {width}] {dtype}, got "
+                         f"{tuple(kv_cache.shape)} {kv_cache.dtype}")
 
 
 @runtime_checkable

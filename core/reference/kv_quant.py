@@ -18,13 +18,14 @@ from torch import Tensor
 
 from dsa_runtime.families import (
     D_LATENT,
-    D_QK,
     D_ROPE,
     FP8_MLA_ROW_BYTES,
     INDEX_HEAD_DIM,
     INDEX_K_ROW_BYTES,
     QUANT_BLOCK,
     MLALayout,
+    check_mla_cache,
+    mla_row_format,
 )
 from dsa_runtime.reference.fp8 import E4M3, quantize_blocks
 
@@ -33,20 +34,12 @@ _ROPE_AT = D_LATENT + 4 * (D_LATENT // QUANT_BLOCK)  # 528
 _N_TILES = D_LATENT // QUANT_BLOCK  # 4
 
 
-def _row_width(layout: MLALayout) -> tuple[int, torch.dtype]:
-    if layout == "fp8_656":
-        return FP8_MLA_ROW_BYTES, torch.uint8
-    if layout == "bf16":
-        return D_QK, torch.bfloat16
-    raise ValueError(f"unknown MLA layout {layout!r}")
-
-
 def unpack_mla_fp32(rows: Tensor, layout: MLALayout) -> Tensor:
     """``[N, 656]`` uint8 or ``[N, 576]`` bf16 rows -> ``[N, 576]`` fp32 (``x = fp32(x8) * s``; k_pe copied).
 
     Used by sparse attention so that FP8 rows are dequantized exactly, without a bf16 rounding step.
     """
-    width, dtype = _row_width(layout)
+    width, dtype = mla_row_format(layout)
     if rows.dtype != dtype or rows.shape[-1] != width:
         raise ValueError(f"{layout} rows must be [N, {width}] {dtype}, got {tuple(rows.shape)} {rows.dtype}")
     if layout == "bf16":
@@ -81,7 +74,7 @@ class ReferenceKVQuant:
             )
         if layout == "bf16":
             return torch.cat([c.to(torch.bfloat16), k_pe.to(torch.bfloat16)], dim=-1)
-        _row_width(layout)  # rejects unknown layouts
+        mla_row_format(layout)  # rejects unknown layouts
         n = c.shape[0]
         c8, scales = quantize_blocks(c, "ue8m0")  # [N, 512] e4m3, [N, 4] fp32
         rows = torch.empty(n, FP8_MLA_ROW_BYTES, dtype=torch.uint8, device=c.device)
@@ -108,9 +101,7 @@ class ReferenceKVQuant:
         Negative slots (``-1``) are skipped; no other byte of the cache is written. Duplicate valid slots are
         not allowed (which one lands is unspecified).
         """
-        width, dtype = _row_width(layout)
-        if kv_cache.dim() != 3 or kv_cache.shape[-1] != width or kv_cache.dtype != dtype:
-            raise ValueError(f"{layout} cache must be [pages, page_size, {width}] {dtype}")
+        check_mla_cache(kv_cache, layout)
         rows = self.quantize_mla(c, k_pe, layout=layout)
         valid, page, offset = _slot_coords(slots.to(kv_cache.device), kv_cache.shape[1])
         kv_cache[page, offset] = rows[valid]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from dsa_runtime.families import D_QK, FP8_MLA_ROW_BYTES, MLALayout
+from dsa_runtime.families import D_QK, MLALayout, check_mla_cache
 from dsa_runtime.reference.fp8 import E4M3
 from dsa_runtime.reference.kv_quant import ReferenceKVQuant
 from dsa_runtime.torch_kernels.paged import index_k_views, slot_coords
@@ -38,10 +38,7 @@ class TorchKVQuant(ReferenceKVQuant):
         layout: MLALayout,
     ) -> None:
         """Pack and write rows at ``slots`` (``-1`` skipped) of ``kv_cache`` ``[pages, page_size, W]`` in place."""
-        width, dtype = (D_QK, torch.bfloat16) if layout == "bf16" else (FP8_MLA_ROW_BYTES, torch.uint8)
-        if layout not in ("bf16", "fp8_656") or kv_cache.dim() != 3 or kv_cache.shape[-1] != width \
-                or kv_cache.dtype != dtype:
-            raise ValueError(f"{layout} cache must be [pages, page_size, {width}] {dtype}")
+        check_mla_cache(kv_cache, layout)
         if not kv_cache.is_contiguous():  # a strided cache has no flat row view: the reference's path
             super().store_mla(kv_cache, slots, c, k_pe, layout=layout)
             return
@@ -50,7 +47,7 @@ class TorchKVQuant(ReferenceKVQuant):
         valid = slots >= 0
         if not bool(valid.all()):
             rows, slots = rows[valid], slots[valid]
-        kv_cache.view(-1, width).index_copy_(0, slots, rows)
+        kv_cache.view(-1, kv_cache.shape[-1]).index_copy_(0, slots, rows)
 
     def store_index_k(self, index_cache: Tensor, slots: Tensor, k8: Tensor, k_scale: Tensor) -> None:
         """Write ``k8`` ``[N, 128]`` e4m3 and ``k_scale`` ``[N]`` fp32 at ``slots`` (``-1`` skipped) in place."""

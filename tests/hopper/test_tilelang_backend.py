@@ -272,13 +272,13 @@ def test_bad_inputs_are_one_line_errors():
         kern.prefill(q, torch.zeros(4, 576, dtype=torch.bfloat16), torch.zeros(2, 64, dtype=torch.int32), 0.1, d_v=256)
     with pytest.raises(ValueError, match="bf16 q and bf16 or fp8_656 kv"):
         kern.prefill(q.float(), torch.zeros(4, 576), torch.zeros(2, 64, dtype=torch.int32), 0.1)
-    with pytest.raises(ValueError, match="bf16 and fp8_656 caches"):
+    with pytest.raises(ValueError, match="unknown MLA layout 'fp8_e5'; valid: bf16, fp8_656"):
         kern.decode(q[None], torch.zeros(1, 64, 656, dtype=torch.uint8), torch.zeros(1, 2, 64, dtype=torch.int32),
                     0.1, layout="fp8_e5")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"a fp8_656 cache is \[pages, page_size, 656\] torch.uint8"):
+    with pytest.raises(ValueError, match=r"fp8_656 cache must be \[pages, page_size, 656\] torch.uint8"):
         kern.decode(q[None], torch.zeros(1, 64, 576, dtype=torch.bfloat16), torch.zeros(1, 2, 64, dtype=torch.int32),
                     0.1, layout="fp8_656")
-    with pytest.raises(ValueError, match=r"a bf16 cache is \[pages, page_size, 576\] torch.bfloat16"):
+    with pytest.raises(ValueError, match=r"bf16 cache must be \[pages, page_size, 576\] torch.bfloat16"):
         kern.decode(q[None], torch.zeros(1, 64, 656, dtype=torch.uint8), torch.zeros(1, 2, 64, dtype=torch.int32),
                     0.1, layout="bf16")
     with pytest.raises(ValueError, match="fp8_656 cache in decode only"):

@@ -27,7 +27,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from dsa_runtime.capabilities import MethodClaim, ValueSet
-from dsa_runtime.families import D_QK, D_V, FP8_MLA_ROW_BYTES, MLALayout
+from dsa_runtime.families import D_QK, D_V, FP8_MLA_ROW_BYTES, MLALayout, check_mla_cache
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -188,14 +188,9 @@ class TileLangSparseAttn:
         ``[B, Q, H, 512]`` bf16, lse ``[B, Q, H]`` fp32."""
         import torch
 
-        if layout not in ("bf16", "fp8_656"):
-            raise ValueError(f"the tilelang backend decodes the bf16 and fp8_656 caches, got layout {layout!r}")
+        check_mla_cache(kv_cache, layout)
         if d_v != D_V:
             raise ValueError(f"tilelang sparse MLA runs d_v {D_V}, got {d_v}")
-        want = (FP8_MLA_ROW_BYTES, torch.uint8) if layout == "fp8_656" else (D_QK, torch.bfloat16)
-        if kv_cache.dim() != 3 or (kv_cache.shape[-1], kv_cache.dtype) != want:
-            raise ValueError(f"a {layout} cache is [pages, page_size, {want[0]}] {want[1]}, got "
-                             f"{tuple(kv_cache.shape)} {kv_cache.dtype}")
         b, n_q, heads, _ = q.shape
         k = indices.shape[-1]
         rows = b * n_q

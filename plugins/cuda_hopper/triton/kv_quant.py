@@ -18,14 +18,14 @@ from dsa_runtime.families import (
     D_LATENT,
     D_QK,
     D_ROPE,
-    FP8_MLA_ROW_BYTES,
     INDEX_HEAD_DIM,
     INDEX_K_ROW_BYTES,
     MLALayout,
+    check_mla_cache,
+    mla_row_format,
 )
 
 if TYPE_CHECKING:
-    import torch
     from torch import Tensor
 
 _CUDA = ValueSet.one_of("cuda")
@@ -47,16 +47,6 @@ def _check_rows(c: Tensor, k_pe: Tensor) -> None:
         raise ValueError(f"expected c [N, 512] and k_pe [N, 64], got {tuple(c.shape)}, {tuple(k_pe.shape)}")
 
 
-def _width(layout: str) -> tuple[int, torch.dtype]:
-    import torch
-
-    if layout == "fp8_656":
-        return FP8_MLA_ROW_BYTES, torch.uint8
-    if layout == "bf16":
-        return D_QK, torch.bfloat16
-    raise ValueError(f"unknown MLA layout {layout!r}; valid: bf16, fp8_656")
-
-
 class TritonKVQuant:
     """:class:`dsa_runtime.families.KVQuantKernels` in Triton: one launch per call, no host synchronisation."""
 
@@ -67,7 +57,7 @@ class TritonKVQuant:
         from dsa_runtime.plugins.cuda_hopper.triton.kv_quant_kernels import pack_rows
 
         _check_rows(c, k_pe)
-        width, dtype = _width(layout)
+        width, dtype = mla_row_format(layout)
         out = torch.empty(c.shape[0], width, dtype=dtype, device=c.device)
         pack_rows(c, k_pe, None, out, layout)
         return out
@@ -78,7 +68,7 @@ class TritonKVQuant:
 
         from dsa_runtime.plugins.cuda_hopper.triton.kv_quant_kernels import unpack_fp8
 
-        width, dtype = _width(layout)
+        width, dtype = mla_row_format(layout)
         if rows.dim() != 2 or rows.shape[1] != width or rows.dtype != dtype:
             raise ValueError(f"{layout} rows must be [N, {width}] {dtype}, got {tuple(rows.shape)} {rows.dtype}")
         if layout == "bf16":
@@ -94,10 +84,7 @@ class TritonKVQuant:
 
     def store_mla(self, kv_cache: Tensor, slots: Tensor, c: Tensor, k_pe: Tensor, *, layout: MLALayout) -> None:
         """Quantize and write rows at ``slots`` (``-1`` skipped) of ``kv_cache`` ``[pages, page_size, W]`` in place."""
-        width, dtype = _width(layout)
-        if kv_cache.dim() != 3 or kv_cache.shape[-1] != width or kv_cache.dtype != dtype:
-            raise ValueError(f"{layout} cache must be [pages, page_size, {width}] {dtype}, got "
-                             f"{tuple(kv_cache.shape)} {kv_cache.dtype}")
+        check_mla_cache(kv_cache, layout)
         if not kv_cache.is_contiguous():
             raise ValueError("store_mla: the cache must be contiguous (slot = page * page_size + offset)")
         _check_rows(c, k_pe)
