@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from dsa_runtime.plugins.cuda_hopper.triton.topk import BISECT_MAX_WIDTH as MAX_WIDTH
-from dsa_runtime.plugins.cuda_hopper.triton.topk_radix import radix_key, to_slots, write_block
+from dsa_runtime.plugins.cuda_hopper.triton.topk_radix import page_table_row, radix_key, to_slots, write_block
 
 
 def bisect_width(width: int) -> int:
@@ -99,9 +99,7 @@ def _topk_bisect_kernel(
     lo = tl.load(starts_ptr + r).to(tl.int32)
     hi = tl.load(ends_ptr + r).to(tl.int32)
     out_row = out_ptr + r.to(tl.int64) * k
-    table_row = table_ptr
-    if FUSE:
-        table_row = table_ptr + tl.load(batch_ptr + r).to(tl.int64) * stride_table
+    table_row = page_table_row(table_ptr, stride_table, batch_ptr, r, FUSE)
     n = hi - lo
     cols = lo + tl.arange(0, WIDTH)
     inside = cols < hi

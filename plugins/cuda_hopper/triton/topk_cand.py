@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from dsa_runtime.plugins.cuda_hopper.triton.topk_radix import (
+    page_table_row,
     pass_hist,
     pick_bin,
     radix_key,
@@ -136,9 +137,7 @@ def _cand_rows_kernel(
     out_row = out_ptr + r.to(tl.int64) * k
     cand_row = cand_ptr + r.to(tl.int64) * C
     ckey_row = ckey_ptr + r.to(tl.int64) * C
-    table_row = table_ptr
-    if FUSE:
-        table_row = table_ptr + tl.load(batch_ptr + r).to(tl.int64) * stride_table
+    table_row = page_table_row(table_ptr, stride_table, batch_ptr, r, FUSE)
     search = (hi - lo) > k
     hist = pass_hist(row_ptr, lo, hi, tl.zeros([], dtype=tl.int32), search, 0, 8, BLOCK)
     b0, above0, m0 = pick_bin(hist, k, 8)
@@ -234,9 +233,7 @@ def _cand_scatter_kernel(
     lo, hi, a, c = _slice_of(starts_ptr, ends_ptr, r, s, S)
     row_ptr = logits_ptr + r.to(tl.int64) * stride_row
     out_row = out_ptr + r.to(tl.int64) * k
-    table_row = table_ptr
-    if FUSE:
-        table_row = table_ptr + tl.load(batch_ptr + r).to(tl.int64) * stride_table
+    table_row = page_table_row(table_ptr, stride_table, batch_ptr, r, FUSE)
     prefix, d, above, m, gt_before, c_before = _row_plan(ws_ptr, r, s, S, R, k, C)
     if ((hi - lo) > k) & (m <= C):
         cand_row = cand_ptr + r.to(tl.int64) * C
@@ -257,9 +254,7 @@ def _cand_finish_kernel(
     hi = tl.load(ends_ptr + r).to(tl.int32)
     row_ptr = logits_ptr + r.to(tl.int64) * stride_row
     out_row = out_ptr + r.to(tl.int64) * k
-    table_row = table_ptr
-    if FUSE:
-        table_row = table_ptr + tl.load(batch_ptr + r).to(tl.int64) * stride_table
+    table_row = page_table_row(table_ptr, stride_table, batch_ptr, r, FUSE)
     prefix, d, above, m, gt_before, c_before = _row_plan(ws_ptr, r, 0, S, R, k, C)
     if ((hi - lo) > k) & (m <= C):
         cand_row = cand_ptr + r.to(tl.int64) * C

@@ -74,6 +74,15 @@ def pick_bin(hist, need, BITS: tl.constexpr):
 
 
 @triton.jit
+def page_table_row(table_ptr, stride_table, batch_ptr, r, FUSE: tl.constexpr):
+    """Row ``r``'s page-table row (its request's, ``batch_ptr[r]``) when ``FUSE``, else ``table_ptr`` unused."""
+    table_row = table_ptr
+    if FUSE:
+        table_row = table_ptr + tl.load(batch_ptr + r).to(tl.int64) * stride_table
+    return table_row
+
+
+@triton.jit
 def to_slots(pos, table_row_ptr, page_size, mask):
     """Request positions -> KV slots through one request's page-table row (read only where ``mask``)."""
     page = tl.load(table_row_ptr + pos // page_size, mask=mask, other=0)
@@ -157,9 +166,7 @@ def _topk_rows_kernel(
     lo = tl.load(starts_ptr + r).to(tl.int32)
     hi = tl.load(ends_ptr + r).to(tl.int32)
     out_row = out_ptr + r.to(tl.int64) * k
-    table_row = table_ptr
-    if FUSE:
-        table_row = table_ptr + tl.load(batch_ptr + r).to(tl.int64) * stride_table
+    table_row = page_table_row(table_ptr, stride_table, batch_ptr, r, FUSE)
     select_row(row_ptr, lo, hi, k, out_row, table_row, page_size, BITS, BLOCK, FUSE)
 
 

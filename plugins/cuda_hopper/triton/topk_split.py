@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dsa_runtime.plugins.cuda_hopper.triton.topk_radix import pass_hist, pick_bin, write_block
+from dsa_runtime.plugins.cuda_hopper.triton.topk_radix import page_table_row, pass_hist, pick_bin, write_block
 
 # state fields, per (row, split); tl.constexpr globals, which compiled kernels may read (the interpreter
 # also accepts plain ints, the compiler does not)
@@ -126,9 +126,7 @@ def _split_final_kernel(
     eq_base = k - need
     row_ptr = logits_ptr + r.to(tl.int64) * stride_row
     out_row = out_ptr + r.to(tl.int64) * k
-    table_row = table_ptr
-    if FUSE:
-        table_row = table_ptr + tl.load(batch_ptr + r).to(tl.int64) * stride_table
+    table_row = page_table_row(table_ptr, stride_table, batch_ptr, r, FUSE)
     offs = tl.arange(0, BLOCK)
     for c0 in range(a, b, BLOCK):
         n_gt, n_eq = write_block(row_ptr, out_row, c0 + offs, b, lo, sh, thr, take_all, need, eq_base, n_gt, n_eq,
