@@ -1,8 +1,9 @@
-"""Inputs and the output check of bench/sparse_attn_tilelang.py, and the sizes it runs at (one object, which
-``--dry-run`` shrinks for the CPU)."""
+"""Inputs and the output check of bench/sparse_attn_tilelang.py, the sizes it runs at (one object, which
+``--dry-run`` shrinks for the CPU) and the run's shared state (results so far, the step the watchdog times)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -39,6 +40,14 @@ class Sizes:
 
 
 SIZES = Sizes()
+# A kernel that deadlocks (a wrong mbarrier phase) never returns: a watchdog ends the run with what it was doing.
+PROGRESS = {"t": time.time(), "what": "start", "limit": 600.0}
+RESULTS: dict = {"rows": [], "checks": {}}
+
+
+def step(what: str, limit: float = 180.0) -> None:
+    """Record what runs now; the watchdog exits (code 3) when one step takes longer than ``limit`` seconds."""
+    PROGRESS.update(t=time.time(), what=what, limit=limit)
 
 
 def poison_allocator(nbytes: int) -> None:
