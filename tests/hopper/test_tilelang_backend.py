@@ -331,10 +331,13 @@ def test_cluster_push_layout_check_reads_the_stage_stores():
            "(((int)blockIdx.y) * 2048)) + (pp * 1024)) = v;")
     rope = "*(uint1*)(((half_t*)kv_rope) + ((((((st_2 * 4096) + (((int)blockIdx.y) * 2048)) + (pp * 1024)) = w;"
     push = "dsa_push_half_stage(a, b, c, 0, 1);"
+    init = "free[0].init(512);\ntl::cluster_sync();"
     assert push_layout_problems(lat + rope) == []  # no push: nothing to check
-    assert push_layout_problems("\n".join([lat, rope, push])) == []
-    bad = push_layout_problems("\n".join([lat.replace("4096", "2048"), rope.replace("* 2048", "* 1024"), push]))
+    assert push_layout_problems("\n".join([init, lat, rope, push])) == []
+    bad = push_layout_problems("\n".join([init, lat.replace("4096", "2048"), rope.replace("* 2048", "* 1024"), push]))
     assert len(bad) == 2 and "latent" in bad[0] and "rope" in bad[1]
+    unsynced = push_layout_problems("\n".join(["free[0].init(512);", lat, rope, push]))
+    assert unsynced == ["wsf8c: no cluster sync after the barriers are initialised"]
 
 
 def test_bad_launch_shapes_are_refused():

@@ -15,8 +15,8 @@ checked in the generated source by :func:`.sparse_mla.source_problems`): per sta
 Protocol per chunk and stage ``s``: ``free[s]`` counts 512 arrivals, the 256 consumer threads of both CTAs (the
 peer's arrive remotely), so a gather writes its half, locally and into the peer, only when both CTAs are done
 with the stage; ``ready[s]`` counts the 128 local gather arrivals, one of which also expects the 36 KB the peer
-pushes. A cluster barrier after the barriers' initialisation and one before exit keep every remote access inside
-both CTAs' lifetimes.
+pushes. A cluster barrier after the barriers' initialisation (TileLang's own, checked in the source) and one
+before exit keep every remote access inside both CTAs' lifetimes.
 """
 
 import re
@@ -66,4 +66,9 @@ def push_layout_problems(src: str) -> list[str]:
         out.append("wsf8c: the latent stage is not [stage 32768][atom 4096][half 2048 = 32 rows x 64] f16 elements")
     if not _ROPE_STORE.search(src):
         out.append("wsf8c: the rope stage is not [stage 4096][half 2048] f16 elements")
+    # TileLang syncs the cluster after initialising a cluster barrier (``free``): no remote arrival or push may
+    # reach a peer whose barriers are not initialised yet; the program adds only the sync before exit.
+    init, sync = src.find(".init("), src.find("tl::cluster_sync();")
+    if init < 0 or sync < init:
+        out.append("wsf8c: no cluster sync after the barriers are initialised")
     return out
