@@ -22,7 +22,13 @@ import triton
 import triton.language as tl
 
 from dsa_runtime.plugins.cuda_hopper.triton.topk import BISECT_MAX_WIDTH as MAX_WIDTH
-from dsa_runtime.plugins.cuda_hopper.triton.topk_radix import page_table_row, radix_key, to_slots, write_block
+from dsa_runtime.plugins.cuda_hopper.triton.topk_radix import (
+    page_table_row,
+    radix_key,
+    table_args,
+    to_slots,
+    write_block,
+)
 
 
 def bisect_width(width: int) -> int:
@@ -132,11 +138,7 @@ def launch_bisect(logits, starts, ends, out, k, table, batch, page_size, *, bloc
     if width > MAX_WIDTH:
         raise ValueError(f"rows of {width} columns do not fit one program (at most {MAX_WIDTH})")
     block_width = bisect_width(width)
-    fuse = table is not None
-    if not fuse:
-        table, batch, stride_table, page_size = out, starts, 0, 1
-    else:
-        stride_table = table.stride(0)
+    table, stride_table, batch, page_size, fuse = table_args(out, starts, table, batch, page_size)
     _topk_bisect_kernel[(logits.shape[0],)](
         logits, logits.stride(0), starts, ends, out, k, table, stride_table, batch, page_size,
         WIDTH=block_width, BLOCK=min(block, block_width), FUSE=fuse, REG_WRITE=reg_write,

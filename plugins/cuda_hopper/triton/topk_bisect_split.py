@@ -28,7 +28,7 @@ from dsa_runtime.plugins.cuda_hopper.triton.topk_bisect import (
     rank_selected,
     threshold,
 )
-from dsa_runtime.plugins.cuda_hopper.triton.topk_radix import radix_key, to_slots
+from dsa_runtime.plugins.cuda_hopper.triton.topk_radix import radix_key, table_args, to_slots
 
 INT_MIN = tl.constexpr(-2147483648)
 
@@ -164,11 +164,7 @@ def launch_bisect_split(logits, starts, ends, out, k, table, batch, page_size, *
             WIDTH=wg, BLOCK=min(block, wg), FUSE=False, OUT_CAND=True, num_warps=bisect_warps(wg, keys_per_thread),
         )
         cand, split = merged, groups
-    fuse = table is not None
-    if not fuse:
-        table, batch, stride_table, page_size = out, starts, 0, 1
-    else:
-        stride_table = table.stride(0)
+    table, stride_table, batch, page_size, fuse = table_args(out, starts, table, batch, page_size)
     w2 = bisect_width(split * k)
     _merge_kernel[(rows,)](
         cand[0], cand[1], starts, out, k, split * k, table, stride_table, batch, page_size,

@@ -31,6 +31,7 @@ from dsa_runtime.plugins.cuda_hopper.triton.topk_radix import (
     pick_bin,
     radix_key,
     select_row,
+    table_args,
     to_slots,
 )
 
@@ -265,18 +266,12 @@ def _cand_finish_kernel(
         select_row(row_ptr, lo, hi, k, out_row, table_row, page_size, 8, BLOCK, FUSE)
 
 
-def _table_args(out, starts, table, batch, page_size):
-    if table is None:
-        return out, 0, starts, 1, False
-    return table, table.stride(0), batch, page_size, True
-
-
 def launch_cand_rows(logits, starts, ends, out, k, table, batch, page_size, *, cap: int, block: int, warps: int):
     """One program per row; candidate buffer of ``min(cap, L)`` columns per row."""
     rows, width = logits.shape
     cap = max(1, min(cap, width))
     cand = torch.empty((2, rows, cap), dtype=torch.int32, device=logits.device)  # columns, keys
-    tab, stab, bat, ps, fuse = _table_args(out, starts, table, batch, page_size)
+    tab, stab, bat, ps, fuse = table_args(out, starts, table, batch, page_size)
     _cand_rows_kernel[(rows,)](
         logits, logits.stride(0), starts, ends, out, cand[0], cand[1], k, cap, tab, stab, bat, ps,
         BLOCK=block, FUSE=fuse, num_warps=warps,
@@ -292,7 +287,7 @@ def launch_cand_split(logits, starts, ends, out, k, table, batch, page_size, *, 
     dev = logits.device
     ws = torch.empty((2, rows, split, 256), dtype=torch.int32, device=dev)
     cand = torch.empty((2, rows, cap), dtype=torch.int32, device=dev)  # columns, keys
-    tab, stab, bat, ps, fuse = _table_args(out, starts, table, batch, page_size)
+    tab, stab, bat, ps, fuse = table_args(out, starts, table, batch, page_size)
     for level in (0, 1):
         _cand_hist_kernel[(rows, split)](
             logits, logits.stride(0), starts, ends, ws, k, split, rows, cap, LEVEL=level, BLOCK=block, num_warps=warps,

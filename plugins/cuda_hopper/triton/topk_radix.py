@@ -73,6 +73,14 @@ def pick_bin(hist, need, BITS: tl.constexpr):
     return b, above, in_bin
 
 
+def table_args(out, starts, table, batch, page_size):
+    """A kernel's ``(table, stride_table, batch, page_size, FUSE)``: the page table when slots are wanted, else
+    placeholders the kernel never reads (``table`` None: positions)."""
+    if table is None:
+        return out, 0, starts, 1, False
+    return table, table.stride(0), batch, page_size, True
+
+
 @triton.jit
 def page_table_row(table_ptr, stride_table, batch_ptr, r, FUSE: tl.constexpr):
     """Row ``r``'s page-table row (its request's, ``batch_ptr[r]``) when ``FUSE``, else ``table_ptr`` unused."""
@@ -172,11 +180,7 @@ def _topk_rows_kernel(
 
 def launch_rows(logits, starts, ends, out, k, table, batch, page_size, *, bits: int, block: int, warps: int):
     """Launch the one-program-per-row kernel (``table``/``batch`` None: positions, else slots)."""
-    fuse = table is not None
-    if not fuse:
-        table, batch, stride_table, page_size = out, starts, 0, 1
-    else:
-        stride_table = table.stride(0)
+    table, stride_table, batch, page_size, fuse = table_args(out, starts, table, batch, page_size)
     _topk_rows_kernel[(logits.shape[0],)](
         logits, logits.stride(0), starts, ends, out, k, table, stride_table, batch, page_size,
         BITS=bits, BLOCK=block, FUSE=fuse, num_warps=warps,

@@ -18,7 +18,13 @@ import torch
 import triton
 import triton.language as tl
 
-from dsa_runtime.plugins.cuda_hopper.triton.topk_radix import page_table_row, pass_hist, pick_bin, write_block
+from dsa_runtime.plugins.cuda_hopper.triton.topk_radix import (
+    page_table_row,
+    pass_hist,
+    pick_bin,
+    table_args,
+    write_block,
+)
 
 # state fields, per (row, split); tl.constexpr globals, which compiled kernels may read (the interpreter
 # also accepts plain ints, the compiler does not)
@@ -151,11 +157,7 @@ def launch_split(logits, starts, ends, out, k, table, batch, page_size, *, split
             logits, logits.stride(0), starts, ends, ws, state, k, split, rows,
             p=p, BITS=bits, BLOCK=block, num_warps=cfg.split_warps,
         )
-    fuse = table is not None
-    if not fuse:
-        table, batch, stride_table, page_size = out, starts, 0, 1
-    else:
-        stride_table = table.stride(0)
+    table, stride_table, batch, page_size, fuse = table_args(out, starts, table, batch, page_size)
     _split_final_kernel[grid](
         logits, logits.stride(0), starts, ends, ws, state, out, k, split, rows,
         table, stride_table, batch, page_size,
