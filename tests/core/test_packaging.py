@@ -67,3 +67,24 @@ def test_wheel_extras_name_the_fields_packages(wheel):
     assert extras == {"hopper", "blackwell", "rocm", "npu", "server", "test", "all"}
     for requirement in ("flashinfer-python", "tilelang", "amd-aiter", "torch-npu", "fastapi", "triton"):
         assert requirement in meta
+
+
+def test_ci_installs_nothing_beyond_readmes_set_up():
+    """A green CI must mean a newcomer's run of README's two commands is green: .ci/run may install only
+    through README's set-up line, and the suite's optional imports come from the extras that line names."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    installs = [line for line in ci.splitlines()
+                if ("pip install" in line or "apt-get install" in line) and not line.startswith("SETUP=")]
+    assert not installs, f".ci/run installs beyond README's set-up: {installs}"
+    setup = next(line for line in ci.splitlines() if line.startswith("SETUP="))
+    assert setup.split("=", 1)[1].strip("'") in (ROOT / "README.md").read_text()
+    assert '".[server,test]"' in setup
+
+
+def test_test_extra_holds_what_the_suite_imports():
+    """The interpreter tests import triton (and its interpreter needs numpy < 2.3): both are in the test extra."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    names = {req.split(";")[0].split("=")[0].split("<")[0].split(">")[0].strip() for req in extras["test"]}
+    assert {"pytest", "triton", "numpy", "httpx", "openai"} <= names
