@@ -3,6 +3,8 @@ passes, with both FP8 scale rules and with the shared expert fused or apart."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -22,7 +24,9 @@ def _variant(scale_fmt: str, fuse_shared: bool):
     from dsa_runtime.plugins.cuda_hopper.triton.moe_experts import TritonMoE
 
     backend = triton_backend()
-    backend.kernels = {"moe": lambda: TritonMoE(scale_fmt, fuse_shared=fuse_shared)}
+    # A partial of the module-level class pickles, so the kit can send this variant to its isolated worker
+    # process (the default on CUDA); a lambda cannot be sent.
+    backend.kernels = {"moe": functools.partial(TritonMoE, scale_fmt, fuse_shared=fuse_shared)}
     return backend
 
 

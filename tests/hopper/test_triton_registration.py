@@ -100,3 +100,19 @@ def test_auto_on_hopper_without_triton_falls_back_with_reason(monkeypatch):
     choice = resolve_kernels(KernelConfig()).choices["moe.experts"]
     assert choice.backend == "reference"
     assert "triton package is not installed" in choice.reason
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs the triton package (pip install -e '.[test]')")
+def test_moe_variants_of_the_gpu_suite_can_reach_the_isolated_worker():
+    """The GPU suite's MoE variants (scale rule x shared expert) are sent to the kit's isolated worker process,
+    the default on CUDA: they must pickle (a lambda factory made them fail with ConfigError on an H200)."""
+    import pickle
+
+    from dsa_runtime.testing.isolate import backend_ref
+    from tests.hopper.test_triton_moe_gpu import _variant
+
+    for scale_fmt, fuse_shared in (("float", True), ("ue8m0", False)):
+        ref = backend_ref(_variant(scale_fmt, fuse_shared))
+        assert ref.kind == "pickle"
+        factory = pickle.loads(ref.value)["kernels"]["moe"]
+        assert factory.args == (scale_fmt,) and factory.keywords == {"fuse_shared": fuse_shared}
