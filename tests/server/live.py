@@ -84,3 +84,20 @@ def stream_chat(client: httpx.Client, body: dict[str, Any]) -> list[Any]:
         assert r.status_code == 200, r.read()
         assert r.headers["content-type"].startswith("text/event-stream")
         return list(sse_events(r))
+
+
+def assert_error(r: httpx.Response, status: int, param: str | None = None, code: str | None = None) -> dict:
+    """``r`` is an OpenAI error object with ``status``, ``param`` and ``code``; returns its ``error`` dict."""
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
+    err = body["error"]
+    assert isinstance(err["message"], str) and err["message"]
+    assert err["param"] == param and err["code"] == code, err
+    assert not isinstance(err["code"], int)  # the status is on the response, never in code
+    return err
+
+
+def post_raw(client: httpx.Client, path: str, text: str) -> httpx.Response:
+    """POST ``text`` as the JSON body byte for byte (``json=`` would re-encode it, e.g. escapes and nesting)."""
+    return client.post(path, content=text.encode(), headers={"content-type": "application/json"})

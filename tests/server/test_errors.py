@@ -8,7 +8,7 @@ from tests.server.needs import server_extra
 
 server_extra()
 
-from tests.server.live import LiveServer, sse_events  # noqa: E402
+from tests.server.live import LiveServer, assert_error, sse_events  # noqa: E402
 from tests.server.scripted_engine import ScriptedEngine  # noqa: E402
 
 MODEL = "test-model"
@@ -27,17 +27,6 @@ def srv():
     engine = ScriptedEngine(_script, max_model_len=512)
     with LiveServer(engine, served_model_name=MODEL, max_request_bytes=64 * 1024, api_key="sk-test") as server:
         yield server
-
-
-def _assert_error(r, status: int, param=None, code=None) -> dict:
-    assert r.status_code == status, r.text
-    body = r.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
-    err = body["error"]
-    assert isinstance(err["message"], str) and err["message"]
-    assert err["param"] == param and err["code"] == code, err
-    assert not isinstance(err["code"], int)  # the status is on the response, never in code
-    return err
 
 
 def _still_serving(srv) -> None:
@@ -82,7 +71,7 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_error_case_then_next_request_succeeds(srv, case):
     kwargs, status, param, code = CASES[case]
-    _assert_error(srv.client.post("/v1/chat/completions", **kwargs), status, param, code)
+    assert_error(srv.client.post("/v1/chat/completions", **kwargs), status, param, code)
     _still_serving(srv)
 
 
@@ -93,7 +82,7 @@ def test_oversized_body_without_content_length(srv):
             yield b"x" * 1024
 
     r = srv.client.post("/v1/chat/completions", content=body(), headers={"content-type": "application/json"})
-    _assert_error(r, 413, None, "request_too_large")
+    assert_error(r, 413, None, "request_too_large")
     _still_serving(srv)
 
 
@@ -101,18 +90,18 @@ def test_oversized_body_without_content_length(srv):
 def test_missing_or_wrong_api_key(srv, header):
     headers = {} if header is None else {"Authorization": header}
     with srv.client.__class__(base_url=srv.url, timeout=30, headers=headers) as anonymous:
-        _assert_error(anonymous.post("/v1/chat/completions", json=OK_BODY), 401, None, "invalid_api_key")
-        _assert_error(anonymous.get("/v1/models"), 401, None, "invalid_api_key")
+        assert_error(anonymous.post("/v1/chat/completions", json=OK_BODY), 401, None, "invalid_api_key")
+        assert_error(anonymous.get("/v1/models"), 401, None, "invalid_api_key")
         assert anonymous.get("/health").status_code == 200  # probes need no key
     _still_serving(srv)
 
 
 def test_completions_errors(srv):
     base = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
-    _assert_error(srv.client.post("/v1/completions", json={**base, "prompt": 5}), 400, "prompt", None)
-    _assert_error(srv.client.post("/v1/completions", json={**base, "prompt": []}), 400, "prompt", None)
-    _assert_error(srv.client.post("/v1/completions", json={**base, "prompt": [-1, 3]}), 400, "prompt", None)
-    _assert_error(srv.client.post("/v1/completions", json={**base, "logprobs": 30}), 400, "logprobs", None)
+    assert_error(srv.client.post("/v1/completions", json={**base, "prompt": 5}), 400, "prompt", None)
+    assert_error(srv.client.post("/v1/completions", json={**base, "prompt": []}), 400, "prompt", None)
+    assert_error(srv.client.post("/v1/completions", json={**base, "prompt": [-1, 3]}), 400, "prompt", None)
+    assert_error(srv.client.post("/v1/completions", json={**base, "logprobs": 30}), 400, "logprobs", None)
     r = srv.client.post("/v1/completions", json=base)
     assert r.status_code == 200 and r.json()["choices"][0]["text"] == "He"
 
@@ -130,6 +119,6 @@ def test_error_in_mid_stream_is_an_sse_error_then_done(srv):
 
 
 def test_unknown_route_and_method_use_the_error_object(srv):
-    _assert_error(srv.client.get("/v1/nothing-here"), 404)
-    _assert_error(srv.client.get("/v1/chat/completions"), 405)
+    assert_error(srv.client.get("/v1/nothing-here"), 404)
+    assert_error(srv.client.get("/v1/chat/completions"), 405)
     _still_serving(srv)
