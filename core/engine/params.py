@@ -9,6 +9,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+# Temperatures below this sample greedily (vLLM's _SAMPLING_EPS): dividing logits by, say, 1e-300 overflows them
+# to inf, and softmax over infs is NaN, so a "tiny" temperature would sample garbage instead of the argmax it means.
+GREEDY_TEMPERATURE_EPS = 1e-5
+
 
 @dataclass
 class SamplingParams:
@@ -16,7 +20,8 @@ class SamplingParams:
 
     Attributes:
         max_tokens: most tokens to generate (>= 1).
-        temperature: 0 = greedy (argmax); otherwise logits are divided by it before the filters below.
+        temperature: 0 (or anything below ``GREEDY_TEMPERATURE_EPS``) = greedy (argmax); otherwise logits are
+            divided by it before the filters below.
         top_p: keep the smallest set of most likely tokens whose probability sums to at least ``top_p``.
         top_k: keep the ``top_k`` most likely tokens (0 or -1 = off).
         min_p: drop tokens whose probability is below ``min_p`` times the most likely token's.
@@ -76,7 +81,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Argmax sampling: temperature 0 or so close to it that dividing the logits by it would overflow."""
+        return self.temperature < GREEDY_TEMPERATURE_EPS
 
 
 def _is_int(value: object) -> bool:
