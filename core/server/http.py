@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
@@ -20,13 +19,15 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from dsa_runtime.server.errors import APIError, bad_request
+from dsa_runtime.server.errors import APIError
+from dsa_runtime.server.json_body import decode_json
 
 T = TypeVar("T")
 
 
 async def read_json(request: Request, limit: int) -> Any:
-    """The request body as JSON; 413 past ``limit`` bytes (checked while reading), 400 when not JSON."""
+    """The request body as JSON; 413 past ``limit`` bytes (checked while reading), 400 when not JSON, nested
+    too deeply or holding a lone surrogate (:func:`~dsa_runtime.server.json_body.decode_json`)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise _too_large(limit)
@@ -36,11 +37,8 @@ async def read_json(request: Request, limit: int) -> Any:
         if size > limit:
             raise _too_large(limit)
         parts.append(part)
-    raw = b"".join(parts)
-    try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise bad_request(f"request body is not valid JSON: {exc}") from None
+    # A worker thread: checking a multi-megabyte body's strings and nesting must not hold up other requests.
+    return await asyncio.to_thread(decode_json, b"".join(parts))
 
 
 def _too_large(limit: int) -> APIError:

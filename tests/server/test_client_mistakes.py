@@ -15,7 +15,9 @@ from tests.server.needs import server_extra
 server_extra()
 
 from dsa_runtime.engine import SamplingParams  # noqa: E402
-from tests.server.live import LiveServer  # noqa: E402
+from dsa_runtime.server.errors import APIError  # noqa: E402
+from dsa_runtime.server.json_body import MAX_DEPTH, decode_json  # noqa: E402
+from tests.server.live import LiveServer, assert_error, post_raw  # noqa: E402
 from tests.server.scripted_engine import ScriptedEngine  # noqa: E402
 
 MODEL = "test-model"
@@ -58,3 +60,136 @@ def test_tiny_temperature_answers_like_greedy(real_server, temperature):
     tiny = real_server.client.post("/v1/chat/completions", json={**body, "temperature": temperature})
     assert greedy.status_code == tiny.status_code == 200, tiny.text
     assert tiny.json()["choices"][0]["message"] == greedy.json()["choices"][0]["message"]
+
+
+# -- nesting -------------------------------------------------------------------------------------------------
+def _nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def _chat(**fields: str) -> str:
+    """A chat body as JSON text (no model name: any server takes it), with ``fields`` spliced in as raw JSON."""
+    parts = ['"max_tokens": 4', *(f'"{k}": {v}' for k, v in fields.items())]
+    if "messages" not in fields:
+        parts.append('"messages": [{"role": "user", "content": "hi"}]')
+    return "{" + ", ".join(parts) + "}"
+
+
+def _tools(parameters: str) -> str:
+    return '[{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": ' \
+           '{"a": ' + parameters + "}}}}]"
+
+
+def _call_history(arguments: str) -> str:
+    return ('[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", '
+            '"type": "function", "function": {"name": "f", "arguments": ' + arguments + '}}]}, '
+            '{"role": "tool", "tool_call_id": "c1", "content": "ok"}]')
+
+
+DEEP = _nested(10_000)
+DEEP_CASES = {
+    "whole-body": ("/v1/chat/completions", DEEP),
+    "message-content": ("/v1/chat/completions", _chat(messages='[{"role": "user", "content": ' + DEEP + "}]")),
+    "tool-parameters": ("/v1/chat/completions", _chat(tools=_tools(DEEP))),
+    "tool-call-arguments": ("/v1/chat/completions", _chat(messages=_call_history('{"x": ' + DEEP + "}"))),
+    "completions-prompt": ("/v1/completions", '{"prompt": ' + DEEP + "}"),
+    "tokenize-messages": ("/tokenize", '{"messages": [{"role": "user", "content": ' + DEEP + "}]}"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DEEP_CASES))
+def test_json_nested_10000_levels_is_a_400(srv, case):
+    """Used to be 500 ``internal error: RecursionError`` from json.loads."""
+    path, text = DEEP_CASES[case]
+    err = assert_error(post_raw(srv.client, path, text), 400)
+    assert err["type"] == "invalid_request_error" and f"nested more than {MAX_DEPTH} levels" in err["message"]
+    still_serving(srv)
+
+
+def test_nesting_just_past_the_limit_names_the_field(srv):
+    """Shallow enough for json.loads, too deep for the limit: the top-level field is named."""
+    text = _chat(tools=_tools(_nested(MAX_DEPTH)))
+    err = assert_error(post_raw(srv.client, "/v1/chat/completions", text), 400, param="tools")
+    assert f"nested more than {MAX_DEPTH} levels" in err["message"]
+    still_serving(srv)
+
+
+@pytest.mark.parametrize("server", ["srv", "real_server"])  # V3's Jinja template, V3.2's encoder
+@pytest.mark.parametrize("where", ["tool-parameters", "tool-call-arguments"])
+def test_nesting_near_the_limit_renders_into_the_prompt(request, server, where):
+    """A value just under the limit passes every later stage (schema and arguments rendered as JSON text)."""
+    objects = '{"a": ' * 110 + "1" + "}" * 110  # dicts, as real schemas and arguments are
+    text = _chat(tools=_tools(objects)) if where == "tool-parameters" else _chat(messages=_call_history(objects))
+    assert text.count("{") + text.count("[") <= MAX_DEPTH  # a bound on the depth: it is within the limit
+    live = request.getfixturevalue(server)
+    r = post_raw(live.client, "/v1/chat/completions", text)
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("depth", [MAX_DEPTH, MAX_DEPTH + 1, 990, 10_000, 1_000_000])
+def test_decode_json_depth_limit(depth):
+    text = _nested(depth).encode()
+    if depth <= MAX_DEPTH:
+        assert decode_json(text) is not None
+    else:
+        with pytest.raises(APIError) as info:
+            decode_json(text)
+        assert info.value.status == 400
+
+
+# -- lone surrogates -----------------------------------------------------------------------------------------
+LONE = '"hi \\ud800 there"'  # the JSON text of a string holding a lone high surrogate
+SURROGATE_CASES = {
+    "chat-content": ("/v1/chat/completions", _chat(messages='[{"role": "user", "content": ' + LONE + "}]"),
+                     "messages.0.content"),
+    "chat-content-part": (
+        "/v1/chat/completions",
+        _chat(messages='[{"role": "user", "content": [{"type": "text", "text": "hi \\udc00"}]}]'),
+        "messages.0.content.0.text",
+    ),
+    "tool-call-arguments": ("/v1/chat/completions", _chat(messages=_call_history(LONE)),
+                            "messages.1.tool_calls.0.function.arguments"),
+    "tool-description": (
+        "/v1/chat/completions",
+        _chat(tools='[{"type": "function", "function": {"name": "f", "description": ' + LONE + "}}]"),
+        "tools.0.function.description",
+    ),
+    "tool-parameter-key": ("/v1/chat/completions", _chat(tools=_tools('{"\\ud800x": 1}')),
+                           "tools.0.function.parameters.properties.a"),
+    "model-name": ("/v1/chat/completions", _chat(model=LONE), "model"),
+    "completions-prompt": ("/v1/completions", '{"prompt": ' + LONE + "}", "prompt"),
+    "completions-prompt-list": ("/v1/completions", '{"prompt": ["ok", ' + LONE + "]}", "prompt.1"),
+    "tokenize-prompt": ("/tokenize", '{"prompt": ' + LONE + "}", "prompt"),
+    "tokenize-messages": ("/tokenize", '{"messages": [{"role": "user", "content": ' + LONE + "}]}",
+                          "messages.0.content"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SURROGATE_CASES))
+def test_lone_surrogate_is_a_400_naming_the_field(srv, case):
+    """Used to be a 500 TypeError from the tokenizer (or a failure encoding the reply)."""
+    path, text, param = SURROGATE_CASES[case]
+    err = assert_error(post_raw(srv.client, path, text), 400, param=param)
+    assert "lone UTF-16 surrogate" in err["message"] and f"'{param}'" in err["message"]
+    still_serving(srv)
+
+
+def test_surrogate_pairs_are_ordinary_text(srv):
+    """An escaped astral character (what ``json.dumps`` sends for an emoji) is fine: only lone halves are not."""
+    text = _chat(messages='[{"role": "user", "content": "hi \\ud83d\\ude00"}]')
+    r = post_raw(srv.client, "/v1/chat/completions", text)
+    assert r.status_code == 200, r.text
+    tokens = post_raw(srv.client, "/tokenize", '{"prompt": "\\ud83d\\ude00"}').json()["tokens"]
+    assert srv.client.post("/detokenize", json={"tokens": tokens}).json()["prompt"] == "\U0001F600"
+
+
+def test_a_recursion_error_from_a_later_stage_is_a_400(srv, monkeypatch):
+    """The backstop: should some body shape get past the limit and recurse too deeply later, it is still a 400."""
+    def too_deep(*args, **kwargs):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(srv.state.prompts, "render", too_deep)
+    err = assert_error(srv.client.post("/v1/chat/completions", json=OK_BODY), 400)
+    assert "nested too deeply" in err["message"]
+    monkeypatch.undo()
+    still_serving(srv)
