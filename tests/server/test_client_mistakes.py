@@ -193,3 +193,41 @@ def test_a_recursion_error_from_a_later_stage_is_a_400(srv, monkeypatch):
     assert "nested too deeply" in err["message"]
     monkeypatch.undo()
     still_serving(srv)
+
+
+# -- structured output ---------------------------------------------------------------------------------------
+SCHEMA = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
+COMPLETION = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions"])
+@pytest.mark.parametrize("fmt", [{"type": "json_object"}, SCHEMA, {"type": "regex"}, {}])
+def test_response_format_is_refused_until_structured_output_exists(srv, route, fmt):
+    """It used to be accepted and ignored: a client asking for JSON got free text, with a 200."""
+    body = OK_BODY if route == "/v1/chat/completions" else COMPLETION
+    err = assert_error(srv.client.post(route, json={**body, "response_format": fmt}), 400, param="response_format")
+    assert "not supported" in err["message"]
+    still_serving(srv)
+
+
+@pytest.mark.parametrize("field", ["guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                                   "structured_outputs"])
+def test_vllm_structured_output_extras_are_refused_too(srv, field):
+    assert_error(srv.client.post("/v1/chat/completions", json={**OK_BODY, field: {"type": "object"}}), 400,
+                 param=field)
+    assert srv.client.post("/v1/chat/completions", json={**OK_BODY, field: None}).status_code == 200
+    still_serving(srv)
+
+
+def test_response_format_text_is_the_default_and_accepted(srv):
+    r = srv.client.post("/v1/chat/completions", json={**OK_BODY, "response_format": {"type": "text"}})
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "Hell"
+    r = srv.client.post("/v1/completions", json={**COMPLETION, "response_format": {"type": "text"}})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == "He"
+    r = srv.client.post("/v1/chat/completions", json={**OK_BODY, "response_format": None})
+    assert r.status_code == 200
+
+
+def test_response_format_of_the_wrong_type_names_the_field(srv):
+    assert_error(srv.client.post("/v1/chat/completions", json={**OK_BODY, "response_format": "json"}), 400,
+                 param="response_format")
