@@ -1,0 +1,541 @@
+"""Every command and snippet in README.md and docs/*.md runs as written (issue 19, section 4: README drift).
+
+What is extracted: fenced code blocks (any indentation, so those inside list items too) and indented code
+blocks (4 spaces past the enclosing list item, after a blank line), plus inline `dsa-runtime ...` spans.
+
+* Shell blocks (no language, ``sh``, ``bash``, ``shell``, ``console``; indented blocks): each command -- a line
+  with its backslash continuations; comment lines are not commands -- is one test, run with ``bash -c`` and
+  required to exit 0. A block whose first line holds ``[--`` / ``[-x`` is a usage synopsis instead: each usage
+  line is one test, which checks that the command exists and that every flag it names is in its ``--help``.
+* ``python`` blocks: one test per block, run with this interpreter; must exit 0.
+* ``json`` / ``toml`` blocks must parse; ``text`` blocks (diagrams) are not run, and must not hold a command.
+* Inline spans ``dsa-runtime CMD ARGS`` are parsed by the real CLI parser (not run): a wrong flag, choice or a
+  missing argument fails. Spans with placeholders (``[--full]``, ``...``) get the synopsis check.
+
+Where they run: in a scratch copy of the checkout made of symlinks (so a file a command writes lands in the
+scratch folder, never in the checkout), with this interpreter's ``bin`` first on ``PATH`` and ``.venv`` in the
+scratch folder pointing at this environment, ``DSA_*`` variables removed.
+
+The server: a snippet that names ``127.0.0.1:30000`` (the documented default address) runs against one
+``dsa-runtime serve`` on the embedded model, started by the ``doc_server`` fixture on a free loopback port
+(``--port 0``; no ``--served-model-name``, so the default served name is what the docs must use). The only
+change made to any snippet is that substitution: ``127.0.0.1:30000`` -> ``127.0.0.1:<that port>``. A shell
+command's reply must not be an OpenAI error object (``curl -s`` exits 0 on a 404).
+
+What does not run in CI is listed in ``ALLOWED`` with a reason per snippet (keyed by file and command text, so
+a new snippet runs by default); ``NEEDS`` lists commands that run only when an optional module is installed
+(skipped with that reason otherwise); ``SLOW`` marks the longer ones ``slow`` (CI runs them too). An entry of any
+of the three that no longer matches a snippet in the docs fails ``test_every_listed_snippet_is_in_the_docs``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import urllib.request
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DOC_FILES = ["README.md", *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md"))]
+DOC_PORT = "127.0.0.1:30000"
+SHELL_LANGS = {"", "sh", "bash", "shell", "console"}
+TIMEOUT_S = 300
+
+# (file, command as written with its comment and line breaks removed) -> why it does not run in CI.
+ALLOWED: dict[tuple[str, str], str] = {
+    ("README.md",
+     'python3 -m venv .venv && .venv/bin/pip install torch==2.13.0 -e ".[server,test]" '
+     "-e examples/dsa-example-backend && .venv/bin/dsa-runtime generate --chat \"What is 47 + 38?\" --thinking "
+     "--temperature 0 && (.venv/bin/dsa-runtime serve & .venv/bin/python examples/tiny_chat_client.py; wait)"):
+        "the set-up line: .ci/run runs its venv + pip part on a clean clone, and it ends by leaving the server "
+        "in the foreground; test_readme_first_line runs its other parts",
+    ("README.md", ".venv/bin/python -m pytest"): "the whole suite: CI runs it (.ci/run); here it would recurse",
+    ("README.md", "pip install dsa-runtime"): "installs from PyPI (network, changes the environment)",
+    ("README.md", 'pip install "dsa-runtime[hopper]"'): "installs from PyPI (network, changes the environment)",
+    ("README.md", 'pip install "dsa-runtime[blackwell]"'): "installs from PyPI (network, changes the environment)",
+    ("README.md", 'pip install "dsa-runtime[rocm]"'): "installs from PyPI (network, changes the environment)",
+    ("README.md", 'pip install "dsa-runtime[npu]"'): "installs from PyPI (network, changes the environment)",
+    ("README.md", 'pip install "dsa-runtime[server]"'): "installs from PyPI (network, changes the environment)",
+    ("README.md", 'pip install "dsa-runtime[all]"'): "installs from PyPI (network, changes the environment)",
+    ("docs/benchmarks.md", ".venv/bin/pip install transformers==5.23.0"):
+        "installs from PyPI (network, changes the environment)",
+    ("docs/benchmarks.md", "python bench/sparse_attn_triton.py --sweep"): "GPU benchmark (CUDA, ~4 min on an H100)",
+    ("docs/distributed.md", "dsa-runtime serve --model /ckpt/DeepSeek-V3.2 --tp 8"):
+        "8 GPUs and the DeepSeek-V3.2 checkpoint at /ckpt",
+    ("docs/distributed.md", "dsa-runtime serve --model /ckpt/DeepSeek-V3.2 --tp 8 --dp 4 --enable-dp-attention"):
+        "8 GPUs and the DeepSeek-V3.2 checkpoint at /ckpt",
+    ("docs/distributed.md",
+     "dsa-runtime serve --model M --tp 16 --nnodes 2 --node-rank 0 --dist-init-addr 10.0.0.1:5000"):
+        "multi-node: two GPU hosts, node 0 at 10.0.0.1, a checkpoint M",
+    ("docs/distributed.md",
+     "dsa-runtime serve --model M --tp 16 --nnodes 2 --node-rank 1 --dist-init-addr 10.0.0.1:5000"):
+        "multi-node: two GPU hosts, node 0 at 10.0.0.1, a checkpoint M",
+    ("docs/hopper.md", "tools/gpu/build_flashmla.sh"):
+        "GPU host: builds FlashMLA (CUDA >= 12.8 nvcc) from the .gpu-deps/ tarball tools/gpu/pack_flashmla.sh makes",
+    ("docs/hopper.md", "source .gpu-deps/flashmla.env"): "GPU host: the file is written by the FlashMLA build",
+    ("docs/hopper.md",
+     "/work/shared/tools/offline-wheels pack .gpu-deps/tilelang tilelang==0.1.15 'apache-tvm-ffi>=0.1.11,<0.1.13' "
+     "torch-c-dlpack-ext 'z3-solver>=4.13.0,<4.15.5' cloudpickle ml-dtypes psutil"):
+        "a tool of the development host outside this repository; downloads wheels (network)",
+    ("docs/hopper.md", "/work/shared/tools/offline-wheels install .gpu-deps/tilelang .gpu-deps/tilelang-site"):
+        "GPU host: a tool outside this repository, installing what the pack step above wrote",
+    ("docs/hopper.md", "python bench/attention.py"): "GPU benchmark (CUDA, ~4 min on an H100)",
+    ("docs/hopper.md", "PYTHONPATH=.gpu-deps/flashmla-9241ae3:.gpu-deps/wheels python bench/attention.py"):
+        "GPU benchmark with FlashMLA and FlagGems built in .gpu-deps/",
+    ("docs/tiny-model.md", "python train/train_tiny.py --out run2 --time-budget 400 --batch 32"):
+        "training: minutes on a GPU (round 1 of the released weights)",
+    ("docs/tiny-model.md",
+     "python train/train_tiny.py --out run3 --resume run2 --seed 1 --steps 3200 --batch 32 --no-checkpoint"):
+        "training: minutes on a GPU, resumes run2",
+    ("docs/tiny-model.md",
+     "python train/train_tiny.py --out run4 --init-checkpoint round1 --seed 2 --time-budget 270 --batch 32 "
+     "--lr 1.5e-3 --shares 0.4,0.1,0.5 --dense-every 3 --invent 0.35 --no-checkpoint"):
+        "training: minutes on a GPU, starts from round 1's weights (round1)",
+    ("docs/tiny-model.md",
+     "python train/train_tiny.py --out run5 --resume run4 --seed 3 --time-budget 300 --batch 32 --lr 1e-3 "
+     "--shares 0.5,0.05,0.45 --dense-every 3 --invent 0.5 --no-checkpoint"):
+        "training: minutes on a GPU, resumes run4",
+    ("docs/tiny-model.md", "python train/export_tiny.py run5"): "exports run5, the output of the training above",
+}
+
+# (file, command) -> module it needs: run when importable, else skipped with that reason (CI installs triton).
+NEEDS: dict[tuple[str, str], str] = {
+    ("docs/benchmarks.md", "TRITON_INTERPRET=1 python bench/sparse_attn_triton.py --sweep --dry-run"): "triton",
+}
+
+# (file, command) -> measured time on the 2-core development machine: marked slow (CI runs slow tests too).
+SLOW: dict[tuple[str, str], str] = {
+    ("docs/benchmarks.md", ".venv/bin/python bench/serve_load.py"): "about 30 s",
+    ("docs/benchmarks.md", "TRITON_INTERPRET=1 python bench/sparse_attn_triton.py --sweep --dry-run"): "about 20 s",
+}
+
+
+# ---------------------------------------------------------------------------------------------- extraction
+
+@dataclass(frozen=True)
+class Snippet:
+    path: str  # relative to the checkout: "README.md", "docs/server.md"
+    line: int  # 1-based line of the snippet's first line
+    kind: str  # "shell", "synopsis", "python", "json", "toml", "text", "inline"
+    text: str  # as written (a shell command keeps its continuation lines)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.path, command_key(self.text) if self.kind == "shell" else self.text.strip()
+
+    @property
+    def id(self) -> str:
+        return f"{self.path}:{self.line}"
+
+    @property
+    def uses_server(self) -> bool:
+        return DOC_PORT in self.text or "localhost:30000" in self.text
+
+
+_LIST_ITEM = re.compile(r"^(\s*)([*+-]|\d+[.)])(\s+)")
+_FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*([^\s`]*)")
+_SYNOPSIS = re.compile(r"\[--?\w")
+
+
+def strip_comment(line: str) -> str:
+    """The line without a trailing shell comment (a ``#`` after whitespace, outside quotes)."""
+    quote = None
+    for i, ch in enumerate(line):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i].rstrip()
+    return line.rstrip()
+
+
+def command_key(command: str) -> str:
+    """A command with its continuations joined, comments dropped and spaces collapsed: the allow-list key."""
+    parts = [strip_comment(part).rstrip("\\") for part in command.split("\n")]
+    return " ".join(" ".join(parts).split())
+
+
+def code_blocks(text: str) -> list[tuple[str, int, list[str], bool]]:
+    """``(language, line of the first body line, body lines, fenced)`` of every fenced and indented code block."""
+    lines = text.splitlines()
+    blocks: list[tuple[str, int, list[str], bool]] = []
+    i, list_indent, prev_blank = 0, None, True
+    while i < len(lines):
+        line = lines[i]
+        fence = _FENCE.match(line)
+        if fence and not (fence.group(2)[0] == "`" and "`" in line[fence.end(2):]):
+            indent, mark, lang = len(fence.group(1)), fence.group(2), fence.group(3)
+            closing = re.compile(rf"^\s*{re.escape(mark[0])}{{{len(mark)},}}\s*$")
+            j, body = i + 1, []
+            while j < len(lines) and not closing.match(lines[j]):
+                body.append(lines[j][indent:] if not lines[j][:indent].strip() else lines[j].lstrip())
+                j += 1
+            blocks.append((lang.lower(), i + 2, body, True))
+            i, prev_blank = j + 1, False
+            continue
+        if not line.strip():
+            i, prev_blank = i + 1, True
+            continue
+        indent = len(line) - len(line.lstrip())
+        need = (list_indent or 0) + 4
+        if prev_blank and indent >= need:  # an indented code block (a paragraph line cannot start one)
+            j = i
+            while j < len(lines) and (not lines[j].strip() or len(lines[j]) - len(lines[j].lstrip()) >= need):
+                j += 1
+            body = [b[need:] for b in lines[i:j]]
+            while body and not body[-1].strip():
+                body.pop()
+            blocks.append(("", i + 1, body, False))
+            i, prev_blank = i + len(body), False
+            continue
+        item = _LIST_ITEM.match(line)
+        if item:
+            list_indent = len(item.group(0))
+        elif list_indent is not None and prev_blank and indent < list_indent:
+            list_indent = None
+        i, prev_blank = i + 1, False
+    return blocks
+
+
+def shell_commands(body: list[str], first_line: int) -> list[tuple[int, str]]:
+    """``(line, command)``: each non-comment line with its backslash continuations."""
+    out, i = [], 0
+    while i < len(body):
+        if not body[i].strip() or body[i].lstrip().startswith("#"):
+            i += 1
+            continue
+        start, parts = i, [body[i]]
+        while strip_comment(body[i]).endswith("\\") and i + 1 < len(body):
+            i += 1
+            parts.append(body[i])
+        out.append((first_line + start, "\n".join(parts).strip()))
+        i += 1
+    return out
+
+
+def synopsis_lines(body: list[str], first_line: int) -> list[tuple[int, str]]:
+    """``(line, usage)``: each usage line, with the indented lines that continue it."""
+    out: list[tuple[int, str]] = []
+    for n, line in enumerate(body):
+        if not line.strip():
+            continue
+        if line[0].isspace() and out:
+            out[-1] = (out[-1][0], out[-1][1] + " " + line.strip())
+        else:
+            out.append((first_line + n, line.strip()))
+    return out
+
+
+def inline_spans(text: str) -> list[tuple[int, str]]:
+    """``(line, span)`` of every inline code span outside code blocks, line breaks turned into spaces."""
+    lines = text.splitlines()
+    for _lang, first, body, _fenced in code_blocks(text):
+        for n in range(first - 1, first - 1 + len(body)):
+            lines[n] = ""
+    prose = "\n".join(lines)
+    spans = []
+    for m in re.finditer(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)", prose, re.S):
+        spans.append((prose.count("\n", 0, m.start()) + 1, " ".join(m.group(2).split())))
+    return spans
+
+
+def doc_snippets() -> list[Snippet]:
+    snippets: list[Snippet] = []
+    for path in DOC_FILES:
+        text = (REPO / path).read_text(encoding="utf-8")
+        for lang, first, body, _fenced in code_blocks(text):
+            if lang in SHELL_LANGS:
+                commands = shell_commands(body, first)
+                if commands and _SYNOPSIS.search(strip_comment(commands[0][1])):
+                    snippets += [Snippet(path, n, "synopsis", s) for n, s in synopsis_lines(body, first)]
+                else:
+                    snippets += [Snippet(path, n, "shell", c) for n, c in commands]
+            elif lang in ("python", "py"):
+                snippets.append(Snippet(path, first, "python", "\n".join(body) + "\n"))
+            elif lang in ("json", "toml", "text"):
+                snippets.append(Snippet(path, first, lang, "\n".join(body) + "\n"))
+            else:
+                raise AssertionError(f"{path}:{first}: code block in language {lang!r}: teach tests/docs/"
+                                     "test_snippets.py how to run it (or mark a diagram ```text)")
+        for n, span in inline_spans(text):
+            if re.match(r"(\.venv/bin/)?dsa-runtime \S", span):
+                snippets.append(Snippet(path, n, "inline", span))
+    return snippets
+
+
+SNIPPETS = doc_snippets()
+
+
+def _params(kind: str) -> list:
+    params = []
+    for s in SNIPPETS:
+        if s.kind != kind:
+            continue
+        marks = [pytest.mark.slow] if s.key in SLOW else []
+        params.append(pytest.param(s, id=s.id, marks=marks))
+    return params
+
+
+# ---------------------------------------------------------------------------------------------- environment
+
+def _ignore(folder: str, names: list[str]) -> set[str]:
+    return {n for n in names if n in ("__pycache__", ".pytest_cache", ".ruff_cache", ".hypothesis", ".gpu-deps",
+                                      "build", "dist") or n.endswith(".egg-info")}
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory) -> Path:
+    """The checkout as a tree of symlinks (writes stay here), with ``.venv`` pointing at this environment."""
+    root = tmp_path_factory.mktemp("checkout")
+    for entry in REPO.iterdir():
+        if entry.name in (".git", ".venv") or _ignore("", [entry.name]):
+            continue
+        if entry.is_dir():
+            shutil.copytree(entry, root / entry.name, copy_function=os.symlink, ignore=_ignore)
+        else:
+            os.symlink(entry, root / entry.name)
+    os.symlink(Path(sys.executable).parent.parent, root / ".venv")
+    return root
+
+
+@pytest.fixture(scope="module")
+def env() -> dict[str, str]:
+    bindir = str(Path(sys.executable).parent)
+    out = {k: v for k, v in os.environ.items() if not k.startswith("DSA_")}
+    out.update(PATH=bindir + os.pathsep + out.get("PATH", ""), PYTHONUNBUFFERED="1", COLUMNS="200")
+    return out
+
+
+@pytest.fixture(scope="module")
+def doc_server(scratch, env):
+    """``dsa-runtime serve`` (embedded model, defaults but ``--port 0``) from the scratch checkout: its address."""
+    from tests.server.needs import server_extra
+
+    server_extra()
+    program = shutil.which("dsa-runtime", path=env["PATH"])  # the console script the docs run, if installed
+    argv = [program] if program else [sys.executable, "-m", "dsa_runtime.cli.main"]
+    proc = subprocess.Popen([*argv, "serve", "--port", "0"], cwd=scratch, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    log: list[str] = []
+    found = threading.Event()
+    address: list[str] = []
+
+    def drain() -> None:  # keep reading: a full pipe would block the server
+        for line in proc.stdout:
+            log.append(line)
+            m = re.search(r"serving '[^']*' at http://(127\.0\.0\.1:\d+)/v1", line)
+            if m and not address:
+                address.append(m.group(1))
+                found.set()
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        if not found.wait(120):
+            raise RuntimeError(f"dsa-runtime serve did not start in 120 s:\n{''.join(log)[-3000:]}")
+        with urllib.request.urlopen(f"http://{address[0]}/health", timeout=30) as r:
+            assert r.status == 200
+        yield address[0]
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        reader.join(timeout=10)
+
+
+def run(args: list[str] | str, cwd: Path, env: dict[str, str], *, shell: bool = False) -> subprocess.CompletedProcess:
+    argv = ["bash", "-c", args] if shell else args
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
+                          stdin=subprocess.DEVNULL)
+
+
+def explain(snippet: Snippet, text: str, done: subprocess.CompletedProcess) -> str:
+    return (f"{snippet.id} exited {done.returncode}\n--- ran:\n{text}\n--- stdout (end):\n{done.stdout[-3000:]}"
+            f"\n--- stderr (end):\n{done.stderr[-3000:]}")
+
+
+def with_server(snippet: Snippet, request) -> str:
+    """The snippet's text, pointed at the fixture's server when it names the documented address."""
+    if not snippet.uses_server:
+        return snippet.text
+    address = request.getfixturevalue("doc_server")
+    return snippet.text.replace(DOC_PORT, address).replace("localhost:30000", address)
+
+
+def skip_unless_runnable(snippet: Snippet) -> None:
+    if snippet.key in ALLOWED:
+        pytest.skip(f"allow-listed: {ALLOWED[snippet.key]}")
+    module = NEEDS.get(snippet.key)
+    if module and importlib.util.find_spec(module) is None:
+        pytest.skip(f"needs {module}, not installed (CI installs it: .ci/run)")
+
+
+# ---------------------------------------------------------------------------------------------- the tests
+
+@pytest.mark.parametrize("snippet", _params("shell"))
+def test_shell_command(snippet: Snippet, scratch, env, request):
+    skip_unless_runnable(snippet)
+    text = with_server(snippet, request)
+    done = run(text, scratch, env, shell=True)
+    assert done.returncode == 0, explain(snippet, text, done)
+    if snippet.uses_server:  # curl -s exits 0 on an HTTP error: the reply itself must not be one
+        with contextlib.suppress(ValueError):
+            reply = json.loads(done.stdout)
+            assert not (isinstance(reply, dict) and "error" in reply), explain(snippet, text, done)
+
+
+@pytest.mark.parametrize("snippet", _params("python"))
+def test_python_snippet(snippet: Snippet, scratch, env, request):
+    skip_unless_runnable(snippet)
+    text = with_server(snippet, request)
+    script = scratch / f"snippet_{snippet.path.replace('/', '_')}_{snippet.line}.py"
+    script.write_text(text)
+    done = run([sys.executable, script.name], scratch, env)
+    assert done.returncode == 0, explain(snippet, text, done)
+
+
+@cache
+def help_flags(command: tuple[str, ...]) -> frozenset[str]:
+    """The flags ``COMMAND --help`` lists (``("pytest",)`` or ``("dsa-runtime", SUBCOMMAND)``)."""
+    if command[0] == "pytest":
+        argv = [sys.executable, "-m", "pytest", "--help"]
+    else:
+        argv = [sys.executable, "-m", "dsa_runtime.cli.main", *command[1:], "--help"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 0, f"{' '.join(command)} --help exited {done.returncode}: {done.stderr[-2000:]}"
+    return frozenset(re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", done.stdout))
+
+
+def named_flags(usage: str) -> list[str]:
+    """The flags a usage line names; ``--[no-]x`` stands for ``--x`` and ``--no-x``."""
+    flags = []
+    for prefix, neg, name in re.findall(r"(?<![\w-])(--?)(\[no-\])?([A-Za-z][\w-]*)", usage):
+        flags.append(prefix + name)
+        if neg:
+            flags.append(prefix + "no-" + name)
+    return flags
+
+
+def check_usage(usage: str) -> None:
+    words = strip_comment(usage).split()
+    program = words[0].rsplit("/", 1)[-1]
+    if program == "pytest":
+        missing = [f for f in named_flags(" ".join(words[1:])) if f not in help_flags(("pytest",))]
+        assert not missing, f"pytest --help lists no {missing}"
+        return
+    assert program == "dsa-runtime", f"a synopsis of {program!r}: teach test_snippets.py to check it"
+    rest = words[1:]
+    n_top = next((i for i, w in enumerate(rest) if not w.startswith("-")), len(rest))
+    top, commands = rest[:n_top], (rest[n_top] if n_top < len(rest) else "").split("|")
+    missing = [f for f in named_flags(" ".join(top)) if f not in help_flags(("dsa-runtime",))]
+    assert not missing, f"dsa-runtime --help lists no {missing}"
+    after = " ".join(rest[n_top + 1:])
+    for command in commands:
+        flags = help_flags(("dsa-runtime", command))  # also fails for an unknown command
+        missing = [f for f in named_flags(after) if f not in flags]
+        assert not missing, f"dsa-runtime {command} --help lists no {missing}"
+
+
+@pytest.mark.parametrize("snippet", _params("synopsis"))
+def test_synopsis_names_real_commands_and_flags(snippet: Snippet):
+    check_usage(snippet.text)
+
+
+@cache
+def cli_parser():
+    from dsa_runtime.cli.main import build_parser
+
+    return build_parser()
+
+
+@pytest.mark.parametrize("snippet", _params("inline"))
+def test_inline_command_parses(snippet: Snippet):
+    if re.search(r"\[|\.\.\.|<", snippet.text):  # placeholders: only the command and its flags can be checked
+        check_usage(snippet.text)
+        return
+    span = snippet.text.split(" | ")[0]  # `dsa-runtime plugins | grep deepgemm`: the dsa-runtime part
+    argv = shlex.split(span)[1:]
+    if len(argv) == 1:  # `dsa-runtime make-checkpoint` names a command; it is not an invocation
+        check_usage(span)
+        return
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            cli_parser().parse_args(argv)
+        except SystemExit as exc:  # --help exits 0; a bad argument exits 2 with argparse's message
+            assert exc.code == 0, f"{snippet.id}: `{span}` does not parse: {err.getvalue().strip()}"
+
+
+@pytest.mark.parametrize("snippet", _params("json") + _params("toml"))
+def test_data_snippet_parses(snippet: Snippet):
+    if snippet.kind == "json":
+        json.loads(snippet.text)
+        return
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is Python >= 3.11")
+    tomllib.loads(snippet.text)
+
+
+_COMMAND_WORDS = re.compile(r"^\s*(\$ )?(\.venv/bin/)?(dsa-runtime|python3?|pip|pytest|curl|torchrun)\s")
+
+
+def test_text_blocks_hold_no_commands():
+    """```text is for diagrams: a command hidden there would never run."""
+    hidden = [f"{s.id}: {line.strip()}" for s in SNIPPETS if s.kind == "text"
+              for line in s.text.splitlines() if _COMMAND_WORDS.match(line)]
+    assert not hidden, "commands in ```text blocks (make them sh, or allow-list them):\n" + "\n".join(hidden)
+
+
+def test_every_listed_snippet_is_in_the_docs():
+    keys = {s.key for s in SNIPPETS}
+    for name, table in (("ALLOWED", ALLOWED), ("NEEDS", NEEDS), ("SLOW", SLOW)):
+        gone = [key for key in table if key not in keys]
+        assert not gone, f"{name} lists snippets no longer in the docs (update the table): {gone}"
+    assert all(reason.strip() for reason in ALLOWED.values())
+
+
+@pytest.mark.parametrize("path", DOC_FILES)
+def test_extraction_sees_every_fenced_block(path: str):
+    """A guard on the extractor itself: every fence line of the file opens or closes a block it extracted."""
+    text = (REPO / path).read_text(encoding="utf-8")
+    fence_lines = [line for line in text.splitlines() if re.fullmatch(r"\s*(`{3,}|~{3,})[\w-]*\s*", line)]
+    assert len(fence_lines) == 2 * sum(fenced for *_, fenced in code_blocks(text))
+
+
+def test_readme_first_line(doc_server, scratch, env):
+    """The parts of README's first line that CI does not run: `generate`, and the client beside the server.
+
+    The line is ``SETUP && generate ... && (serve & client; wait)``: SETUP must be what .ci/run runs; the
+    generate command runs as written; the client runs against the fixture's ``dsa-runtime serve`` (the same
+    command), given that server's URL as its documented argument.
+    """
+    first = next(s for s in SNIPPETS if s.path == "README.md" and s.kind == "shell")
+    ci = re.search(r"^SETUP='(.*)'$", (REPO / ".ci/run").read_text(), re.M)
+    assert ci, ".ci/run no longer defines SETUP"
+    assert first.text.startswith(ci.group(1) + " && "), "README's first line no longer starts with CI's set-up"
+    *middle, last = first.text[len(ci.group(1)) + 4:].split(" && ")
+    for command in middle:
+        done = run(command, scratch, env, shell=True)
+        assert done.returncode == 0, explain(first, command, done)
+    m = re.fullmatch(r"\((\S+ serve) & (.+); wait\)", last)
+    assert m and m.group(1) == ".venv/bin/dsa-runtime serve", f"unexpected end of README's first line: {last}"
+    client = f"{m.group(2)} http://{doc_server}/v1"
+    done = run(client, scratch, env, shell=True)
+    assert done.returncode == 0, explain(first, client, done)
