@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -27,6 +28,7 @@ from dsa_runtime.server.state import ServerState, new_id, sampling_params
 logger = logging.getLogger(__name__)
 
 HEALTH_GENERATE_TIMEOUT_S = 20.0
+_IDS_PER_SLICE = 65536  # ~5 ms of json.dumps each
 
 
 def _error_response(exc: APIError) -> JSONResponse:
@@ -77,12 +79,16 @@ def build_app(state: ServerState) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         check_api_key(request, state.config.api_key)
-        return await _run(request, ChatRun(state, await read_json(request, limit)))
+        body = await read_json(request, limit)
+        # Rendering and tokenizing take seconds for a multi-MB prompt: off the event loop, so /health and other
+        # clients' requests keep answering meanwhile (the tokenizer releases the GIL: PromptBuilder.encode).
+        return await _run(request, await asyncio.to_thread(ChatRun, state, body))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         check_api_key(request, state.config.api_key)
-        return await _run(request, CompletionRun(state, await read_json(request, limit)))
+        body = await read_json(request, limit)
+        return await _run(request, await asyncio.to_thread(CompletionRun, state, body))  # as chat, off the loop
 
     @app.get("/v1/models")
     async def models(request: Request) -> JSONResponse:
@@ -113,21 +119,10 @@ def build_app(state: ServerState) -> FastAPI:
         return Response(status_code=200)
 
     @app.post("/tokenize")
-    async def tokenize(request: Request) -> JSONResponse:
+    async def tokenize(request: Request) -> Response:
         check_api_key(request, state.config.api_key)
-        req = parse_body(TokenizeRequest, await read_json(request, limit))
-        state.check_model(req.model)
-        if (req.prompt is None) == (req.messages is None):
-            raise bad_request("send exactly one of 'prompt' or 'messages'")
-        if req.messages is not None:
-            kwargs = req.model_extra.get("chat_template_kwargs") or {}
-            text = state.prompts.render(req.messages, tools=req.model_extra.get("tools"),
-                                        thinking=bool(kwargs.get("thinking")),
-                                        add_generation_prompt=req.add_generation_prompt)
-        else:
-            text = req.prompt
-        tokens = state.tokenizer.encode(text, add_special_tokens=req.add_special_tokens)
-        return JSONResponse({"tokens": list(tokens), "count": len(tokens), "max_model_len": state.max_model_len})
+        body = await read_json(request, limit)
+        return await asyncio.to_thread(_tokenize, state, body)  # off the loop, as chat prompts are
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> JSONResponse:
@@ -152,3 +147,29 @@ def build_app(state: ServerState) -> FastAPI:
 
     return app
 
+
+def _tokenize(state: ServerState, body: Any) -> Response:
+    """``POST /tokenize``: the tokens of a prompt, or of messages rendered as a chat prompt."""
+    req = parse_body(TokenizeRequest, body)
+    state.check_model(req.model)
+    if (req.prompt is None) == (req.messages is None):
+        raise bad_request("send exactly one of 'prompt' or 'messages'")
+    if req.messages is not None:
+        kwargs = req.model_extra.get("chat_template_kwargs") or {}
+        text = state.prompts.render(req.messages, tools=req.model_extra.get("tools"),
+                                    thinking=bool(kwargs.get("thinking")),
+                                    add_generation_prompt=req.add_generation_prompt)
+    else:
+        text = req.prompt
+    tokens = state.prompts.encode(text)
+    if req.add_special_tokens:  # whatever the tokenizer adds in front (DeepSeek: BOS), as its encode() would
+        tokens = state.tokenizer.encode("", add_special_tokens=True) + tokens
+    body = f'{{"tokens":{_ids_json(tokens)},"count":{len(tokens)},"max_model_len":{state.max_model_len}}}'
+    return Response(body, media_type="application/json")
+
+
+def _ids_json(ids: list[int]) -> str:
+    """``json.dumps(ids)``, in slices: one call over millions of ids holds the GIL for a quarter of a second
+    (stalling the event loop even from a worker thread); between slices other threads get their turn."""
+    return "[" + ",".join(json.dumps(ids[i : i + _IDS_PER_SLICE], separators=(",", ":"))[1:-1]
+                          for i in range(0, len(ids), _IDS_PER_SLICE)) + "]"

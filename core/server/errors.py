@@ -40,6 +40,15 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return APIError(message, status=400, param=param, code=code)
 
 
+def context_exceeded(max_model_len: int, prompt_len: int, param: str) -> APIError:
+    """The prompt alone fills the context: no room for even one output token."""
+    return bad_request(
+        f"This model's maximum context length is {max_model_len} tokens; the prompt has {prompt_len} tokens, "
+        "leaving no room for output",
+        param=param, code="context_length_exceeded",
+    )
+
+
 def server_error(message: str) -> APIError:
     return APIError(message, status=500, type="server_error", code="internal_error")
 

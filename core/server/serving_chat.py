@@ -82,7 +82,7 @@ class ChatRun:
         # The forced opening is prompt (counted in prompt_tokens) and the parser's first input.
         self.forced = choice.forced
         text = state.prompts.render(req.messages, tools=choice.tools, thinking=self.thinking)
-        self.prompt_ids = state.prompts.encode(text + self.forced)
+        self.prompt_ids = state.prompts.encode(text + self.forced, max_len=state.max_model_len)
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_tokens = resolve_max_tokens(state, requested, len(self.prompt_ids), None)
         top = req.top_logprobs

@@ -46,7 +46,7 @@ class CompletionRun:
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         self.jobs: list[tuple[list[int], Any]] = []
         for ids in self.prompts:
-            max_tokens = resolve_max_tokens(state, req.max_tokens, len(ids), DEFAULT_MAX_TOKENS)
+            max_tokens = resolve_max_tokens(state, req.max_tokens, len(ids), DEFAULT_MAX_TOKENS, "prompt")
             for j in range(req.n):
                 self.jobs.append((ids, sampling_params(
                     max_tokens=max_tokens,
@@ -64,14 +64,15 @@ class CompletionRun:
                 )))
 
     def _prompts(self, prompt: Any) -> list[list[int]]:
-        vocab = getattr(self.state.tokenizer, "vocab_size", None)
+        state = self.state
+        vocab = getattr(state.tokenizer, "vocab_size", None)
         if isinstance(prompt, str):
             prompt = [prompt]
         if prompt and all(isinstance(p, int) for p in prompt):
             prompt = [prompt]
         out = []
         for p in prompt:
-            ids = self.state.tokenizer.encode(p, add_special_tokens=False) if isinstance(p, str) else list(p)
+            ids = state.prompts.encode(p, max_len=state.max_model_len, param="prompt") if isinstance(p, str) else list(p)
             if not ids:
                 raise bad_request("prompt must not be empty", param="prompt")
             if vocab is not None and any(not 0 <= t < vocab for t in ids):

@@ -10,7 +10,7 @@ from typing import Any
 
 from dsa_runtime.engine.async_engine import AsyncEngine, EngineDeadError, EngineShuttingDown
 from dsa_runtime.server.config import ModelFlavor, ServerConfig
-from dsa_runtime.server.errors import APIError, bad_request, unavailable
+from dsa_runtime.server.errors import APIError, bad_request, context_exceeded, unavailable
 from dsa_runtime.server.metrics import ServerMetrics
 from dsa_runtime.server.prompting import PromptBuilder
 
@@ -43,18 +43,17 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def resolve_max_tokens(state: ServerState, requested: int | None, prompt_len: int, default: int | None) -> int:
+def resolve_max_tokens(
+    state: ServerState, requested: int | None, prompt_len: int, default: int | None, prompt_param: str = "messages"
+) -> int:
     """The token budget: the request's, else ``default``, else what the context has left.
 
-    Raises a 400 when the prompt leaves no room or the request asks for more than the context holds.
+    Raises a 400 when the prompt leaves no room (naming ``prompt_param``) or the request asks for more than the
+    context holds.
     """
     room = state.max_model_len - prompt_len
     if room < 1:
-        raise bad_request(
-            f"This model's maximum context length is {state.max_model_len} tokens; the prompt has {prompt_len} "
-            "tokens, leaving no room for output",
-            param="messages", code="context_length_exceeded",
-        )
+        raise context_exceeded(state.max_model_len, prompt_len, prompt_param)
     if requested is None:
         return min(room, default) if default else room
     if requested < 1:

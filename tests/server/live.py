@@ -1,11 +1,19 @@
-"""A live server on 127.0.0.1 (ephemeral port) in a background thread, for the server tests."""
+"""A live server on 127.0.0.1 (ephemeral port), for the server tests: in a background thread (:class:`LiveServer`)
+or as ``serve()`` in a subprocess (:func:`start_serve`: real signals, and its own GIL, so a client's timings
+cannot be held up by the server's work)."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -13,6 +21,35 @@ import httpx
 from dsa_runtime.server.app import build_app
 from dsa_runtime.server.config import ServerConfig
 from dsa_runtime.server.launch import bind_socket, build_state, make_uvicorn_server
+
+REPO = Path(__file__).resolve().parents[2]
+
+_SERVE = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {repo!r})
+    from dsa_runtime.server.config import ServerConfig
+    from dsa_runtime.server.launch import serve
+    {engine}
+    sys.exit(serve(ServerConfig(port=0, **{config!r}), engine=engine))
+""")
+
+
+def start_serve(engine: str, **config: Any) -> tuple[subprocess.Popen, str]:
+    """Run ``serve()`` in a subprocess on 127.0.0.1, port 0; returns the process and its base URL.
+
+    ``engine`` is one line of Python that binds ``engine`` (e.g. a ScriptedEngine); ``config`` are ServerConfig
+    fields. The caller stops the process (SIGTERM, or kill in a ``finally``).
+    """
+    code = _SERVE.format(repo=str(REPO), engine=engine, config=config)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.monotonic() + 120
+    for line in proc.stdout:
+        match = re.search(r"http://127\.0\.0\.1:(\d+)/v1", line)
+        if match:
+            return proc, f"http://127.0.0.1:{match.group(1)}"
+        assert time.monotonic() < deadline, "server did not print its URL"
+    raise AssertionError(f"server exited early with {proc.wait()}")
 
 
 class LiveServer:

@@ -6,8 +6,10 @@ an ordinary request right after is answered as usual and promptly.
 
 from __future__ import annotations
 
+import threading
 import time
 
+import httpx
 import pytest
 
 from tests.server.needs import server_extra
@@ -17,7 +19,7 @@ server_extra()
 from dsa_runtime.engine import SamplingParams  # noqa: E402
 from dsa_runtime.server.errors import APIError  # noqa: E402
 from dsa_runtime.server.json_body import MAX_DEPTH, decode_json  # noqa: E402
-from tests.server.live import LiveServer, assert_error, post_raw  # noqa: E402
+from tests.server.live import LiveServer, assert_error, post_raw, start_serve  # noqa: E402
 from tests.server.scripted_engine import ScriptedEngine  # noqa: E402
 
 MODEL = "test-model"
@@ -231,3 +233,84 @@ def test_response_format_text_is_the_default_and_accepted(srv):
 def test_response_format_of_the_wrong_type_names_the_field(srv):
     assert_error(srv.client.post("/v1/chat/completions", json={**OK_BODY, "response_format": "json"}), 400,
                  param="response_format")
+
+
+# -- a multi-megabyte prompt ---------------------------------------------------------------------------------
+BIG_TEXT = "hello world " * (7_000_000 // 12)  # 7 MB, under the 8 MiB body limit: ~2.9M tokens of the tiny model
+HEALTH_BOUND_S = 1.0  # was 6-8 s (the whole tokenization); now milliseconds, with room for a loaded 2-core CI
+BIG_CASES = {
+    "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": BIG_TEXT}], "max_tokens": 4}, 400),
+    "completions": ("/v1/completions", {"prompt": BIG_TEXT, "max_tokens": 4}, 400),
+    "tokenize": ("/tokenize", {"prompt": BIG_TEXT}, 200),
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_serve():
+    """``serve()`` on the embedded model in a subprocess: a server that shared this process's GIL could stall
+    this test's own clock along with its event loop, and hide the stall."""
+    proc, url = start_serve("from dsa_runtime.engine import Engine; engine = Engine.from_model(None, dtype='float32')",
+                            served_model_name="tiny")
+    try:
+        with httpx.Client(base_url=url, timeout=120) as client:
+            yield client
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+@pytest.mark.parametrize("case", sorted(BIG_CASES))
+def test_a_multi_megabyte_prompt_does_not_stall_other_clients(tiny_serve, case):
+    """Tokenizing 7 MB used to run on the event loop holding the GIL: /health waited 6-8 s behind it."""
+    path, body, status = BIG_CASES[case]
+    result: dict = {}
+
+    def big() -> None:
+        start = time.monotonic()
+        with httpx.Client(base_url=str(tiny_serve.base_url), timeout=120) as client:
+            result["response"] = client.post(path, json=body)
+        result["elapsed"] = time.monotonic() - start
+
+    sender = threading.Thread(target=big)
+    sender.start()
+    waits = []
+    while sender.is_alive():
+        start = time.monotonic()
+        assert tiny_serve.get("/health").status_code == 200
+        waits.append(time.monotonic() - start)
+        time.sleep(0.01)
+    sender.join()
+    r = result["response"]
+    assert r.status_code == status, r.text[:300]
+    if status == 400:  # the big prompt gets its ordinary answer: it does not fit the tiny model's context
+        err = r.json()["error"]
+        assert err["code"] == "context_length_exceeded" and err["param"] == ("messages" if case == "chat" else "prompt")
+    else:
+        assert r.json()["count"] > 1_000_000
+    assert len(waits) >= 3, "the big request ended before /health could be probed during it"
+    assert max(waits) < min(HEALTH_BOUND_S, result["elapsed"] / 4), (max(waits), result["elapsed"])
+    start = time.monotonic()
+    ok = tiny_serve.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                       "max_tokens": 4})
+    assert ok.status_code == 200 and time.monotonic() - start < PROMPT_OK_S, ok.text
+
+
+TEXTS = ["", "hello world", "<｜begin▁of▁sentence｜>hi<｜User｜>x<｜Assistant｜></think>", "中文 ½ \U0001F600 \n\t",
+         "a" * 5000, "x<｜end▁of▁sentence｜>y", "  leading", "trailing  \n"]
+
+
+def test_prompt_encoding_off_the_gil_gives_the_tokenizers_ids():
+    """PromptBuilder.encode uses the GIL-releasing batch call; the ids are those of Tokenizer.encode."""
+    from dsa_runtime.loader.default_model import embedded_model_path
+    from dsa_runtime.loader.tokenizer import load_tokenizer
+    from dsa_runtime.server.config import FLAVORS
+    from dsa_runtime.server.prompting import PromptBuilder
+
+    tokenizer = load_tokenizer(embedded_model_path())
+    prompts = PromptBuilder(FLAVORS["v3.2"], tokenizer)
+    for text in TEXTS:
+        assert prompts.encode(text) == tokenizer.encode(text), text
+    with pytest.raises(APIError) as info:
+        prompts.encode("hello " * 100, max_len=50, param="prompt")
+    assert info.value.code == "context_length_exceeded" and info.value.param == "prompt"
+    assert prompts.encode("hello", max_len=50) == tokenizer.encode("hello")

@@ -4,16 +4,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import re
 import signal
 import subprocess
-import sys
-import textwrap
 import threading
 import time
 import types
-from pathlib import Path
 
 import pytest
 
@@ -31,10 +26,8 @@ server_extra()
 
 import httpx  # noqa: E402
 
-from tests.server.live import LiveServer, sse_events  # noqa: E402
+from tests.server.live import LiveServer, sse_events, start_serve  # noqa: E402
 from tests.server.scripted_engine import ScriptedEngine  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _parse(argv: list[str]) -> ServerConfig:
@@ -166,29 +159,12 @@ def test_health_reports_a_dead_engine():
         assert r.status_code == 503 and r.json()["error"]["type"] == "server_error"
 
 
-_SERVE = textwrap.dedent("""
-    import sys
-    sys.path.insert(0, {repo!r})
-    from dsa_runtime.server.config import ServerConfig
-    from dsa_runtime.server.launch import serve
-    from tests.server.scripted_engine import ScriptedEngine
-    engine = ScriptedEngine(lambda prompt: "y" * 300, step_delay_s=0.01)
-    sys.exit(serve(ServerConfig(port=0, drain_timeout={drain}, served_model_name="m"), engine=engine))
-""")
+_SLOW_Y = ("from tests.server.scripted_engine import ScriptedEngine; "
+           "engine = ScriptedEngine(lambda prompt: 'y' * 300, step_delay_s=0.01)")
 
 
 def _start(drain: float) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _SERVE.format(repo=str(REPO), drain=drain)], stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    deadline = time.monotonic() + 60
-    for line in proc.stdout:
-        match = re.search(r"http://127\.0\.0\.1:(\d+)/v1", line)
-        if match:
-            return proc, f"http://127.0.0.1:{match.group(1)}"
-        assert time.monotonic() < deadline, "server did not print its URL"
-    raise AssertionError(f"server exited early with {proc.wait()}")
+    return start_serve(_SLOW_Y, drain_timeout=drain, served_model_name="m")
 
 
 @pytest.mark.parametrize(("drain", "max_tokens", "finish"), [(30.0, 40, "length"), (0.3, 300, None)])
