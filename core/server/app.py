@@ -19,7 +19,13 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dsa_runtime.server.errors import APIError, bad_request, server_error
-from dsa_runtime.server.http import DisconnectAwareStream, cancel_on_disconnect, check_api_key, read_json
+from dsa_runtime.server.http import (
+    DisconnectAwareStream,
+    DrainGate,
+    cancel_on_disconnect,
+    check_api_key,
+    read_json,
+)
 from dsa_runtime.server.protocol import DetokenizeRequest, TokenizeRequest, parse_body
 from dsa_runtime.server.serving_chat import ChatRun
 from dsa_runtime.server.serving_completions import CompletionRun
@@ -45,6 +51,7 @@ def build_app(state: ServerState) -> FastAPI:
 
     app = FastAPI(title="dsa-runtime", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.server = state
+    app.add_middleware(DrainGate, state=state)
     limit = state.config.max_request_bytes
 
     @app.exception_handler(APIError)

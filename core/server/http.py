@@ -16,10 +16,10 @@ from typing import Any, TypeVar
 
 import anyio
 from starlette.requests import Request
-from starlette.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from dsa_runtime.server.errors import APIError
+from dsa_runtime.server.errors import APIError, unavailable
 from dsa_runtime.server.json_body import decode_json
 
 T = TypeVar("T")
@@ -109,3 +109,25 @@ class DisconnectAwareStream(StreamingResponse):
         close = getattr(self.body_iterator, "aclose", None)
         if close is not None:
             await close()
+
+
+class DrainGate:
+    """ASGI middleware: while ``state.draining``, every new request (``/health`` included) is a 503 error object.
+
+    Requests already past the gate run on. The listener stays open meanwhile (launch.py), so a client gets
+    an answer it can act on instead of a refused connection, and a load balancer's probe sees the replica
+    leave. ``Connection: close`` keeps a kept-alive client from sending its next request here.
+    """
+
+    def __init__(self, app: ASGIApp, state: Any) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self.state.draining:
+            await self.app(scope, receive, send)
+            return
+        error = unavailable("the server is shutting down and takes no new requests")
+        await JSONResponse(error.body(), status_code=error.status, headers={"Connection": "close"})(
+            scope, receive, send
+        )

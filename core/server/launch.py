@@ -1,8 +1,8 @@
 """Build the server state around an engine, and run it with uvicorn until SIGINT/SIGTERM.
 
-On a signal the server stops accepting connections, lets running requests finish for
-``ServerConfig.drain_timeout`` seconds, cancels (and so aborts) the rest, stops the engine thread and
-returns normally, so ``dsa-runtime serve`` exits 0.
+On a signal the server drains: new requests get a 503 error object (``/health`` too) while running requests
+get up to ``ServerConfig.drain_timeout`` seconds to finish; the rest are aborted. Then the listener closes,
+the engine thread stops and ``serve`` returns normally, so ``dsa-runtime serve`` exits 0.
 """
 
 from __future__ import annotations
@@ -71,18 +71,25 @@ def _check_parsers(tool: str | None, reasoning: str | None) -> None:
 def make_uvicorn_server(
     app: Any, host: str, port: int, drain_timeout: float, log_level: str = "warning", engine: Any = None
 ) -> Any:
-    """A uvicorn server whose SIGINT/SIGTERM drains ``engine`` for ``drain_timeout`` s, then aborts the rest.
+    """A uvicorn server whose SIGINT/SIGTERM drains ``engine`` for ``drain_timeout`` s, then stops.
 
-    The abort reaches each open stream as an SSE error event and ``[DONE]`` (not a cut connection); uvicorn's
-    own graceful timeout is a backstop a few seconds later.
+    While it drains, the listener stays open and the app's ``ServerState.draining`` (``app.state.server``, set
+    by ``build_app``) makes every new request a 503 error object (:class:`~dsa_runtime.server.http.DrainGate`):
+    clients and load balancers get an answer, not a refused connection. Once the running requests are done
+    (or aborted at the deadline; the abort reaches each open stream as an SSE error event and ``[DONE]``),
+    uvicorn's own shutdown closes the listener and waits for the last responses to go out, its graceful
+    timeout a backstop a few seconds later. Without ``engine`` a signal just stops the server.
     """
     import asyncio
 
     import uvicorn
 
+    state = getattr(getattr(app, "state", None), "server", None)
+
     class _Server(uvicorn.Server):
         _loop: asyncio.AbstractEventLoop | None = None
         _drain: asyncio.Task | None = None
+        _draining = False
 
         async def startup(self, sockets: Any = None) -> None:
             self._loop = asyncio.get_running_loop()
@@ -90,17 +97,29 @@ def make_uvicorn_server(
 
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             # uvicorn re-raises captured signals after shutdown, which would turn a clean drain into exit
-            # status 130/143; record nothing, just stop (a second Ctrl-C forces the exit).
-            if self.should_exit and sig == signal.SIGINT:
-                self.force_exit = True
+            # status 130/143; record nothing. A second Ctrl-C forces the exit; a second SIGTERM changes nothing.
+            if self.should_exit or self._draining:
+                if sig == signal.SIGINT:
+                    self.should_exit = self.force_exit = True
                 return
-            self.should_exit = True
-            if engine is not None and self._loop is not None:
-                self._loop.call_soon_threadsafe(self._start_drain)
+            if engine is None or self._loop is None:  # nothing to drain (or not started yet): just stop
+                self.should_exit = True
+                return
+            self._draining = True
+            if state is not None:
+                state.draining = True
+            self._loop.call_soon_threadsafe(self._start_drain)
 
         def _start_drain(self) -> None:
             if self._drain is None:
-                self._drain = asyncio.ensure_future(engine.shutdown(drain_timeout=drain_timeout))
+                self._drain = asyncio.ensure_future(self._drain_then_stop())
+
+        async def _drain_then_stop(self) -> None:
+            """Let the engine finish (or abort) the running requests, then let uvicorn close the listener."""
+            try:
+                await engine.shutdown(drain_timeout=drain_timeout)
+            finally:
+                self.should_exit = True
 
     config = uvicorn.Config(
         app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=drain_timeout + 5.0,

@@ -30,6 +30,7 @@ class ServerState:
     prompts: PromptBuilder
     metrics: ServerMetrics
     created: int = field(default_factory=lambda: int(time.time()))
+    draining: bool = False  # set on SIGINT/SIGTERM: new requests get 503 while running ones finish (launch.py)
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import signal
 import subprocess
@@ -26,7 +27,7 @@ server_extra()
 
 import httpx  # noqa: E402
 
-from tests.server.live import LiveServer, sse_events, start_serve  # noqa: E402
+from tests.server.live import LiveServer, assert_error, sse_events, start_serve  # noqa: E402
 from tests.server.scripted_engine import ScriptedEngine  # noqa: E402
 
 
@@ -202,3 +203,77 @@ def test_sigterm_drains_then_aborts_and_exits_zero(drain, max_tokens, finish):
         assert finishes == [] and "shutting down" in events[-2]["error"]["message"]
     else:
         assert finishes == [finish]
+
+
+def test_sigterm_drain_answers_new_requests_503_until_the_listener_closes():
+    """New connections during the drain get a 503 error object (they used to be refused at the TCP level), and
+    /health says 503 so a load balancer takes the replica out; the request already running finishes."""
+    proc, url = _start(30.0)
+    events: list = []
+    first_chunk = threading.Event()
+    try:
+        def consume():
+            body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 120,
+                    "stream": True}  # 120 scripted steps of 10 ms: ~1.2 s
+            with httpx.Client(base_url=url, timeout=60) as client, client.stream(
+                "POST", "/v1/chat/completions", json=body
+            ) as r:
+                for event in sse_events(r):
+                    events.append(event)
+                    first_chunk.set()
+
+        reader = threading.Thread(target=consume)
+        reader.start()
+        assert first_chunk.wait(30), "the stream did not start"
+        proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while (health := httpx.get(url + "/health", timeout=10)).status_code == 200:  # until the signal lands
+            assert time.monotonic() < deadline, "/health still 200 after SIGTERM"
+            time.sleep(0.01)
+        assert_error(health, 503, None, "service_unavailable")
+        assert health.headers["connection"] == "close"
+        new = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]},
+                         timeout=10)  # a new connection, as every httpx.post is
+        err = assert_error(new, 503, None, "service_unavailable")
+        assert err["type"] == "server_error" and "shutting down" in err["message"]
+        assert reader.is_alive(), "the drain was checked after the running request had already finished"
+        reader.join(60)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    finishes = [e["choices"][0]["finish_reason"] for e in events if isinstance(e, dict) and e.get("choices")
+                and e["choices"][0]["finish_reason"]]
+    assert events[-1] == "[DONE]" and finishes == ["length"]
+    with pytest.raises(httpx.ConnectError):  # the listener closed once the drain was over
+        httpx.get(url + "/health", timeout=5)
+
+
+def test_a_second_sigint_during_the_drain_exits_at_once():
+    engine = ("from tests.server.scripted_engine import ScriptedEngine; "
+              "engine = ScriptedEngine(lambda prompt: 'y' * 300, step_delay_s=0.05)")  # a 15 s stream
+    proc, url = start_serve(engine, drain_timeout=60.0, served_model_name="m")
+    started = threading.Event()
+    try:
+        def consume():
+            body = {"messages": [{"role": "user", "content": "x"}], "stream": True}
+            with contextlib.suppress(httpx.HTTPError), httpx.Client(base_url=url, timeout=60) as client, \
+                    client.stream("POST", "/v1/chat/completions", json=body) as r:
+                for _ in r.iter_lines():
+                    started.set()
+
+        reader = threading.Thread(target=consume, daemon=True)
+        reader.start()
+        assert started.wait(30), "the stream did not start"
+        proc.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + 5
+        while httpx.get(url + "/health", timeout=10).status_code == 200:  # draining: the first one landed
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGINT)
+        start = time.monotonic()
+        proc.wait(30)
+        assert time.monotonic() - start < 5, "the second SIGINT did not cut the 60 s drain short"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
