@@ -73,7 +73,11 @@ def build_app(state: ServerState) -> FastAPI:
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error")
-        return _error_response(server_error(f"internal error: {type(exc).__name__}"))
+        response = _error_response(server_error(f"internal error: {type(exc).__name__}"))
+        # Starlette re-raises after this response and uvicorn then drops the connection: without this header a
+        # keep-alive client would send its next request down the dead connection and get a reset.
+        response.headers["Connection"] = "close"
+        return response
 
     async def _run(request: Request, run: Any) -> Response:
         if run.req.stream:

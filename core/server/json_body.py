@@ -30,7 +30,7 @@ def decode_json(raw: bytes) -> Any:
     """The body as JSON; a 400 for invalid JSON, nesting past ``MAX_DEPTH`` or a lone surrogate in any string."""
     try:
         value = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, and an integer of over 4300 digits
         raise bad_request(f"request body is not valid JSON: {exc}") from None
     except RecursionError:  # the C decoder's own guard, far past MAX_DEPTH
         raise _too_deep(()) from None

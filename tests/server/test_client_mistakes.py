@@ -314,3 +314,24 @@ def test_prompt_encoding_off_the_gil_gives_the_tokenizers_ids():
         prompts.encode("hello " * 100, max_len=50, param="prompt")
     assert info.value.code == "context_length_exceeded" and info.value.param == "prompt"
     assert prompts.encode("hello", max_len=50) == tokenizer.encode("hello")
+
+
+def test_an_integer_of_5000_digits_is_a_400(srv):
+    """json.loads refuses it with a plain ValueError (not a JSONDecodeError), which used to escape as a 500."""
+    err = assert_error(post_raw(srv.client, "/v1/chat/completions", _chat(seed="1" * 5000)), 400)
+    assert "not valid JSON" in err["message"]
+    still_serving(srv)
+
+
+def test_after_a_500_the_next_request_on_the_same_connection_succeeds(srv, monkeypatch):
+    """uvicorn drops the connection after an unhandled error; ``Connection: close`` tells the client so, instead
+    of its next request meeting a reset on the dead keep-alive connection."""
+    def broken(*args, **kwargs):
+        raise RuntimeError("a server bug")
+
+    monkeypatch.setattr(srv.state.prompts, "render", broken)
+    r = srv.client.post("/v1/chat/completions", json=OK_BODY)
+    assert_error(r, 500, None, "internal_error")
+    assert r.headers["connection"] == "close"
+    monkeypatch.undo()
+    still_serving(srv)  # same httpx.Client: it used to reuse the dropped connection and fail with ReadError
