@@ -92,6 +92,9 @@ ALLOWED: dict[tuple[str, str], str] = {
         "a tool of the development host outside this repository; downloads wheels (network)",
     ("docs/hopper.md", "/work/shared/tools/offline-wheels install .gpu-deps/tilelang .gpu-deps/tilelang-site"):
         "GPU host: a tool outside this repository, installing what the pack step above wrote",
+    ("docs/hopper.md", "tools/gpu/pack_tilelang.sh && tools/gpu/pack_flashmla.sh && tools/gpu/pack_deepgemm.sh"):
+        "downloads wheels and CUTLASS headers (network) and reads the fetched FlashMLA / DeepGEMM git directories",
+    ("docs/hopper.md", "tools/gpu/run_gpu_suite.sh"): "GPU host: the whole GPU suite (CUDA, about 3.5 min on an H200)",
     ("docs/hopper.md", "python bench/attention.py"): "GPU benchmark (CUDA, ~4 min on an H100)",
     ("docs/hopper.md", "PYTHONPATH=.gpu-deps/flashmla-9241ae3:.gpu-deps/wheels python bench/attention.py"):
         "GPU benchmark with FlashMLA and FlagGems built in .gpu-deps/",

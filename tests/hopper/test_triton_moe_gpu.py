@@ -3,6 +3,7 @@ passes, with both FP8 scale rules and with the shared expert fused or apart."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import pytest
@@ -26,8 +27,8 @@ def _variant(scale_fmt: str, fuse_shared: bool):
     backend = triton_backend()
     # A partial of the module-level class pickles, so the kit can send this variant to its isolated worker
     # process (the default on CUDA); a lambda cannot be sent.
-    backend.kernels = {"moe": functools.partial(TritonMoE, scale_fmt, fuse_shared=fuse_shared)}
-    return backend
+    moe = functools.partial(TritonMoE, scale_fmt, fuse_shared=fuse_shared)
+    return dataclasses.replace(backend, kernels={**backend.kernels, "moe": moe})
 
 
 def _assert_all_claimed_pass(report) -> None:

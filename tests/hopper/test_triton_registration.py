@@ -106,13 +106,13 @@ def test_auto_on_hopper_without_triton_falls_back_with_reason(monkeypatch):
 def test_moe_variants_of_the_gpu_suite_can_reach_the_isolated_worker():
     """The GPU suite's MoE variants (scale rule x shared expert) are sent to the kit's isolated worker process,
     the default on CUDA: they must pickle (a lambda factory made them fail with ConfigError on an H200)."""
-    import pickle
-
-    from dsa_runtime.testing.isolate import backend_ref
+    from dsa_runtime.testing.isolate import backend_ref, load_backend_ref
     from tests.hopper.test_triton_moe_gpu import _variant
 
     for scale_fmt, fuse_shared in (("float", True), ("ue8m0", False)):
         ref = backend_ref(_variant(scale_fmt, fuse_shared))
         assert ref.kind == "pickle"
-        factory = pickle.loads(ref.value)["kernels"]["moe"]
+        backend = load_backend_ref(ref)  # what the worker rebuilds: a Backend's checks run again there
+        factory = backend.kernels["moe"]
         assert factory.args == (scale_fmt,) and factory.keywords == {"fuse_shared": fuse_shared}
+        assert backend.kernels["topk"] == _variant(scale_fmt, fuse_shared).kernels["topk"]
