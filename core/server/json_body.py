@@ -9,7 +9,7 @@ Both limits turn client mistakes into a 400 naming the field, where they used to
   encoded as UTF-8, so the tokenizer (a TypeError from Rust) or the response's own encoding fails later.
 
 Both checks walk the decoded value only when the raw bytes say they could fail (more brackets than the limit,
-a ``\\uD800``-``\\uDFFF`` escape), so a multi-megabyte prompt without either costs two byte scans.
+a ``\\uD800``-``\\uDFFF`` escape or raw surrogate bytes), so a multi-megabyte prompt costs a few byte scans.
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ from dsa_runtime.server.errors import APIError, bad_request
 
 MAX_DEPTH = 128  # JSON levels; a deep tool schema uses ~2 per schema level, a chat message ~5
 
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # U+D800..U+DFFF; a valid pair matches too
+# Where a lone surrogate can come from: a \uD800..\uDFFF escape (a valid pair matches too), UTF-8 bytes of a
+# surrogate (json.loads decodes with "surrogatepass"), or a UTF-16/32 body (NUL bytes; json.loads takes those).
+_MAYBE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]|\x00")
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -35,7 +37,7 @@ def decode_json(raw: bytes) -> Any:
     except RecursionError:  # the C decoder's own guard, far past MAX_DEPTH
         raise _too_deep(()) from None
     deep = raw.count(b"[") + raw.count(b"{") > MAX_DEPTH
-    surrogates = _SURROGATE_ESCAPE.search(raw) is not None
+    surrogates = _MAYBE_SURROGATE.search(raw) is not None
     if deep or surrogates:
         check_value(value)
     return value

@@ -176,6 +176,16 @@ def test_lone_surrogate_is_a_400_naming_the_field(srv, case):
     still_serving(srv)
 
 
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-16-le"])
+def test_a_raw_lone_surrogate_is_a_400_too(srv, encoding):
+    """Not escaped but encoded (json.loads decodes bytes with "surrogatepass", and takes UTF-16 bodies)."""
+    text = '{"messages": [{"role": "user", "content": "hi \ud800 there"}]}'
+    r = srv.client.post("/v1/chat/completions", content=text.encode(encoding, "surrogatepass"),
+                        headers={"content-type": "application/json"})
+    assert_error(r, 400, param="messages.0.content")
+    still_serving(srv)
+
+
 def test_surrogate_pairs_are_ordinary_text(srv):
     """An escaped astral character (what ``json.dumps`` sends for an emoji) is fine: only lone halves are not."""
     text = _chat(messages='[{"role": "user", "content": "hi \\ud83d\\ude00"}]')
