@@ -29,6 +29,23 @@ DENSE_WIDTH_MULTIPLE = 64  # dense (V3) index sets are padded to this, the granu
 
 
 @dataclass
+class DecodeTables:
+    """Tensor-only metadata of a pure decode step (the CUDA-graph path): no per-sequence Python objects.
+
+    lens ``[B]`` int32: tokens in each row's cache, this step's one included; table ``[B, P]`` int32: each
+    row's block table (a padded row: page 0, length 1); rows ``[B]`` int32 ``0 .. B-1`` and starts ``[B]``
+    int32 zeros (the top-k's row map and window starts); width: the indexer logits' width, ``P * page_size``
+    (static across replays of one graph).
+    """
+
+    lens: Tensor
+    table: Tensor
+    rows: Tensor
+    starts: Tensor
+    width: int
+
+
+@dataclass
 class AttnContext:
     """What the attention of every layer shares in one step."""
 
@@ -43,6 +60,9 @@ class AttnContext:
     # Sparse prefill chunks with at most this many keys run MHA over the indexer's selected keys (0: never).
     # On CPU at few heads the per-head form costs a third of the absorbed (576-wide) scores.
     sparse_mha_max_keys: int = 0
+    # A pure decode step built from tensors alone (GPU-resident state, CUDA graphs): every layer's attention
+    # takes decode_attention_tables; step.seqs is empty then.
+    decode: DecodeTables | None = None
 
     def is_dense(self, seq: SeqMeta) -> bool:
         return self.index_topk is None or seq.end_pos <= self.index_topk
@@ -53,6 +73,8 @@ class AttnContext:
         return seq.end_pos <= (self.mha_max_keys if self.is_dense(seq) else self.sparse_mha_max_keys)
 
     def needs_index_queries(self) -> bool:
+        if self.decode is not None:
+            return self.index_topk is not None
         return any(not self.is_dense(s) for s in self.step.seqs)
 
     def index_width(self, longest: int) -> int:
@@ -130,6 +152,31 @@ def decode_attention(ctx: AttnContext, seqs: list[SeqMeta], q: Tensor, kv_cache:
     out, _lse = kernels.sparse_attn.decode(
         q.unsqueeze(1), kv_cache, indices.unsqueeze(1), ctx.sm_scale, layout=ctx.kv_layout
     )
+    return out[:, 0]
+
+
+def decode_attention_tables(ctx: AttnContext, q: Tensor, kv_cache: Tensor, index_cache: Tensor | None,
+                            iq) -> Tensor:
+    """q ``[B, H, 576]`` of a pure decode step described by ``ctx.decode`` -> latent outputs ``[B, H, 512]``.
+
+    Graph-safe: shapes depend on B and the static width only, never on the lengths' values. DSA rows all go
+    through the indexer over the static width and the top-k with per-row lengths (a row of at most
+    ``index_topk`` tokens gets every one of its positions, the same set as the dense path of
+    :func:`decode_attention`); V3 rows take every visible slot of the width, ``-1`` past their length.
+    """
+    t = ctx.decode
+    kernels, ps = ctx.kernels, ctx.step.page_size
+    if ctx.index_topk is not None:
+        logits = kernels.indexer.logits_paged(iq.q8.unsqueeze(1), iq.weights, index_cache, t.lens, t.table, t.width)
+        indices = kernels.topk.topk_transform(logits, t.starts, t.lens, ctx.index_topk, t.table, t.rows, ps)
+    else:
+        width = -(-t.width // DENSE_WIDTH_MULTIPLE) * DENSE_WIDTH_MULTIPLE
+        pos = torch.arange(width, device=q.device)
+        page = (pos // ps).clamp_max(t.table.shape[1] - 1)
+        slots = t.table[:, page].long() * ps + pos % ps
+        indices = torch.where(pos[None, :] < t.lens[:, None], slots, -1)
+    out, _lse = kernels.sparse_attn.decode(q.unsqueeze(1), kv_cache, indices.to(torch.int32).unsqueeze(1),
+                                           ctx.sm_scale, layout=ctx.kv_layout)
     return out[:, 0]
 
 

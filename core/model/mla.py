@@ -14,6 +14,7 @@ from torch import Tensor
 from dsa_runtime.model.attention import (
     AttnContext,
     decode_attention,
+    decode_attention_tables,
     mha_groups,
     prefill_absorbed,
     prefill_mha,
@@ -138,6 +139,8 @@ class MLA:
         """Latent outputs ``[T, H, 512]`` of the absorbed (MQA) kernels; rows of other sequences are zero."""
         # Absorb W_UK into the query: score = [q_nope W_UK | q_pe] . [c | k_pe] (576-d MQA).
         q_abs = torch.cat([self._per_head(q_nope, self.w_uk, "thn,hnc->thc"), q_pe], dim=-1)
+        if ctx.decode is not None:  # a pure decode step from tensors alone (CUDA-graph path)
+            return decode_attention_tables(ctx, q_abs, kv_cache, index_cache, iq)
         t = q_abs.shape[0]
         decodes = [s for s in seqs if s.is_decode]
         if len(decodes) == t:  # a pure decode step: the kernel's rows are the step's rows

@@ -11,18 +11,23 @@ verification mode. Kernel outputs (sparse attention, MoE) are bf16 by contract i
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from dsa_runtime.model.attention import AttnContext
+from dsa_runtime.model.attention import AttnContext, DecodeTables
 from dsa_runtime.model.batch import ForwardBatch, ForwardSeq, StepMeta, build_step
 from dsa_runtime.model.config import ModelConfig
+from dsa_runtime.model.decode_graph import DecodeGraphs
+from dsa_runtime.model.decode_state import DecodePlan, RequestSlots, decode_inputs
 from dsa_runtime.model.deepseek import DeepseekModel
 
 if TYPE_CHECKING:
     from dsa_runtime.cache.kv_cache import KVCache
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["ForwardBatch", "ForwardSeq", "ModelRunner", "kernel_needs"]
 
@@ -111,6 +116,8 @@ class ModelRunner:
         with torch.inference_mode():
             self.model = DeepseekModel(config, tensors, dtype=self.dtype, device=self.device, tp=tp,
                                        moe_fp32_sum=moe_fp32_sum)
+        self.slots: RequestSlots | None = None  # GPU-resident decode state (setup_decode)
+        self.graphs: DecodeGraphs | None = None
 
     @classmethod
     def from_checkpoint(cls, checkpoint, **kwargs) -> ModelRunner:
@@ -147,6 +154,60 @@ class ModelRunner:
             # index_topk 2048 the dense cap above already covers every chunk this could take).
             sparse_mha_max_keys=self.mha_max_keys if cfg.is_dsa and self.device.type == "cpu" else 0,
         )
+
+    # --- pure decode steps from GPU-resident state ------------------------------------------------------------
+    def setup_decode(self, max_requests: int, max_model_len: int, graph_batch_sizes: list[int] | None = None,
+                     progress: bool = True) -> None:
+        """Allocate the request slots' block tables and, given batch sizes on CUDA, capture decode graphs.
+
+        A capture that fails (a kernel that reads the device from the host, say) is logged with its reason
+        and decode runs eagerly.
+        """
+        ps = self.cache.page_size
+        self.slots = RequestSlots(max_requests, -(-max_model_len // ps), self.device)
+        self.graphs = None
+        if not graph_batch_sizes or self.device.type != "cuda" or self.tp is not None:
+            return
+        pages = self.slots.max_pages
+        graphs = DecodeGraphs(lambda rows: self._decode_eager(rows, pages), graph_batch_sizes,
+                              self.slots.null_slot, self.device)
+        try:
+            graphs.capture(progress=progress)
+        except Exception as exc:  # a backend that cannot be captured: eager decode, said once
+            logger.warning(
+                "CUDA-graph capture failed (%s: %s); decode runs eagerly (--disable-cuda-graph silences this)",
+                type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+            torch.cuda.synchronize(self.device)
+            return
+        self.graphs = graphs
+
+    def decode(self, plan: DecodePlan) -> Tensor:
+        """Logits ``[B, vocab]`` fp32 of a pure decode step (every row one token, at its plan position).
+
+        Needs :meth:`setup_decode` and the rows' slots synced (:meth:`RequestSlots.sync`). Replays a CUDA
+        graph when one covers B (the returned tensor is then the graph's static output: use it before the
+        next step), else runs the same code eagerly over just the pages the longest row needs.
+        """
+        if self.slots is None:
+            raise RuntimeError("ModelRunner.decode needs setup_decode() first")
+        rows = plan.rows.to(self.device, non_blocking=True)
+        if self.graphs is not None and plan.batch_size <= self.graphs.max_bs:
+            return self.graphs.run(rows)
+        return self._decode_eager(rows, min(-(-plan.longest // self.cache.page_size), self.slots.max_pages))
+
+    def _decode_eager(self, rows: Tensor, pages: int) -> Tensor:
+        """The decode forward over plan rows ``[3, B]`` on the device and ``pages`` block-table columns."""
+        cache = self.cache
+        ids, pos, kv_slots, lens, table = decode_inputs(rows, self.slots.block_table, cache.page_size, pages)
+        batch = ids.shape[0]
+        step = StepMeta(seqs=[], token_ids=ids, positions=pos, slots=kv_slots, page_size=cache.page_size)
+        ctx = self._context(step)
+        ctx.decode = DecodeTables(
+            lens=lens, table=table, rows=torch.arange(batch, dtype=torch.int32, device=self.device),
+            starts=torch.zeros(batch, dtype=torch.int32, device=self.device), width=pages * cache.page_size,
+        )
+        with torch.inference_mode():
+            return self.model.logits(self.model.hidden_states(ctx, cache.mla, cache.index_k))
 
     def forward(self, batch: ForwardBatch) -> list[Tensor | None]:
         """One step; see the module docstring. Raises ``ValueError`` for malformed batches (nothing written)."""

@@ -1,0 +1,111 @@
+"""CUDA-graph decode: the whole decode forward (every layer, indexer, top-k, sparse attention, MoE, head)
+captured once per batch-size bucket and replayed with its inputs copied into static buffers.
+
+A step of ``B`` rows replays the smallest bucket ``>= B``; the rows past ``B`` are inert (the null slot of
+:class:`~dsa_runtime.model.decode_state.RequestSlots`: page 0, position 0, length 1, token 0), so they write
+and read only page 0, which no request owns. The graph reads the step's plan rows (slot, token, position) from
+a static ``[3, max_bs]`` buffer and derives the block tables, lengths and KV slots itself, so one copy of
+``3 * B`` integers is the whole per-step input. Buckets are captured largest first into one memory pool (as
+SGLang, vLLM and nano-vllm do); capture time and memory are logged.
+
+The logits a replay returns live in the graph's static output: consume them (sample) before the next step.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+logger = logging.getLogger(__name__)
+
+
+def default_batch_sizes(max_bs: int) -> list[int]:
+    """SGLang's buckets ``[1, 2, 4, 8] + range(16, max_bs + 1, 8)``, cut at ``max_bs`` (which is included)."""
+    if max_bs < 1:
+        raise ValueError(f"the largest CUDA-graph batch must be >= 1, got {max_bs}")
+    sizes = [s for s in (1, 2, 4, 8) if s <= max_bs] + list(range(16, max_bs + 1, 8))
+    if sizes[-1] != max_bs:
+        sizes.append(max_bs)
+    return sizes
+
+
+class DecodeGraphs:
+    """Captured decode graphs, one per bucket.
+
+    Args:
+        forward: ``forward(rows [3, bs] int64 on the device) -> logits [bs, vocab] fp32``, the eager decode
+            of a fixed block-table width (graph-safe: no host reads, shapes from ``bs`` only).
+        batch_sizes: the buckets.
+        null_slot: the slot id of an inert row.
+        device: a CUDA device.
+    """
+
+    def __init__(self, forward: Callable[[Tensor], Tensor], batch_sizes: Sequence[int], null_slot: int,
+                 device: torch.device) -> None:
+        self.forward = forward
+        self.sizes = sorted({int(s) for s in batch_sizes})
+        if not self.sizes or self.sizes[0] < 1:
+            raise ValueError(f"CUDA-graph batch sizes must be >= 1, got {list(batch_sizes)}")
+        self.null_slot = null_slot
+        self.device = device
+        self.rows = torch.zeros(3, self.sizes[-1], dtype=torch.int64, device=device)
+        self.rows[0].fill_(null_slot)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, Tensor] = {}
+        self.capture_s = 0.0
+        self.capture_bytes = 0
+
+    @property
+    def max_bs(self) -> int:
+        return self.sizes[-1]
+
+    def capture(self, progress: bool = True) -> None:
+        """Warm up and capture every bucket, largest first, into one pool."""
+        from tqdm import tqdm
+
+        torch.cuda.synchronize(self.device)
+        before = torch.cuda.memory_reserved(self.device)
+        start = time.perf_counter()
+        pool = None
+        sizes = list(reversed(self.sizes))
+        bar = tqdm(sizes, desc="Capturing decode CUDA graphs", unit="graph", disable=not progress, leave=False)
+        for bs in bar:
+            bar.set_postfix(bs=bs)
+            rows = self.rows[:, :bs]
+            stream = torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # compiles, autotunes and lazy buffers happen here, outside the capture
+                    self.forward(rows)
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.outputs[bs] = self.forward(rows)
+            pool = graph.pool()
+            self.graphs[bs] = graph
+        torch.cuda.synchronize(self.device)
+        self.capture_s = time.perf_counter() - start
+        self.capture_bytes = torch.cuda.memory_reserved(self.device) - before
+        logger.info("captured %d decode CUDA graphs (batch %d..%d) in %.1f s, %.1f MiB", len(self.graphs),
+                    self.sizes[0], self.max_bs, self.capture_s, self.capture_bytes / 2**20)
+
+    def bucket(self, batch: int) -> int:
+        for size in self.sizes:
+            if size >= batch:
+                return size
+        raise ValueError(f"batch {batch} exceeds the largest CUDA-graph batch {self.max_bs}")
+
+    def run(self, rows: Tensor) -> Tensor:
+        """Replay for plan rows ``[3, B]`` (int64, on the device) -> logits ``[B, vocab]`` (static memory)."""
+        batch = int(rows.shape[1])
+        bs = self.bucket(batch)
+        self.rows[:, :batch].copy_(rows, non_blocking=True)
+        if bs > batch:  # inert rows: null slot, token 0, position 0
+            self.rows[0, batch:bs].fill_(self.null_slot)
+            self.rows[1:, batch:bs].zero_()
+        self.graphs[bs].replay()
+        return self.outputs[bs][:batch]
