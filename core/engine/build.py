@@ -113,6 +113,7 @@ def build_parts_from_weights(
         plan = plan_capacity(**plan_args, max_total_tokens=tokens)
         cache = KVCache(model_config, plan.num_pages, page_size, kernels.kv_layout, device, dtype)
         runner = ModelRunner(model_config, tensors, cache=cache, **runner_args)
+    runner.setup_decode(config.max_running_requests, max_context, config.graph_batch_sizes())
     logger.info(
         "KV cache: %d pages x %d tokens (%s), %.1f MiB; workspace %.1f MiB",
         plan.num_pages, page_size, kernels.kv_layout, plan.cache_bytes / 2**20, plan.workspace_bytes / 2**20,

@@ -1,7 +1,8 @@
 """Dataclass fields <-> argparse options, driven by each field's metadata.
 
 ``metadata``: ``flag`` (default ``--field-name``), ``help``, optional ``aliases`` (extra spellings) and
-``choices``. Types come from the field annotation (``int``, ``float``, ``str``, ``bool``, ``X | None``).
+``choices``, ``nargs``. Types come from the field annotation (``int``, ``float``, ``str``, ``bool``, ``list[int]``
+with ``nargs``, ``X | None``).
 Options default to ``argparse.SUPPRESS``, so :func:`config_from_args` only passes what the user gave and the
 dataclass keeps its own defaults (one source of truth).
 """
@@ -18,8 +19,11 @@ _TYPES = {"int": int, "float": float, "str": str, "bool": bool}
 
 
 def _base_type(annotation: Any) -> type:
+    """The argparse type of an annotation; ``list[int]`` gives ``int`` (the field's ``nargs`` takes the list)."""
     text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
     parts = [p.strip() for p in text.split("|") if p.strip() != "None"]
+    if len(parts) == 1 and parts[0].startswith("list[") and parts[0].endswith("]"):
+        parts = [parts[0][5:-1]]
     if len(parts) != 1 or parts[0] not in _TYPES:
         raise TypeError(f"unsupported option type {text!r}")
     return _TYPES[parts[0]]
@@ -45,6 +49,8 @@ def add_dataclass_arguments(
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
             kwargs["type"] = kind
+            if "nargs" in meta:
+                kwargs["nargs"] = meta["nargs"]
             if "choices" in meta:
                 kwargs["choices"] = list(meta["choices"])  # argparse shows them as the metavar
             else:

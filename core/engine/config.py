@@ -85,6 +85,26 @@ class EngineConfig:
             "else torch's choice)",
         ),
     )
+    disable_cuda_graph: bool = field(
+        default=False,
+        metadata=_opt("--disable-cuda-graph", "run decode steps eagerly instead of replaying captured CUDA graphs"),
+    )
+    cuda_graph_max_bs: int | None = field(
+        default=None,
+        metadata=_opt(
+            "--cuda-graph-max-bs",
+            "largest decode batch captured in a CUDA graph (default: --max-running-requests, at most 256); "
+            "larger batches run eagerly",
+        ),
+    )
+    cuda_graph_bs: list[int] | None = field(
+        default=None,
+        metadata=_opt(
+            "--cuda-graph-bs",
+            "decode batch sizes to capture (default: 1 2 4 8, then every 8 up to --cuda-graph-max-bs)",
+            nargs="+",
+        ),
+    )
     seed: int = field(
         default=0, metadata=_opt("--seed", "seed of the random weights/unseeded sampling streams")
     )
@@ -161,10 +181,16 @@ class EngineConfig:
             "max_model_len",
             "chunked_prefill_size",
             "max_running_requests",
+            "cuda_graph_max_bs",
         ):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ConfigError(f"{flag_of(name)} must be an integer >= 1, got {value!r}")
+        if self.cuda_graph_bs is not None:
+            sizes = list(self.cuda_graph_bs) if isinstance(self.cuda_graph_bs, (list, tuple)) else [self.cuda_graph_bs]
+            if not sizes or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in sizes):
+                raise ConfigError(f"--cuda-graph-bs must be integers >= 1, got {self.cuda_graph_bs!r}")
+            self.cuda_graph_bs = sorted(set(sizes))
         try:
             self.parallel()
         except ValueError as exc:
@@ -179,6 +205,16 @@ class EngineConfig:
         return ParallelConfig(tp=self.tp, dp=self.dp, enable_dp_attention=self.enable_dp_attention,
                               nnodes=self.nnodes, node_rank=self.node_rank, dist_init_addr=self.dist_init_addr,
                               timeout_s=self.dist_timeout, reduce_dtype=self.tp_reduce_dtype)
+
+    def graph_batch_sizes(self) -> list[int]:
+        """The decode batch sizes to capture (empty with --disable-cuda-graph)."""
+        if self.disable_cuda_graph:
+            return []
+        if self.cuda_graph_bs is not None:
+            return list(self.cuda_graph_bs)
+        from dsa_runtime.model.decode_graph import default_batch_sizes
+
+        return default_batch_sizes(self.cuda_graph_max_bs or min(self.max_running_requests, 256))
 
     @property
     def kv_layout(self) -> str:

@@ -27,6 +27,7 @@ from dsa_runtime.engine.request import Request, Status
 from dsa_runtime.engine.sampler import sample_rows
 from dsa_runtime.engine.scheduler import Scheduler
 from dsa_runtime.engine.stop import find_stop, held_back
+from dsa_runtime.model.decode_state import DecodePlan
 
 
 @dataclass
@@ -68,11 +69,15 @@ class Engine:
         self.max_model_len = min(parts.max_model_len, cap)
         if self.config.max_model_len is not None:
             self.max_model_len = min(self.max_model_len, self.config.max_model_len)
+        # GPU-resident decode state: a runner with request slots (ModelRunner.setup_decode) runs pure decode
+        # steps from [3, B] plan rows; others (TP workers, test fakes) take every step through forward().
+        self._slots = getattr(parts.runner, "request_slots", None)
         self.scheduler = Scheduler(
             parts.allocator,
             parts.page_size,
             self.config.chunked_prefill_size,
             self.config.max_running_requests,
+            on_release=self._release_slot if self._slots is not None else None,
         )
         self._seeds = random.Random(self.config.seed)
         self._requests: dict[str, Request] = {}
@@ -134,7 +139,10 @@ class Engine:
         plan = self.scheduler.schedule()
         if not plan:
             return outputs
-        results = self.runner.forward(make_batch(plan))
+        if self._slots is not None and all(item.num_tokens == 1 and item.sample for item in plan):
+            results = self._decode(plan)
+        else:
+            results = self.runner.forward(make_batch(plan))
         self._counters["steps"] += 1
         sampled: list[tuple[Request, torch.Tensor]] = []
         for item, logits in zip(plan, results, strict=True):
@@ -159,6 +167,25 @@ class Engine:
                     self._requests.pop(request.request_id, None)
                     self.scheduler.remove(request)
         return outputs
+
+    def _decode(self, plan: list) -> torch.Tensor:
+        """A pure decode step through the runner's GPU-resident state: every row's slot (acquired on its first
+        decode), its new pages synced in one copy, then one ``[3, B]`` plan (slot, token, position)."""
+        slots = self._slots
+        requests = [item.request for item in plan]
+        for request in requests:
+            if request.slot < 0:
+                request.slot = slots.acquire()
+        slots.sync([(r.slot, r.pages) for r in requests])
+        positions = [item.start for item in plan]
+        return self.runner.decode(DecodePlan.from_lists(
+            [r.slot for r in requests], [r.token_ids[p] for r, p in zip(requests, positions, strict=True)], positions,
+        ))
+
+    def _release_slot(self, request: Request) -> None:
+        if request.slot >= 0:
+            self._slots.release(request.slot)
+            request.slot = -1
 
     def _append(self, request: Request, token: int, logprob: TokenLogprob | None) -> None:
         """Add a sampled token, update the text and decide whether the request is finished."""

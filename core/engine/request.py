@@ -46,6 +46,7 @@ class Request:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     num_preemptions: int = 0
+    slot: int = -1  # the runner's request slot (GPU-resident block table row) while decoding; -1: none
 
     @property
     def prompt_token_ids(self) -> list[int]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -51,9 +52,11 @@ class Scheduler:
         page_size: tokens per page.
         token_budget: most tokens fed to the model in one step (``--chunked-prefill-size``).
         max_running: most requests holding pages at once (``--max-running-requests``).
+        on_release: called with a request whose pages were just freed (finish, abort, preemption).
     """
 
-    def __init__(self, allocator: Allocator, page_size: int, token_budget: int, max_running: int) -> None:
+    def __init__(self, allocator: Allocator, page_size: int, token_budget: int, max_running: int,
+                 on_release: Callable[[Request], None] | None = None) -> None:
         if page_size < 1 or token_budget < 1 or max_running < 1:
             raise ValueError("page_size, token budget and max running requests must all be >= 1")
         self.allocator = allocator
@@ -63,6 +66,7 @@ class Scheduler:
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: list[Request] = []  # admission order: oldest first
         self.num_preemptions = 0
+        self.on_release = on_release
 
     # --- queue management ------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -191,3 +195,5 @@ class Scheduler:
         if request.pages:
             self.allocator.free(request.pages)
             request.pages = []
+        if self.on_release is not None:
+            self.on_release(request)

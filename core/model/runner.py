@@ -116,7 +116,7 @@ class ModelRunner:
         with torch.inference_mode():
             self.model = DeepseekModel(config, tensors, dtype=self.dtype, device=self.device, tp=tp,
                                        moe_fp32_sum=moe_fp32_sum)
-        self.slots: RequestSlots | None = None  # GPU-resident decode state (setup_decode)
+        self.request_slots: RequestSlots | None = None  # GPU-resident decode state (setup_decode)
         self.graphs: DecodeGraphs | None = None
 
     @classmethod
@@ -164,13 +164,13 @@ class ModelRunner:
         and decode runs eagerly.
         """
         ps = self.cache.page_size
-        self.slots = RequestSlots(max_requests, -(-max_model_len // ps), self.device)
+        self.request_slots = RequestSlots(max_requests, -(-max_model_len // ps), self.device)
         self.graphs = None
         if not graph_batch_sizes or self.device.type != "cuda" or self.tp is not None:
             return
-        pages = self.slots.max_pages
+        pages = self.request_slots.max_pages
         graphs = DecodeGraphs(lambda rows: self._decode_eager(rows, pages), graph_batch_sizes,
-                              self.slots.null_slot, self.device)
+                              self.request_slots.null_slot, self.device)
         try:
             graphs.capture(progress=progress)
         except Exception as exc:  # a backend that cannot be captured: eager decode, said once
@@ -188,17 +188,17 @@ class ModelRunner:
         graph when one covers B (the returned tensor is then the graph's static output: use it before the
         next step), else runs the same code eagerly over just the pages the longest row needs.
         """
-        if self.slots is None:
+        if self.request_slots is None:
             raise RuntimeError("ModelRunner.decode needs setup_decode() first")
         rows = plan.rows.to(self.device, non_blocking=True)
         if self.graphs is not None and plan.batch_size <= self.graphs.max_bs:
             return self.graphs.run(rows)
-        return self._decode_eager(rows, min(-(-plan.longest // self.cache.page_size), self.slots.max_pages))
+        return self._decode_eager(rows, min(-(-plan.longest // self.cache.page_size), self.request_slots.max_pages))
 
     def _decode_eager(self, rows: Tensor, pages: int) -> Tensor:
         """The decode forward over plan rows ``[3, B]`` on the device and ``pages`` block-table columns."""
         cache = self.cache
-        ids, pos, kv_slots, lens, table = decode_inputs(rows, self.slots.block_table, cache.page_size, pages)
+        ids, pos, kv_slots, lens, table = decode_inputs(rows, self.request_slots.block_table, cache.page_size, pages)
         batch = ids.shape[0]
         step = StepMeta(seqs=[], token_ids=ids, positions=pos, slots=kv_slots, page_size=cache.page_size)
         ctx = self._context(step)

@@ -66,15 +66,15 @@ def test_tensor_decode_matches_the_per_sequence_forward(preset, kv_layout):
     tables = [pages(1 + 5 * i, n) for i, n in enumerate(total)]
     seqs = [tokens(n, seed=i) for i, n in enumerate(total)]
     for runner in (ref, fast):
-        runner.forward(ForwardBatch([ForwardSeq(s[:n], 0, t, "none") for s, n, t in zip(seqs, lengths, tables)]))
-    slot_of = [fast.slots.acquire() for _ in lengths]
-    fast.slots.release(slot_of[1])  # slots need not be dense or ordered
-    slot_of[1] = fast.slots.acquire()
+        runner.forward(ForwardBatch([ForwardSeq(s[:n], 0, t, "none") for s, n, t in zip(seqs, lengths, tables, strict=True)]))
+    slot_of = [fast.request_slots.acquire() for _ in lengths]
+    fast.request_slots.release(slot_of[1])  # slots need not be dense or ordered
+    slot_of[1] = fast.request_slots.acquire()
     for step in range(steps):
         pos = [n + step for n in lengths]
-        want = ref.forward(ForwardBatch([ForwardSeq([s[p]], p, t, "last") for s, p, t in zip(seqs, pos, tables)]))
-        used = [t[: p // PAGE_SIZE + 1] for t, p in zip(tables, pos)]  # the pages the scheduler has grown
-        fast.slots.sync(list(zip(slot_of, used)))
+        want = ref.forward(ForwardBatch([ForwardSeq([s[p]], p, t, "last") for s, p, t in zip(seqs, pos, tables, strict=True)]))
+        used = [t[: p // PAGE_SIZE + 1] for t, p in zip(tables, pos, strict=True)]  # the pages the scheduler has grown
+        fast.request_slots.sync(list(zip(slot_of, used, strict=True)))
         order = [2, 0, 1]  # batch rows in another order than the slots
         got = fast.decode(DecodePlan.from_lists([slot_of[i] for i in order], [seqs[i][pos[i]] for i in order],
                                                 [pos[i] for i in order]))
