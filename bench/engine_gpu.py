@@ -1,0 +1,117 @@
+"""Engine decode speed on one GPU: the embedded tiny-chat model through ``Engine.step`` at several batch sizes,
+CUDA graphs on and off: wall ms per decode step, GPU kernel ms per step (torch.profiler), their ratio and
+tokens/s; plus the cold start (engine build with graph capture, to the first token).
+
+    python bench/engine_gpu.py [--batches 1,16,64,128] [--steps 64] [--prompt-len 64] [--json PATH]
+
+Method: B random prompts of ``--prompt-len`` tokens arrive together (greedy, EOS ignored); once every request
+has its first token, ``--steps`` decode steps are timed wall-clock (the engine's own Python included:
+scheduling, sampling, detokenising, stop checks), then ``--profile-steps`` more under torch.profiler, whose
+CUDA kernel time per step is the step's GPU time (ratio = wall / kernel; 1.0 would mean the GPU never waits
+for the host). Results print as a table and go to ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+
+def kernel_ms(prof: Any) -> float:
+    """Total CUDA kernel time of a profile, ms (memcpy/memset included: they occupy the GPU too)."""
+    total_us = 0.0
+    for evt in prof.events():
+        if getattr(evt, "device_type", None) is not None and str(evt.device_type).endswith("CUDA"):
+            total_us += evt.device_time
+    return total_us / 1e3
+
+
+def run_case(engine: Any, batch: int, args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from dsa_runtime.engine import SamplingParams
+
+    rng = random.Random(batch)
+    vocab = engine.parts.vocab_size
+    total = args.steps + args.profile_steps + 4
+    params = SamplingParams(temperature=0, max_tokens=total, ignore_eos=True)
+    for i in range(batch):
+        engine.add_request(f"r{batch}-{i}", [rng.randrange(3, vocab) for _ in range(args.prompt_len)], params)
+    while any(r.num_output_tokens == 0 for r in engine._requests.values()):
+        engine.step()
+    for _ in range(2):  # settle: every request decoding, first decode shapes compiled
+        engine.step()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        engine.step()
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) * 1e3 / args.steps
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.profile_steps):
+            engine.step()
+        torch.cuda.synchronize()
+    gpu = kernel_ms(prof) / args.profile_steps
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.stats().pages_used == 0
+    return {"batch": batch, "wall_ms": wall, "kernel_ms": gpu, "ratio": wall / gpu if gpu else None,
+            "tokens_per_s": batch * 1e3 / wall}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batches", default="1,16,64,128")
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--profile-steps", type=int, default=8)
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--modes", default="graphs,eager", help="graphs (CUDA graphs on), eager (--disable-cuda-graph)")
+    ap.add_argument("--json", default="bench/results/engine_gpu.json")
+    args = ap.parse_args()
+    import torch
+
+    from dsa_runtime.engine import Engine, EngineConfig, SamplingParams
+
+    if not torch.cuda.is_available():
+        raise SystemExit("engine_gpu.py needs a CUDA device")
+    batches = [int(b) for b in args.batches.split(",")]
+    rows: list[dict[str, Any]] = []
+    starts: dict[str, float] = {}
+    for mode in args.modes.split(","):
+        t0 = time.perf_counter()
+        engine = Engine(EngineConfig(max_running_requests=max(batches), disable_cuda_graph=(mode == "eager")))
+        engine.add_request("cold", [5, 6, 7], SamplingParams(temperature=0, max_tokens=1))
+        while engine.has_unfinished():
+            engine.step()
+        starts[mode] = time.perf_counter() - t0
+        graphs = engine.runner.graphs
+        print(f"{mode}: engine built and first token in {starts[mode]:.1f} s"
+              + (f" (graph capture {graphs.capture_s:.1f} s, {graphs.capture_bytes / 2**20:.0f} MiB)" if graphs else ""))
+        for batch in batches:
+            row = {"mode": mode, **run_case(engine, batch, args)}
+            rows.append(row)
+            print(f"  batch {batch:4d}: {row['wall_ms']:.3f} ms/step wall, {row['kernel_ms']:.3f} ms kernels, "
+                  f"ratio {row['ratio']:.2f}, {row['tokens_per_s']:.0f} tok/s", flush=True)
+        del engine
+        torch.cuda.empty_cache()
+    print(f"\n| mode | batch | wall ms/step | GPU kernel ms/step | wall/kernel | tokens/s |  ({torch.cuda.get_device_name()})")
+    print("|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['mode']} | {r['batch']} | {r['wall_ms']:.3f} | {r['kernel_ms']:.3f} | {r['ratio']:.2f} | "
+              f"{r['tokens_per_s']:.0f} |")
+    out = {"bench": "engine_gpu", "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "device": torch.cuda.get_device_name(), "torch": torch.__version__, "python": platform.python_version(),
+           "settings": vars(args), "cold_start_s": starts, "rows": rows}
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(out, indent=2))
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
