@@ -101,14 +101,12 @@ class Engine:
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already running")
         prompt = self._check_prompt(prompt_token_ids, limit=self.max_model_len)
-        generator = torch.Generator()
-        generator.manual_seed(params.seed if params.seed is not None else self._seeds.getrandbits(63))
         request = Request(
             request_id=request_id,
             prompt_len=len(prompt),
             token_ids=prompt,
             params=params,
-            generator=generator,
+            seed=params.seed if params.seed is not None else self._seeds.getrandbits(63),
             detokenizer=make_detokenizer(self.tokenizer, prompt, params.skip_special_tokens),
             metrics=RequestMetrics(arrival=time.monotonic()),
         )
@@ -158,7 +156,8 @@ class Engine:
             tokens, logprobs = sample_rows(
                 torch.stack([lg for _, lg in sampled]),
                 [r.params for r in requests],
-                [r.generator for r in requests],
+                [r.seed for r in requests],
+                [r.num_output_tokens for r in requests],
             )
             for request, token, logprob in zip(requests, tokens, logprobs, strict=True):
                 self._append(request, token, logprob)

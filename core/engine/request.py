@@ -5,8 +5,6 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-import torch
-
 from dsa_runtime.engine.detokenizer import ByteDetokenizer, IncrementalDetokenizer
 from dsa_runtime.engine.outputs import RequestMetrics, TokenLogprob
 from dsa_runtime.engine.params import SamplingParams
@@ -26,13 +24,15 @@ class Request:
     fed in the next forward). ``pages`` are the physical cache pages covering positions ``0 ..
     len(pages) * page_size - 1``. ``text`` is the generated text so far (cut at a stop string when one
     matched); ``emitted_chars`` / ``emitted_tokens`` / ``emitted_logprobs`` say how much was already reported.
+    ``seed`` keys the request's random stream: its ``n``-th sampled token uses the uniform number
+    ``hash(seed, n)`` (:func:`dsa_runtime.engine.sampler.uniforms`), so a recomputed request continues unchanged.
     """
 
     request_id: str
     prompt_len: int
     token_ids: list[int]
     params: SamplingParams
-    generator: torch.Generator
+    seed: int
     detokenizer: IncrementalDetokenizer | ByteDetokenizer
     metrics: RequestMetrics
     status: Status = Status.WAITING

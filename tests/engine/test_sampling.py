@@ -1,4 +1,7 @@
-"""Sampling filters, draws and log-probabilities, row by row."""
+"""Sampling filters, draws and log-probabilities of single rows and small batches (the batched sampler).
+
+The batched pass against the former row-by-row oracle, seeded streams and CUDA graphs: test_sampling_batched.py.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +11,16 @@ import pytest
 import torch
 
 from dsa_runtime.engine import SamplingParams
-from dsa_runtime.engine.sampler import draw, filter_logits, sample_rows, token_logprob
+from dsa_runtime.engine.sampler import SamplingTensors, apply_filters, sample, sample_rows
 
 
 def _logits(seed: int, vocab: int = 50) -> torch.Tensor:
     return torch.randn(vocab, generator=torch.Generator().manual_seed(seed)) * 2
+
+
+def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The batched filters on one float32 ``[V]`` row."""
+    return apply_filters(logits[None], SamplingTensors.from_params([params], [0], [0], "cpu"))[0]
 
 
 def _kept(filtered: torch.Tensor) -> set[int]:
@@ -41,17 +49,16 @@ def test_top_p_keeps_the_smallest_prefix_reaching_p():
         assert kept == want, p
 
 
-@pytest.mark.parametrize("scale", [0.05, 1.0, 4.0, 12.0])  # flat (nucleus > candidates) to peaked
+@pytest.mark.parametrize("scale", [0.05, 1.0, 4.0, 12.0])  # flat (nucleus of thousands) to peaked
 @pytest.mark.parametrize("top_p", [0.1, 0.6, 0.95, 0.9999])
-def test_nucleus_mask_matches_a_full_sort_on_large_vocabularies(scale, top_p):
-    from dsa_runtime.engine.sampler import NUCLEUS_CANDIDATES, nucleus_mask
-
-    vocab = 20 * NUCLEUS_CANDIDATES
-    probs = torch.softmax(torch.randn(vocab, generator=torch.Generator().manual_seed(7)) * scale, -1)
+def test_top_p_matches_a_float64_full_sort_on_large_vocabularies(scale, top_p):
+    vocab = 5120
+    logits = torch.randn(vocab, generator=torch.Generator().manual_seed(7)) * scale
+    probs = torch.softmax(logits, -1)
     sorted_probs, order = torch.sort(probs, descending=True)
     before = torch.cumsum(sorted_probs.double(), -1) - sorted_probs.double()
     want = set(order[before < top_p].tolist())
-    got = set(torch.nonzero(nucleus_mask(probs, top_p)).flatten().tolist())
+    got = _kept(filter_logits(logits, SamplingParams(top_p=top_p)))
     # float32 vs float64 prefix sums may disagree on a token whose preceding mass is within rounding of top_p
     assert got ^ want <= {int(order[len(want) - 1]), int(order[min(len(want), vocab - 1)])}
     assert len(got ^ want) <= 1 and int(order[0]) in got
@@ -75,10 +82,12 @@ def test_filters_compose_and_keep_the_argmax():
 
 def test_draw_follows_the_distribution():
     probs = torch.tensor([0.5, 0.0, 0.3, 0.2])
-    logits = torch.log(probs)
-    g = torch.Generator().manual_seed(0)
     n = 4000
-    counts = torch.bincount(torch.tensor([draw(logits, g) for _ in range(n)]), minlength=4).float()
+    logits = torch.log(probs).expand(n, 4)
+    params = [SamplingParams(temperature=1.0)] * n
+    # one request's first n tokens: the same seed, offsets 0 .. n-1
+    tokens = sample(logits, SamplingTensors.from_params(params, [0] * n, list(range(n)), "cpu"))
+    counts = torch.bincount(tokens, minlength=4).float()
     assert counts[1] == 0  # a zero-probability token is never drawn
     expected = probs * n
     chi2 = float(((counts - expected) ** 2 / expected.clamp(min=1e-9))[[0, 2, 3]].sum())
@@ -87,31 +96,27 @@ def test_draw_follows_the_distribution():
 
 def test_greedy_picks_argmax_lowest_id_on_ties():
     logits = torch.tensor([[0.0, 3.0, 3.0, 1.0], [5.0, -1.0, 5.0, 2.0]])
-    g = [torch.Generator(), torch.Generator()]
-    tokens, lps = sample_rows(logits, [SamplingParams(temperature=0)] * 2, g)
+    tokens, lps = sample_rows(logits, [SamplingParams(temperature=0)] * 2, [1, 2], [0, 0])
     assert tokens == [1, 0] and lps == [None, None]
 
 
 def test_seeded_rows_do_not_depend_on_batch_neighbours():
     logits = torch.stack([_logits(s, 100) for s in range(5)])
     params = [SamplingParams(temperature=1.0, top_p=0.95, seed=7)] * 5
-
-    def gens():
-        return [torch.Generator().manual_seed(7) for _ in range(5)]
-
-    batched = [sample_rows(logits, params, gens())[0] for _ in range(3)]
-    alone = [sample_rows(logits[i : i + 1], params[:1], gens()[:1])[0][0] for i in range(5)]
+    batched = [sample_rows(logits, params, [7] * 5, [3] * 5)[0] for _ in range(3)]
+    alone = [sample_rows(logits[i : i + 1], params[:1], [7], [3])[0][0] for i in range(5)]
     assert batched[0] == batched[1] == batched[2] == alone
 
 
 def test_logprobs_chosen_and_top_n():
     logits = _logits(4, 30)
     ref = torch.log_softmax(logits, -1)
-    lp = token_logprob(logits, 7, 3)
-    assert math.isclose(lp.logprob, float(ref[7]), rel_tol=1e-6)
+    tokens, lps = sample_rows(logits[None], [SamplingParams(temperature=0.8, seed=1, logprobs=3)], [1], [0])
+    lp = lps[0]
+    assert lp.token_id == tokens[0] and math.isclose(lp.logprob, float(ref[tokens[0]]), rel_tol=1e-6)
     assert [t for t, _ in lp.top] == torch.topk(ref, 3).indices.tolist()
     assert all(a[1] >= b[1] for a, b in zip(lp.top, lp.top[1:], strict=False))
-    tokens, lps = sample_rows(logits[None], [SamplingParams(temperature=0, logprobs=0)], [torch.Generator()])
+    tokens, lps = sample_rows(logits[None], [SamplingParams(temperature=0, logprobs=0)], [0], [0])
     assert lps[0].top == [] and lps[0].token_id == tokens[0] == int(torch.argmax(logits))
     assert math.isclose(lps[0].logprob, float(ref.max()), rel_tol=1e-6)
 
@@ -150,13 +155,10 @@ def test_mixed_rows_equal_each_row_alone():
         SamplingParams(temperature=0, logprobs=3),
         SamplingParams(temperature=1.2, top_p=0.8, seed=2, logprobs=0),
     ]
-
-    def gens():
-        return [torch.Generator().manual_seed(100 + i) for i in range(4)]
-
-    tokens, lps = sample_rows(logits, params, gens())
+    seeds, offsets = [100 + i for i in range(4)], [0, 5, 2, 9]
+    tokens, lps = sample_rows(logits, params, seeds, offsets)
     for i in range(4):
-        solo_tokens, solo_lps = sample_rows(logits[i : i + 1], params[i : i + 1], gens()[i : i + 1])
+        solo_tokens, solo_lps = sample_rows(logits[i : i + 1], params[i : i + 1], seeds[i : i + 1], offsets[i : i + 1])
         assert solo_tokens[0] == tokens[i]
         assert (lps[i] is None) == (params[i].logprobs is None) and lps[i] == solo_lps[0]
     assert tokens[0] == int(logits[0].argmax()) and tokens[2] == int(logits[2].argmax())
