@@ -89,6 +89,11 @@ class EngineConfig:
         default=False,
         metadata=_opt("--disable-cuda-graph", "run decode steps eagerly instead of replaying captured CUDA graphs"),
     )
+    disable_overlap_schedule: bool = field(
+        default=False,
+        metadata=_opt("--disable-overlap-schedule", "finish each step's host work (detokenising, stop checks) before "
+                      "launching the next decode step, instead of overlapping it with the GPU (CUDA only)"),
+    )
     cuda_graph_max_bs: int | None = field(
         default=None,
         metadata=_opt(

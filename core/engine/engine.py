@@ -24,10 +24,19 @@ from dsa_runtime.engine.forward import make_batch, score_batch
 from dsa_runtime.engine.outputs import EngineStats, RequestMetrics, RequestOutput, TokenLogprob
 from dsa_runtime.engine.params import SamplingParams
 from dsa_runtime.engine.request import Request, Status
-from dsa_runtime.engine.sampler import sample_rows
+from dsa_runtime.engine.sampler import PendingSample, sample_async
 from dsa_runtime.engine.scheduler import Scheduler
 from dsa_runtime.engine.stop import find_stop, held_back
 from dsa_runtime.model.decode_state import DecodePlan
+
+
+@dataclass
+class _Launched:
+    """A step whose sampling is queued: its sampled requests (row order) and their pending tokens."""
+
+    requests: list[Request]
+    pending: PendingSample
+    decode_only: bool
 
 
 @dataclass
@@ -72,6 +81,10 @@ class Engine:
         # GPU-resident decode state: a runner with request slots (ModelRunner.setup_decode) runs pure decode
         # steps from [3, B] plan rows; others (TP workers, test fakes) take every step through forward().
         self._slots = getattr(parts.runner, "request_slots", None)
+        # Overlap scheduling pays off where the device runs asynchronously to the host (CUDA).
+        self._overlap = (self._slots is not None and not self.config.disable_overlap_schedule
+                         and self._slots.device.type == "cuda")
+        self._inflight: _Launched | None = None
         self.scheduler = Scheduler(
             parts.allocator,
             parts.page_size,
@@ -128,48 +141,93 @@ class Engine:
 
     def has_unfinished(self) -> bool:
         """True while a request is queued or running, or an abort is still to be reported."""
-        return bool(self._requests or self._pending)
+        return bool(self._requests or self._pending or self._inflight)
 
     # --- the step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one scheduler iteration; outputs of the requests that produced a token, finished or were aborted."""
+        """Run one scheduler iteration; outputs of the requests that produced a token, finished or were aborted.
+
+        With overlap scheduling a pure decode step is launched before the previous step's tokens are turned
+        into text: the GPU runs step N while the host detokenises and checks stops for step N-1, and step N
+        reads its input tokens from the device (:attr:`RequestSlots.next_ids`). Outputs then lag one step; every
+        request still ends at exactly the same token (a row run for a request that turned out finished is
+        dropped).
+        """
         outputs, self._pending = self._pending, []
+        if self._inflight is not None and not self._can_overlap():
+            outputs += self._resolve()
         plan = self.scheduler.schedule()
-        if not plan:
-            return outputs
-        if self._slots is not None and all(item.num_tokens == 1 and item.sample for item in plan):
-            results = self._decode(plan)
+        launched = self._launch(plan) if plan else None
+        if self._inflight is not None:
+            outputs += self._resolve()  # the previous step, while the GPU runs this one
+        if launched is not None:
+            self._inflight = launched
+            if not (self._overlap and launched.decode_only):
+                outputs += self._resolve()
+        return outputs
+
+    def _can_overlap(self) -> bool:
+        """Whether the next schedule can be a pure decode step launched before the in-flight tokens are known:
+        nothing waits (admission and prefill need every token on the host), every running request decodes, and
+        none can end by length at its in-flight token (its next step would run past max_tokens/max_model_len)."""
+        if not self._overlap or self.scheduler.waiting:
+            return False
+        for r in self.scheduler.running:
+            if not r.is_decoding:
+                return False
+            if r.inflight and (r.num_output_tokens + r.inflight >= r.params.max_tokens
+                               or len(r.token_ids) + r.inflight >= self.max_model_len):
+                return False
+        return True
+
+    def _launch(self, plan: list) -> _Launched | None:
+        """Queue the step's forward and its sampling on the device; nothing waits for the GPU here."""
+        decode_only = self._slots is not None and all(item.num_tokens == 1 and item.sample for item in plan)
+        if decode_only:
+            rows, logits = self._decode(plan)
         else:
             results = self.runner.forward(make_batch(plan))
         self._counters["steps"] += 1
-        sampled: list[tuple[Request, torch.Tensor]] = []
-        for item, logits in zip(plan, results, strict=True):
+        for item in plan:
             item.request.num_computed += item.num_tokens
-            if item.sample:
-                if logits is None:
-                    raise RuntimeError(
-                        "the model runner returned no logits for a sequence that asked for them"
-                    )
-                sampled.append((item.request, logits.reshape(-1)))
-        if sampled:
-            requests = [r for r, _ in sampled]
-            tokens, logprobs = sample_rows(
-                torch.stack([lg for _, lg in sampled]),
-                [r.params for r in requests],
-                [r.seed for r in requests],
-                [r.num_output_tokens for r in requests],
-            )
-            for request, token, logprob in zip(requests, tokens, logprobs, strict=True):
-                self._append(request, token, logprob)
-                outputs.append(self._output(request))
-                if request.finished:
-                    self._requests.pop(request.request_id, None)
-                    self.scheduler.remove(request)
+        requests = [item.request for item in plan if item.sample]
+        if not requests:
+            return None
+        if not decode_only:
+            rows_logits = [lg for item, lg in zip(plan, results, strict=True) if item.sample]
+            if any(lg is None for lg in rows_logits):
+                raise RuntimeError("the model runner returned no logits for a sequence that asked for them")
+            logits = torch.stack([lg.reshape(-1) for lg in rows_logits])
+        pending = sample_async(
+            logits, [r.params for r in requests], [r.seed for r in requests],
+            [r.num_output_tokens + r.inflight for r in requests],  # tokens each request has sampled so far
+        )
+        if decode_only:
+            self._slots.next_ids.index_copy_(0, rows[0], pending.tokens)
+        for request in requests:
+            request.inflight += 1
+        return _Launched(requests, pending, decode_only)
+
+    def _resolve(self) -> list[RequestOutput]:
+        """Take the in-flight step's tokens (waiting for their copy only) and turn them into outputs."""
+        launched, self._inflight = self._inflight, None
+        tokens, logprobs = launched.pending.result()
+        outputs = []
+        for request, token, logprob in zip(launched.requests, tokens, logprobs, strict=True):
+            request.inflight -= 1
+            if request.finished:  # aborted, or ended at its previous token: this row's token is dropped
+                continue
+            self._append(request, token, logprob)
+            outputs.append(self._output(request))
+            if request.finished:
+                self._requests.pop(request.request_id, None)
+                self.scheduler.remove(request)
         return outputs
 
-    def _decode(self, plan: list) -> torch.Tensor:
+    def _decode(self, plan: list) -> tuple[torch.Tensor, torch.Tensor]:
         """A pure decode step through the runner's GPU-resident state: every row's slot (acquired on its first
-        decode), its new pages synced in one copy, then one ``[3, B]`` plan (slot, token, position)."""
+        decode), its new pages synced in one copy, then one ``[3, B]`` plan (slot, token, position; token -1
+        when it is still in flight). Returns the plan rows on the device and the logits ``[B, vocab]``."""
         slots = self._slots
         requests = [item.request for item in plan]
         for request in requests:
@@ -177,9 +235,10 @@ class Engine:
                 request.slot = slots.acquire()
         slots.sync([(r.slot, r.pages) for r in requests])
         positions = [item.start for item in plan]
-        return self.runner.decode(DecodePlan.from_lists(
-            [r.slot for r in requests], [r.token_ids[p] for r, p in zip(requests, positions, strict=True)], positions,
-        ))
+        tokens = [r.token_ids[p] if p < len(r.token_ids) else -1 for r, p in zip(requests, positions, strict=True)]
+        plan_rows = DecodePlan.from_lists([r.slot for r in requests], tokens, positions)
+        plan_rows.rows = plan_rows.rows.to(slots.device, non_blocking=True)
+        return plan_rows.rows, self.runner.decode(plan_rows)
 
     def _release_slot(self, request: Request) -> None:
         if request.slot >= 0:

@@ -47,6 +47,7 @@ class Request:
     stop_reason: str | int | None = None
     num_preemptions: int = 0
     slot: int = -1  # the runner's request slot (GPU-resident block table row) while decoding; -1: none
+    inflight: int = 0  # tokens sampled on the device whose value the host has not read yet (overlap scheduling)
 
     @property
     def prompt_token_ids(self) -> list[int]:
@@ -66,7 +67,7 @@ class Request:
 
     @property
     def num_uncomputed(self) -> int:
-        return len(self.token_ids) - self.num_computed
+        return len(self.token_ids) + self.inflight - self.num_computed
 
     @property
     def is_decoding(self) -> bool:

@@ -337,6 +337,70 @@ def sample_with_logprobs(logits: torch.Tensor, tensors: SamplingTensors, top_n: 
 
 
 # --- the engine's entry point ------------------------------------------------------------------------------------
+class PendingSample:
+    """A sampled batch whose device work is queued: ``tokens`` ``[B]`` int64 stay on the device (the next decode
+    step can read them there), and one packed copy to pinned host memory is on its way; :meth:`result` waits
+    for that copy alone (not for work queued after it) and unpacks it."""
+
+    def __init__(self, tokens: torch.Tensor, packed: torch.Tensor, params: Sequence[SamplingParams],
+                 width: int) -> None:
+        self.tokens = tokens
+        self.params = list(params)
+        self.width = width
+        self._host = packed
+        self._event = None
+        if packed.device.type == "cuda":
+            self._host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+            self._host.copy_(packed, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+
+    def result(self) -> tuple[list[int], list[TokenLogprob | None]]:
+        """Token ids and, per row, a :class:`TokenLogprob` when that request asked for logprobs."""
+        if self._event is not None:
+            self._event.synchronize()
+        rows = self._host.tolist()
+        if self._host.dim() == 1:
+            return [int(t) for t in rows], [None] * len(rows)
+        width = self.width
+        tokens = [int(row[0]) for row in rows]
+        logprobs: list[TokenLogprob | None] = []
+        for p, row in zip(self.params, rows, strict=True):
+            if p.logprobs is None:
+                logprobs.append(None)
+                continue
+            n = min(p.logprobs, width)
+            top = [(int(row[2 + width + j]), row[2 + j]) for j in range(n)]
+            logprobs.append(TokenLogprob(token_id=int(row[0]), logprob=row[1], top=top))
+        return tokens, logprobs
+
+
+def sample_async(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    seeds: Sequence[int],
+    offsets: Sequence[int],
+) -> PendingSample:
+    """Queue one batched device pass over ``logits`` ``[B, V]`` and the copy of its result to the host.
+
+    Args:
+        params / seeds / offsets: one per row; ``offsets[i]`` = tokens row ``i``'s request has sampled so far.
+    """
+    tensors = SamplingTensors.from_params(params, seeds, offsets, logits.device)
+    asked = [p.logprobs for p in params if p.logprobs is not None]
+    if not asked:
+        tokens = sample(logits, tensors)
+        return PendingSample(tokens, tokens, params, 0)
+    out = sample_with_logprobs(logits, tensors, max(asked))
+    # One copy for everything: float64 holds the token ids (< 2**53) and the float32 logprobs exactly.
+    packed = torch.cat(
+        [out.tokens[:, None].double(), out.logprob[:, None].double(), out.top_logprobs.double(),
+         out.top_ids.double()],
+        dim=1,
+    )
+    return PendingSample(out.tokens, packed, params, out.top_ids.shape[-1])
+
+
 def sample_rows(
     logits: torch.Tensor,
     params: Sequence[SamplingParams],
@@ -353,25 +417,4 @@ def sample_rows(
     """
     if len(params) == 0:
         return [], []
-    tensors = SamplingTensors.from_params(params, seeds, offsets, logits.device)
-    asked = [p.logprobs for p in params if p.logprobs is not None]
-    if not asked:
-        return sample(logits, tensors).tolist(), [None] * len(params)
-    out = sample_with_logprobs(logits, tensors, max(asked))
-    # One copy for everything: float64 holds the token ids (< 2**53) and the float32 logprobs exactly.
-    packed = torch.cat(
-        [out.tokens[:, None].double(), out.logprob[:, None].double(), out.top_logprobs.double(),
-         out.top_ids.double()],
-        dim=1,
-    ).tolist()
-    width = out.top_ids.shape[-1]
-    tokens = [int(row[0]) for row in packed]
-    logprobs: list[TokenLogprob | None] = []
-    for p, row in zip(params, packed, strict=True):
-        if p.logprobs is None:
-            logprobs.append(None)
-            continue
-        n = min(p.logprobs, width)
-        top = [(int(row[2 + width + j]), row[2 + j]) for j in range(n)]
-        logprobs.append(TokenLogprob(token_id=int(row[0]), logprob=row[1], top=top))
-    return tokens, logprobs
+    return sample_async(logits, params, seeds, offsets).result()

@@ -8,7 +8,8 @@ step's changes (a page is added every ``page_size`` tokens), as vLLM's persisten
 CUDA-graph batch points there, so it reads and writes page 0, which the allocator never hands out.
 
 A decode step is then described by :class:`DecodePlan`: three int64 numbers per row (slot, token id,
-position), copied to the device at once; the block tables, lengths and KV slots of the step are derived from
+position; a token id of -1 means the token this slot's previous step sampled, which the host has not seen yet
+under overlap scheduling and :attr:`RequestSlots.next_ids` holds on the device), copied to the device at once; the block tables, lengths and KV slots of the step are derived from
 them on the device (:func:`decode_inputs`), inside the captured graph when graphs are on.
 """
 
@@ -53,6 +54,9 @@ class RequestSlots:
         self.max_requests, self.max_pages = max_requests, max_pages
         self.device = torch.device(device)
         self.block_table = torch.zeros(max_requests + 1, max_pages, dtype=torch.int32, device=self.device)
+        # Each slot's last sampled token, written on the device by the step that sampled it: a plan row whose
+        # token is -1 (still in flight under overlap scheduling) reads it here.
+        self.next_ids = torch.zeros(max_requests + 1, dtype=torch.int64, device=self.device)
         self._free = list(range(max_requests - 1, -1, -1))  # pop() hands out the lowest slot first
         self._synced = [0] * max_requests  # pages of each slot already written to the device row
 
@@ -97,18 +101,23 @@ class RequestSlots:
             self.block_table[update[0], update[1]] = update[2].to(torch.int32)
 
 
-def decode_inputs(rows: Tensor, block_table: Tensor, page_size: int, pages: int) -> tuple[Tensor, ...]:
+def decode_inputs(rows: Tensor, block_table: Tensor, page_size: int, pages: int,
+                  next_ids: Tensor | None = None) -> tuple[Tensor, ...]:
     """Per-step tensors of a decode batch from its plan rows, on the device, in a few vectorised ops.
 
     Args:
-        rows: ``[3, B]`` int64 (slot, token id, position) on the device.
+        rows: ``[3, B]`` int64 (slot, token id, position) on the device; a token id of -1 is read from
+            ``next_ids[slot]`` (the token the previous step sampled, not yet seen by the host).
         block_table: :attr:`RequestSlots.block_table`.
         pages: block-table columns the step reads (``P``; static for a graph).
+        next_ids: :attr:`RequestSlots.next_ids` (needed when a token id is -1).
     Returns:
         token_ids ``[B]`` int64, positions ``[B]`` int64, kv slots ``[B]`` int64, lens ``[B]`` int32, table
         ``[B, P]`` int32.
     """
     slot, token_ids, positions = rows[0], rows[1], rows[2]
+    if next_ids is not None:
+        token_ids = torch.where(token_ids >= 0, token_ids, next_ids[slot])
     table = block_table[slot, :pages]
     page = table.gather(1, (positions // page_size).clamp_max(pages - 1)[:, None])[:, 0].long()
     kv_slots = page * page_size + positions % page_size

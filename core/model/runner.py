@@ -198,7 +198,8 @@ class ModelRunner:
     def _decode_eager(self, rows: Tensor, pages: int) -> Tensor:
         """The decode forward over plan rows ``[3, B]`` on the device and ``pages`` block-table columns."""
         cache = self.cache
-        ids, pos, kv_slots, lens, table = decode_inputs(rows, self.request_slots.block_table, cache.page_size, pages)
+        slots = self.request_slots
+        ids, pos, kv_slots, lens, table = decode_inputs(rows, slots.block_table, cache.page_size, pages, slots.next_ids)
         batch = ids.shape[0]
         step = StepMeta(seqs=[], token_ids=ids, positions=pos, slots=kv_slots, page_size=cache.page_size)
         ctx = self._context(step)
