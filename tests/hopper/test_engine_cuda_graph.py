@@ -19,7 +19,9 @@ NEAR_TIE = 0.05  # top-2 logit gap under which bf16 GEMMs at another padded batc
 def _engine(**fields):
     from dsa_runtime.engine import Engine, EngineConfig
 
-    return Engine(EngineConfig(max_running_requests=16, cuda_graph_max_bs=16, **fields))
+    # A small cache: engines here (several per process, and xdist workers beside them) must not each take the
+    # default --mem-fraction-static of the GPU.
+    return Engine(EngineConfig(max_running_requests=16, cuda_graph_max_bs=16, max_total_tokens=16384, **fields))
 
 
 def _prompts(engine, n: int) -> list[list[int]]:
@@ -123,6 +125,27 @@ def test_greedy_with_and_without_graphs_agree(graph_engine):
         assert gap < NEAR_TIE, f"graphs and eager diverge at token {first} with a top-2 gap of {gap}"
     assert same / total >= 0.99 or same == total, f"agreement {same}/{total}"
     print(f"graphs vs eager greedy agreement: {same}/{total} tokens")
+
+
+def test_greedy_with_and_without_overlap_is_identical(graph_engine):
+    from dsa_runtime.engine import SamplingParams
+
+    assert graph_engine._overlap, "overlap scheduling is on by default on CUDA"
+    sync_engine = _engine(disable_overlap_schedule=True)
+    prompts = _prompts(graph_engine, 12)
+    got = {}
+    for name, engine in (("overlap", graph_engine), ("sync", sync_engine)):
+        for i, p in enumerate(prompts):
+            params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=i % 2 == 0, seed=i)
+            engine.add_request(f"{name}{i}", p, params)
+        outs = {}
+        while engine.has_unfinished():
+            for out in engine.step():
+                outs.setdefault(out.request_id, []).append(out)
+        got[name] = [(outs[f"{name}{i}"][-1].token_ids, "".join(o.new_text for o in outs[f"{name}{i}"]),
+                      outs[f"{name}{i}"][-1].finish_reason) for i in range(len(prompts))]
+        assert engine.stats().pages_used == 0
+    assert got["overlap"] == got["sync"]
 
 
 def test_aborts_between_replays_return_every_page_and_slot(graph_engine):
