@@ -25,8 +25,9 @@ class SamplingParams:
         top_p: keep the smallest set of most likely tokens whose probability sums to at least ``top_p``.
         top_k: keep the ``top_k`` most likely tokens (0 or -1 = off).
         min_p: drop tokens whose probability is below ``min_p`` times the most likely token's.
-        seed: per-request seed; a seeded request draws from its own generator, so it samples the same
-            tokens alone or batched with others. ``None``: a generator seeded from the engine's seed.
+        seed: per-request seed; each token's random number is a hash of (seed, tokens sampled so far), so a
+            seeded request samples the same tokens alone or batched with others. ``None``: a seed drawn from the
+            engine's seed.
         stop: stop strings (matched across token boundaries; not included in the text unless
             ``include_stop_str_in_output``).
         stop_token_ids: token ids that end the request (their text is not included either).

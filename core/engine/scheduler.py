@@ -10,8 +10,8 @@ Each step:
 
 Pages are allocated for exactly the tokens scheduled. When a running request needs a page and none is free,
 the youngest running request not yet scheduled this step is preempted: its pages are freed and it goes back to
-the front of the waiting queue, to be recomputed from its prompt and generated tokens later (its sampling
-generator is untouched, so a seeded request still produces the same tokens). Nothing is admitted in a step
+the front of the waiting queue, to be recomputed from its prompt and generated tokens later (its random
+numbers depend only on its seed and token count, so a seeded request still produces the same tokens). Nothing is admitted in a step
 that preempted. ``max_model_len`` never exceeds the cache's capacity, so a request alone always fits.
 """
 
