@@ -26,13 +26,18 @@ def _attend(q: Tensor, kv: Tensor, valid: Tensor, sm_scale: float, d_v: int) -> 
 
     Returns out ``[M, H, d_v]`` fp32 and lse ``[M, H]`` fp32.
     """
-    scores = torch.einsum("mhd,mkd->mhk", q, kv) * sm_scale
+    # One head at a time: a head's products then never depend on how many heads share the call (a batched
+    # GEMM over 4 or 64 heads may block its fp32 sums differently), so padded heads leave the others' results
+    # bit-identical, as the padding contract says.
+    kv_t = kv.transpose(1, 2)
+    scores = torch.stack([torch.bmm(q[:, h:h + 1], kv_t)[:, 0] for h in range(q.shape[1])], dim=1) * sm_scale
     scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)  # -inf when the row has no valid key
     empty = ~valid.any(dim=-1)[:, None].expand_as(lse)
     # exp(score - lse) is the softmax; guard the empty rows, where it would be exp(-inf - -inf) = nan.
     probs = torch.exp(scores - torch.where(empty, 0.0, lse)[..., None])
-    out = torch.einsum("mhk,mkv->mhv", probs, kv[..., :d_v])
+    values = kv[..., :d_v]
+    out = torch.stack([torch.bmm(probs[:, h:h + 1], values)[:, 0] for h in range(probs.shape[1])], dim=1)
     return out, torch.where(empty, float("inf"), lse)
 
 

@@ -22,24 +22,8 @@ from tests.model.helpers import PAGE_SIZE, pages, preset, tokens, weights
 CALLS: list[tuple[str, int, int]] = []
 
 
-class PerHeadReference(ReferenceSparseAttn):
-    """The reference kernel run one head at a time: a head's result then cannot depend on how many heads
-    share the call (a batched fp32 einsum over 4 or 64 heads may block its sums differently on some CPUs,
-    and the bf16 output rounding turns that into one-ulp flips), so padded and unpadded runs compare exactly."""
-
-    def prefill(self, q, kv, indices, sm_scale, d_v=512):
-        parts = [super(PerHeadReference, self).prefill(q[:, h:h + 1], kv, indices, sm_scale, d_v)
-                 for h in range(q.shape[1])]
-        return torch.cat([o for o, _ in parts], dim=1), torch.cat([lse for _, lse in parts], dim=1)
-
-    def decode(self, q, kv_cache, indices, sm_scale, *, layout, d_v=512):
-        parts = [super(PerHeadReference, self).decode(q[:, :, h:h + 1], kv_cache, indices, sm_scale, layout=layout,
-                                                      d_v=d_v) for h in range(q.shape[2])]
-        return torch.cat([o for o, _ in parts], dim=2), torch.cat([lse for _, lse in parts], dim=2)
-
-
-class Only64Heads(PerHeadReference):
-    """The per-head reference, refusing (like FlashMLA would crash on) any shape it does not claim."""
+class Only64Heads(ReferenceSparseAttn):
+    """The reference kernel, refusing (like FlashMLA would crash on) any shape it does not claim."""
 
     def prefill(self, q, kv, indices, sm_scale, d_v=512):
         assert q.shape[1] == 64 and indices.shape[-1] % 128 == 0, (q.shape, indices.shape)
@@ -63,18 +47,11 @@ def only64_backend() -> Backend:
     )
 
 
-def per_head_backend() -> Backend:
-    every = MethodClaim()
-    return Backend(name="perhead", capabilities=Capabilities(devices=frozenset({"cpu"}), methods={
-        "sparse_attn.prefill": every, "sparse_attn.decode": every}), kernels={"sparse_attn": PerHeadReference})
-
-
 def _padded_runner(name: str, kv_layout: str = "bf16", sparse_attn: str = "only64") -> ModelRunner:
-    """only64 (the per-head reference behind a 64-heads-only claim), or the same kernel unpadded (perhead)."""
+    """only64 (the reference kernel behind a 64-heads-only claim), or the same kernel unpadded."""
     config = preset(name)
     kernels = resolve_kernels(KernelConfig(platform="cpu", kv_layout=kv_layout, sparse_attn=sparse_attn),
-                              manager=manager_with(only64_backend(), per_head_backend()),
-                              needs=kernel_needs(config, PAGE_SIZE))
+                              manager=manager_with(only64_backend()), needs=kernel_needs(config, PAGE_SIZE))
     cache = KVCache(config, 48, PAGE_SIZE, kv_layout, "cpu", torch.float32)
     cache.poison()
     return ModelRunner(config, weights(name), kernels=kernels, cache=cache, dtype=torch.float32, mha_max_keys=0)
@@ -99,7 +76,7 @@ def test_resolution_accepts_and_logs_the_padding(caplog):
 def test_only_64_heads_backend_equals_unpadded_reference(name, kv_layout):
     """Prefill (absorbed, sparse past index_topk), a continued chunk and decodes, batched and ragged."""
     padded = _padded_runner(name, kv_layout)
-    plain = _padded_runner(name, kv_layout, sparse_attn="perhead")
+    plain = _padded_runner(name, kv_layout, sparse_attn="reference")
     a, b = tokens(45, seed=3), tokens(9, seed=4)
     ta, tb = pages(1, 64), pages(10, 64)
     steps = [
