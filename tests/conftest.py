@@ -30,3 +30,15 @@ def no_gpu(monkeypatch):
     probe_nvidia.cache_clear()
     yield
     probe_nvidia.cache_clear()
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One torch intra-op thread for the test (restored after): the tiny models' ops are too small to split, and
+    on a shared 2-core CI machine torch's threads spin against each other (measured 10x slower under load)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -12,11 +12,8 @@ NUM_PAGES = 32
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _one_thread(one_torch_thread):
+    """Every test here runs on one torch thread (tests/conftest.py)."""
 
 
 @pytest.fixture(scope="module")

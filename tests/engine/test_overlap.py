@@ -7,18 +7,14 @@ synchronously, so the engine enables overlap only on CUDA; these tests force it 
 from __future__ import annotations
 
 import pytest
-import torch
 
 from dsa_runtime.engine import Engine, EngineConfig, SamplingParams
 from tests.engine.helpers import random_prompts, run_all
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _one_thread(one_torch_thread):
+    """Every test here runs on one torch thread (tests/conftest.py)."""
 
 
 def _engine(overlap: bool, **fields) -> Engine:

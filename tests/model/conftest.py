@@ -4,12 +4,8 @@ torch's intra-op threads spin against each other (measured 10x slower under load
 from __future__ import annotations
 
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _one_thread(one_torch_thread):
+    """Every test here runs on one torch thread (tests/conftest.py)."""
