@@ -67,6 +67,18 @@ async def _one(client: Any, model: str, prompt: str, max_tokens: int) -> dict[st
     return {"ttft": (first or end) - start, "itl": gaps, "e2e": end - start, "tokens": tokens}
 
 
+async def _engine_steps(client: Any) -> float | None:
+    """``dsa:engine_steps_total`` from the server's /metrics, or None."""
+    try:
+        text = (await client.get("/metrics")).text
+    except Exception:  # noqa: BLE001 - a server without metrics: no step rate
+        return None
+    for line in text.splitlines():
+        if line.startswith("dsa:engine_steps_total"):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
 async def run_level(url: str, model: str, concurrency: int, requests: int, max_tokens: int) -> dict[str, Any]:
     import httpx
 
@@ -85,9 +97,11 @@ async def run_level(url: str, model: str, concurrency: int, requests: int, max_t
 
     limits = httpx.Limits(max_connections=concurrency + 4)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+        steps0 = await _engine_steps(client)
         start = time.perf_counter()
         await asyncio.gather(*[worker(client) for _ in range(concurrency)])
         wall = time.perf_counter() - start
+        steps1 = await _engine_steps(client)
     tokens = sum(r["tokens"] for r in results)
     return {
         "concurrency": concurrency,
@@ -96,6 +110,8 @@ async def run_level(url: str, model: str, concurrency: int, requests: int, max_t
         "wall_s": wall,
         "output_tokens": tokens,
         "throughput_tok_s": tokens / wall,
+        # The engine's steps per second during the level (from /metrics; None when the server has no such gauge).
+        "engine_steps_per_s": (steps1 - steps0) / wall if steps0 is not None and steps1 is not None else None,
         "requests_per_s": len(results) / wall,
         "ttft_s": _percentiles([r["ttft"] for r in results]),
         "itl_s": _percentiles([g for r in results for g in r["itl"]]),
@@ -133,7 +149,7 @@ def _start_embedded(args: argparse.Namespace) -> tuple[str, str, Any]:
 
 def _table(levels: list[dict[str, Any]]) -> str:
     head = (f"{'clients':>7} {'reqs':>5} {'tok/s':>9} {'req/s':>7} {'TTFT p50':>9} {'TTFT p99':>9} "
-            f"{'ITL p50':>8} {'ITL p90':>8} {'ITL p99':>8} {'E2E p50':>8}")
+            f"{'ITL p50':>8} {'ITL p90':>8} {'ITL p99':>8} {'E2E p50':>8} {'steps/s':>8}")
     rows = [head, "-" * len(head)]
     for lv in levels:
         ms = 1000.0
@@ -142,6 +158,7 @@ def _table(levels: list[dict[str, Any]]) -> str:
             f"{lv['ttft_s']['p50'] * ms:>7.1f}ms {lv['ttft_s']['p99'] * ms:>7.1f}ms "
             f"{lv['itl_s']['p50'] * ms:>6.1f}ms {lv['itl_s']['p90'] * ms:>6.1f}ms {lv['itl_s']['p99'] * ms:>6.1f}ms "
             f"{lv['e2e_s']['p50']:>7.2f}s"
+            + (f" {lv['engine_steps_per_s']:>8.0f}" if lv.get("engine_steps_per_s") is not None else "")
         )
     return "\n".join(rows)
 

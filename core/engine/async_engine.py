@@ -115,6 +115,9 @@ class AsyncEngine:
         self._wake.set()
         if self._thread is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 10.0)
+        close = getattr(self.engine, "close", None)  # an engine in its own process stops with the server
+        if close is not None:
+            await asyncio.get_running_loop().run_in_executor(None, close)
 
     # -- requests ------------------------------------------------------------------------------------
     async def generate(self, prompt_token_ids: list[int], params: Any, request_id: str) -> AsyncIterator[Any]:
@@ -209,6 +212,8 @@ class AsyncEngine:
                     self.engine.abort(payload)
 
     def _dispatch(self, outputs: list[Any]) -> None:
+        """Outputs to their streams; an engine process reports a refused request as its exception, with the
+        ``request_id`` set, which its stream raises."""
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, Any]]] = {}
         for out in outputs:
             stream = self._streams.get(out.request_id)

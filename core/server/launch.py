@@ -153,9 +153,14 @@ def serve(config: ServerConfig, engine: Any = None) -> int:
 
     warn_if_exposed(config)
     if engine is None:
-        from dsa_runtime.engine import Engine
+        if config.wants_engine_process():
+            from dsa_runtime.engine.engine_process import EngineProcess
 
-        engine = Engine(config.engine)
+            engine = EngineProcess(config.engine)
+        else:
+            from dsa_runtime.engine import Engine
+
+            engine = Engine(config.engine)
     _log_kernels(engine)
     state = build_state(config, engine)
     app = build_app(state)
@@ -175,6 +180,8 @@ def _log_kernels(engine: Any) -> None:
     extras = getattr(getattr(engine, "parts", None), "extras", None) or {}
     kernels = extras.get("kernels")
     if kernels is None:
+        for family, choice in (getattr(engine, "kernel_choices", None) or {}).items():  # an engine process
+            print(f"dsa-runtime: kernel {family}: {choice.backend} ({choice.reason})", flush=True)
         return
     print(f"dsa-runtime: platform {kernels.platform}, device {kernels.device}, KV layout {kernels.kv_layout}",
           flush=True)

@@ -56,6 +56,8 @@ class ServerMetrics:
         gauge("dsa:kv_cache_usage_perc", "Fraction of KV cache pages in use (0..1).", lambda s: s.kv_usage)
         gauge("dsa:kv_cache_pages_used", "KV cache pages in use.", lambda s: s.pages_used)
         gauge("dsa:kv_cache_pages_total", "KV cache pages in the pool.", lambda s: s.pages_total)
+        gauge("dsa:engine_steps_total", "Engine steps run (their rate is the engine's step rate).",
+              lambda s: s.steps_total)
 
     def finished(self, reason: str) -> None:
         self._success.labels(self._model_name, reason).inc()

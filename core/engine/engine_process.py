@@ -1,0 +1,188 @@
+"""The engine in its own process, so the HTTP server never competes with the step loop for the GIL.
+
+:class:`EngineProcess` starts a child process (``spawn``: CUDA initialises there only) that builds the
+:class:`~dsa_runtime.engine.Engine` from an :class:`EngineConfig` and steps it whenever it has work, as SGLang's
+scheduler process does. The parent holds a proxy with the Engine interface :class:`AsyncEngine` drives
+(``add_request``, ``abort``, ``step``, ``has_unfinished``, ``stats``, plus ``tokenizer``, ``model_config``,
+``max_model_len`` and ``parts.extras``): commands go down a pipe, and :meth:`EngineProcess.step` returns
+whatever outputs the child has sent since the last call, waiting briefly when there are none. The child runs
+ahead on its own, so its step rate does not depend on how fast the server consumes the outputs.
+
+Outputs travel without their ``prompt_token_ids`` and ``token_ids`` (which grow with every step); the proxy puts
+them back from the prompt it sent and the new token ids it has seen. A request the child refuses (a prompt too
+long, a duplicate id) comes back as the exception ``add_request`` raised there, delivered to that request's
+stream. The child ignores SIGINT/SIGTERM (the server drains through the parent) and exits when the pipe
+closes, so it never outlives the server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import signal
+import time
+from types import SimpleNamespace
+from typing import Any
+
+READY_TIMEOUT_S = 1800.0  # model load + kernel compiles + graph capture on a cold machine
+IDLE_POLL_S = 0.05
+
+
+class EngineProcessError(RuntimeError):
+    """The engine process failed to start or died."""
+
+
+def _child(conn: Any, config: Any) -> None:
+    """The engine process: build the engine, then apply commands and step, sending outputs as they come."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        from dsa_runtime.engine import Engine
+
+        engine = Engine(config)
+        extras = engine.parts.extras
+        conn.send(("ready", {
+            "tokenizer": engine.tokenizer, "model_config": engine.model_config,
+            "max_model_len": engine.max_model_len, "path": str(extras["path"]) if extras.get("path") else None,
+            "kernels": getattr(extras.get("kernels"), "choices", None), "stats": engine.stats(),
+        }))
+    except BaseException as exc:  # noqa: BLE001 - the parent must hear why, whatever it was
+        with contextlib.suppress(Exception):
+            conn.send(("fatal", f"{type(exc).__name__}: {exc}"))
+        return
+    try:
+        while True:
+            if not engine.has_unfinished() and not conn.poll(IDLE_POLL_S):
+                conn.send(("stats", engine.stats()))
+                continue
+            while conn.poll():
+                kind, payload = conn.recv()
+                if kind == "stop":
+                    return
+                if kind == "add":
+                    request_id, prompt, params = payload
+                    try:
+                        engine.add_request(request_id, prompt, params)
+                    except Exception as exc:  # noqa: BLE001 - a bad request fails alone
+                        conn.send(("refused", (request_id, exc)))
+                else:
+                    with contextlib.suppress(KeyError, ValueError):
+                        engine.abort(payload)
+            if engine.has_unfinished():
+                outputs = engine.step()
+                for out in outputs:
+                    out.prompt_token_ids = None
+                    out.token_ids = None
+                conn.send(("out", (outputs, engine.stats())))
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        return  # the server went away
+
+
+class EngineProcess:
+    """Proxy of an engine running in a child process (see the module docstring).
+
+    Args:
+        config: the :class:`~dsa_runtime.engine.EngineConfig` the child builds its engine from.
+        ready_timeout_s: how long start-up (load, compiles, graph capture) may take.
+    """
+
+    def __init__(self, config: Any, *, ready_timeout_s: float = READY_TIMEOUT_S) -> None:
+        ctx = mp.get_context("spawn")
+        self._conn, child_conn = ctx.Pipe()
+        self._proc = ctx.Process(target=_child, args=(child_conn, config), name="dsa-engine", daemon=True)
+        self._proc.start()
+        child_conn.close()
+        deadline = time.monotonic() + ready_timeout_s
+        while not self._conn.poll(1.0):
+            if not self._proc.is_alive():
+                raise EngineProcessError(f"the engine process exited during start-up (code {self._proc.exitcode})")
+            if time.monotonic() > deadline:
+                self.close()
+                raise EngineProcessError(f"the engine process was not ready within {ready_timeout_s:.0f} s")
+        kind, info = self._conn.recv()
+        if kind != "ready":
+            self.close()
+            raise EngineProcessError(f"the engine process failed to start: {info}")
+        self.tokenizer = info["tokenizer"]
+        self.model_config = info["model_config"]
+        self.max_model_len = info["max_model_len"]
+        self.kernel_choices = info["kernels"]
+        self.parts = SimpleNamespace(extras={"path": info["path"]} if info["path"] else {})
+        self._stats = info["stats"]
+        self._live: dict[str, tuple[list[int], list[int]]] = {}  # request id -> (prompt, output ids so far)
+
+    # --- the Engine interface ------------------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: Any) -> None:
+        prompt = [int(t) for t in prompt_token_ids]
+        if request_id in self._live:
+            raise ValueError(f"request id {request_id!r} is already running")
+        self._live[request_id] = (prompt, [])
+        self._send(("add", (request_id, prompt, params)))
+
+    def abort(self, request_id: str) -> None:
+        if request_id in self._live:
+            self._send(("abort", request_id))
+
+    def has_unfinished(self) -> bool:
+        return bool(self._live)
+
+    def stats(self) -> Any:
+        return self._stats
+
+    def step(self) -> list[Any]:
+        """The outputs the child sent since the last call (refused requests as their exception, with its
+        ``request_id`` set); waits up to 50 ms for the first message."""
+        outputs: list[Any] = []
+        if not self._conn.poll(IDLE_POLL_S):
+            self._check_alive()
+            return outputs
+        while self._conn.poll():
+            try:
+                kind, payload = self._conn.recv()
+            except (EOFError, OSError) as exc:
+                raise EngineProcessError(f"the engine process died (code {self._proc.exitcode})") from exc
+            if kind == "out":
+                batch, self._stats = payload
+                outputs.extend(self._restore(out) for out in batch)
+            elif kind == "stats":
+                self._stats = payload
+            elif kind == "refused":
+                request_id, exc = payload
+                self._live.pop(request_id, None)
+                exc.request_id = request_id
+                outputs.append(exc)
+        return [o for o in outputs if o is not None]
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop the child (it finishes its current step first)."""
+        with contextlib.suppress(OSError, BrokenPipeError):
+            self._conn.send(("stop", None))
+        self._proc.join(timeout_s)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(5.0)
+        with contextlib.suppress(OSError):
+            self._conn.close()
+
+    # --- helpers -------------------------------------------------------------------------------------------------
+    def _restore(self, out: Any) -> Any:
+        record = self._live.get(out.request_id)
+        if record is None:
+            return None  # a request this proxy no longer tracks
+        prompt, tokens = record
+        tokens.extend(out.new_token_ids)
+        out.prompt_token_ids = prompt
+        out.token_ids = list(tokens)
+        if out.finished:
+            del self._live[out.request_id]
+        return out
+
+    def _send(self, message: tuple[str, Any]) -> None:
+        try:
+            self._conn.send(message)
+        except (OSError, BrokenPipeError) as exc:
+            raise EngineProcessError(f"the engine process died (code {self._proc.exitcode})") from exc
+
+    def _check_alive(self) -> None:
+        if not self._proc.is_alive():
+            raise EngineProcessError(f"the engine process died (code {self._proc.exitcode})")

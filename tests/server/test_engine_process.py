@@ -1,0 +1,117 @@
+"""The engine in its own process (``--engine-process``): the proxy's Engine interface, refusals, outputs put back
+together, a child that dies, and ``serve`` on it end to end with a SIGTERM drain."""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+import pytest
+
+from tests.server.needs import server_extra
+
+server_extra()
+
+import httpx  # noqa: E402
+
+from dsa_runtime.engine import EngineConfig, SamplingParams  # noqa: E402
+from dsa_runtime.engine.engine_process import EngineProcess, EngineProcessError  # noqa: E402
+from tests.server.live import sse_events, start_serve  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def proxy():
+    engine = EngineProcess(EngineConfig(max_running_requests=4))
+    yield engine
+    engine.close()
+
+
+def _drain(proxy: EngineProcess, limit: int = 2000) -> dict[str, list]:
+    seen: dict[str, list] = {}
+    for _ in range(limit):
+        if not proxy.has_unfinished():
+            return seen
+        for out in proxy.step():
+            seen.setdefault(out.request_id, []).append(out)
+    raise AssertionError("the engine process did not finish the requests")
+
+
+def test_outputs_match_the_in_process_engine(proxy):
+    from dsa_runtime.engine import Engine
+
+    prompt = proxy.tokenizer.encode("What is 47 + 38?")
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    proxy.add_request("a", prompt, params)
+    outs = _drain(proxy)["a"]
+    local = Engine(EngineConfig(max_running_requests=4))
+    local.add_request("a", prompt, params)
+    want = []
+    while local.has_unfinished():
+        want.extend(local.step())
+    assert [o.new_token_ids for o in outs] == [o.new_token_ids for o in want]
+    assert outs[-1].token_ids == want[-1].token_ids and outs[-1].prompt_token_ids == prompt
+    assert "".join(o.new_text for o in outs) == want[-1].text and outs[-1].finish_reason == "length"
+    assert proxy.max_model_len == local.max_model_len and proxy.stats().pages_used == 0
+
+
+def test_a_refused_request_comes_back_as_its_error_and_aborts_work(proxy):
+    proxy.add_request("long", [5] * (proxy.max_model_len + 10), SamplingParams(max_tokens=4))
+    got = []
+    for _ in range(200):
+        got.extend(proxy.step())
+        if got:
+            break
+    assert len(got) == 1 and isinstance(got[0], ValueError) and got[0].request_id == "long"
+    assert "max_model_len" in str(got[0]) and not proxy.has_unfinished()
+    with pytest.raises(ValueError, match="already running"):
+        proxy.add_request("x", [5, 6], SamplingParams(max_tokens=50, ignore_eos=True))
+        proxy.add_request("x", [5, 6], SamplingParams(max_tokens=50))
+    proxy.abort("x")
+    outs = _drain(proxy)["x"]
+    assert outs[-1].finish_reason == "abort"
+
+
+def test_a_dead_engine_process_is_an_error_not_a_hang():
+    engine = EngineProcess(EngineConfig(max_running_requests=2))
+    engine.add_request("a", [5, 6, 7], SamplingParams(max_tokens=500, ignore_eos=True))
+    engine._proc.kill()
+    engine._proc.join(10)
+    with pytest.raises(EngineProcessError, match="died"):
+        for _ in range(100):
+            engine.step()
+    engine.close()
+    assert not engine._proc.is_alive()
+
+
+def test_serve_on_an_engine_process_streams_and_drains_on_sigterm():
+    proc, url = start_serve(
+        "from dsa_runtime.engine import EngineConfig; from dsa_runtime.engine.engine_process import EngineProcess;"
+        " engine = EngineProcess(EngineConfig(max_running_requests=8))",
+        drain_timeout=30.0,
+    )
+    try:
+        with httpx.Client(base_url=url, timeout=60) as client:
+            assert client.get("/v1/models").json()["data"][0]["id"] == "tiny-chat"
+            body = {"model": "tiny-chat", "messages": [{"role": "user", "content": "What is 47 + 38?"}],
+                    "max_tokens": 40, "temperature": 0}
+            answer = client.post("/v1/chat/completions", json=body).json()
+            assert "85" in answer["choices"][0]["message"]["content"]
+            events: list = []
+
+            def consume():
+                with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True,
+                                                                           "max_tokens": 200}) as r:
+                    events.extend(sse_events(r))
+
+            reader = threading.Thread(target=consume)
+            reader.start()
+            while not events and reader.is_alive():
+                reader.join(0.05)
+            proc.send_signal(signal.SIGTERM)
+            reader.join(60)
+        assert proc.wait(60) == 0
+        assert events[-1] == "[DONE]"
+        assert any(e["choices"][0]["finish_reason"] for e in events if isinstance(e, dict) and e.get("choices"))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
