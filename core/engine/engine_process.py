@@ -8,8 +8,9 @@ scheduler process does. The parent holds a proxy with the Engine interface :clas
 whatever outputs the child has sent since the last call, waiting briefly when there are none. The child runs
 ahead on its own, so its step rate does not depend on how fast the server consumes the outputs.
 
-Outputs travel without their ``prompt_token_ids`` and ``token_ids`` (which grow with every step); the proxy puts
-them back from the prompt it sent and the new token ids it has seen. A request the child refuses (a prompt too
+Outputs travel without their ``prompt_token_ids``, ``token_ids`` and ``text`` (which grow with every step); the
+proxy puts them back from the prompt it sent and the deltas it has seen. The child sends from a thread of its
+own, batching whatever queued up, so a step never waits for the server to read. A request the child refuses (a prompt too
 long, a duplicate id) comes back as the exception ``add_request`` raised there, delivered to that request's
 stream. The child ignores SIGINT/SIGTERM (the server drains through the parent) and exits when the pipe
 closes, so it never outlives the server.
@@ -19,7 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import queue
 import signal
+import threading
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -50,10 +53,11 @@ def _child(conn: Any, config: Any) -> None:
         with contextlib.suppress(Exception):
             conn.send(("fatal", f"{type(exc).__name__}: {exc}"))
         return
+    outbox = _Outbox(conn)
     try:
         while True:
             if not engine.has_unfinished() and not conn.poll(IDLE_POLL_S):
-                conn.send(("stats", engine.stats()))
+                outbox.put(("stats", engine.stats()))
                 continue
             while conn.poll():
                 kind, payload = conn.recv()
@@ -64,18 +68,43 @@ def _child(conn: Any, config: Any) -> None:
                     try:
                         engine.add_request(request_id, prompt, params)
                     except Exception as exc:  # noqa: BLE001 - a bad request fails alone
-                        conn.send(("refused", (request_id, exc)))
+                        outbox.put(("refused", (request_id, exc)))
                 else:
                     with contextlib.suppress(KeyError, ValueError):
                         engine.abort(payload)
             if engine.has_unfinished():
                 outputs = engine.step()
                 for out in outputs:
-                    out.prompt_token_ids = None
-                    out.token_ids = None
-                conn.send(("out", (outputs, engine.stats())))
+                    out.prompt_token_ids = out.token_ids = out.text = None
+                outbox.put(("out", (outputs, engine.stats())))
+            if outbox.dead:
+                return
     except (EOFError, BrokenPipeError, ConnectionResetError):
         return  # the server went away
+
+
+class _Outbox:
+    """The child's sends, from a thread of their own: a step never waits for the server to read its last
+    outputs (a full pipe would otherwise stall the step loop at the pace of the HTTP side)."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.dead = False
+        threading.Thread(target=self._run, name="dsa-engine-outbox", daemon=True).start()
+
+    def put(self, message: tuple[str, Any]) -> None:
+        self._queue.put(message)
+
+    def _run(self) -> None:
+        try:
+            while True:
+                batch = [self._queue.get()]
+                while not self._queue.empty():  # everything queued meanwhile goes in one message
+                    batch.append(self._queue.get())
+                self._conn.send(("batch", batch))
+        except (OSError, BrokenPipeError, ConnectionResetError):
+            self.dead = True
 
 
 class EngineProcess:
@@ -109,14 +138,14 @@ class EngineProcess:
         self.kernel_choices = info["kernels"]
         self.parts = SimpleNamespace(extras={"path": info["path"]} if info["path"] else {})
         self._stats = info["stats"]
-        self._live: dict[str, tuple[list[int], list[int]]] = {}  # request id -> (prompt, output ids so far)
+        self._live: dict[str, tuple[list[int], list[int], list[str]]] = {}  # id -> prompt, ids, text deltas
 
     # --- the Engine interface ------------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: Any) -> None:
         prompt = [int(t) for t in prompt_token_ids]
         if request_id in self._live:
             raise ValueError(f"request id {request_id!r} is already running")
-        self._live[request_id] = (prompt, [])
+        self._live[request_id] = (prompt, [], [])
         self._send(("add", (request_id, prompt, params)))
 
     def abort(self, request_id: str) -> None:
@@ -138,20 +167,25 @@ class EngineProcess:
             return outputs
         while self._conn.poll():
             try:
-                kind, payload = self._conn.recv()
+                _, messages = self._conn.recv()
             except (EOFError, OSError) as exc:
                 raise EngineProcessError(f"the engine process died (code {self._proc.exitcode})") from exc
-            if kind == "out":
-                batch, self._stats = payload
-                outputs.extend(self._restore(out) for out in batch)
-            elif kind == "stats":
-                self._stats = payload
-            elif kind == "refused":
-                request_id, exc = payload
-                self._live.pop(request_id, None)
-                exc.request_id = request_id
-                outputs.append(exc)
+            for kind, payload in messages:
+                self._receive(kind, payload, outputs)
         return [o for o in outputs if o is not None]
+
+    def _receive(self, kind: str, payload: Any, outputs: list[Any]) -> None:
+        """One message of the child's: a step's outputs (with its stats), stats alone, or a refused request."""
+        if kind == "out":
+            batch, self._stats = payload
+            outputs.extend(self._restore(out) for out in batch)
+        elif kind == "stats":
+            self._stats = payload
+        elif kind == "refused":
+            request_id, exc = payload
+            self._live.pop(request_id, None)
+            exc.request_id = request_id
+            outputs.append(exc)
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop the child (it finishes its current step first)."""
@@ -169,10 +203,12 @@ class EngineProcess:
         record = self._live.get(out.request_id)
         if record is None:
             return None  # a request this proxy no longer tracks
-        prompt, tokens = record
+        prompt, tokens, text = record
         tokens.extend(out.new_token_ids)
+        text.append(out.new_text)
         out.prompt_token_ids = prompt
         out.token_ids = list(tokens)
+        out.text = "".join(text)  # the engine's text is the concatenation of the deltas it released
         if out.finished:
             del self._live[out.request_id]
         return out

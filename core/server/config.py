@@ -47,21 +47,12 @@ class ServerConfig:
     drain_timeout: float = field(
         default=10.0, metadata=_meta("seconds SIGINT/SIGTERM lets running requests finish before aborting")
     )
-    engine_process: bool | None = field(
-        default=None,
-        metadata=_meta("run the engine in its own process, so HTTP work never holds up its steps (default: on "
-                       "when a CUDA device is visible; --no-engine-process keeps it in the server's process)"),
+    engine_process: bool = field(
+        default=False,
+        metadata=_meta("run the engine in its own process, so HTTP work never holds up its steps (experimental: "
+                       "not yet faster on the GPU, see docs/benchmarks.md)"),
     )
     engine: Any = field(default=None)  # the EngineConfig (not a flag: its fields are the engine flags)
-
-    def wants_engine_process(self) -> bool:
-        """``--engine-process`` as given, else whether a CUDA device is visible (asked without initialising CUDA
-        here: the engine process initialises it)."""
-        if self.engine_process is not None:
-            return bool(self.engine_process)
-        from dsa_runtime.hw_probe import probe_nvidia
-
-        return bool(probe_nvidia().gpus)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

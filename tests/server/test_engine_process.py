@@ -50,7 +50,7 @@ def test_outputs_match_the_in_process_engine(proxy):
         want.extend(local.step())
     assert [o.new_token_ids for o in outs] == [o.new_token_ids for o in want]
     assert outs[-1].token_ids == want[-1].token_ids and outs[-1].prompt_token_ids == prompt
-    assert "".join(o.new_text for o in outs) == want[-1].text and outs[-1].finish_reason == "length"
+    assert "".join(o.new_text for o in outs) == want[-1].text == outs[-1].text and outs[-1].finish_reason == "length"
     assert proxy.max_model_len == local.max_model_len and proxy.stats().pages_used == 0
 
 
