@@ -27,6 +27,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from common import time_ms  # noqa: E402
+
 from dsa_runtime.engine.params import SamplingParams  # noqa: E402
 from dsa_runtime.engine.sampler import SamplingTensors, sample, sample_rows  # noqa: E402
 from tests.engine.sampling_oracle import sample_rows_generators  # noqa: E402
@@ -50,21 +53,15 @@ def mixes(batch: int) -> dict[str, list[SamplingParams]]:
 
 
 def median_ms(fn: Callable[[], object], device: torch.device, reps: int) -> float:
-    """Median milliseconds of ``fn`` over ``reps`` runs after one warm-up."""
+    """Median milliseconds of ``fn`` over ``reps`` runs after one warm-up (CUDA: bench/common.py's event timing)."""
+    if device.type == "cuda":
+        return time_ms(fn, reps=reps, warmup=1)
     fn()
     times = []
     for _ in range(reps):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
 
 
