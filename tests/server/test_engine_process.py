@@ -16,6 +16,7 @@ import httpx  # noqa: E402
 
 from dsa_runtime.engine import EngineConfig, SamplingParams  # noqa: E402
 from dsa_runtime.engine.engine_process import EngineProcess, EngineProcessError  # noqa: E402
+from tests.engine.helpers import run_all  # noqa: E402
 from tests.server.live import sse_events, start_serve  # noqa: E402
 
 
@@ -26,23 +27,13 @@ def proxy():
     engine.close()
 
 
-def _drain(proxy: EngineProcess, limit: int = 2000) -> dict[str, list]:
-    seen: dict[str, list] = {}
-    for _ in range(limit):
-        if not proxy.has_unfinished():
-            return seen
-        for out in proxy.step():
-            seen.setdefault(out.request_id, []).append(out)
-    raise AssertionError("the engine process did not finish the requests")
-
-
 def test_outputs_match_the_in_process_engine(proxy):
     from dsa_runtime.engine import Engine
 
     prompt = proxy.tokenizer.encode("What is 47 + 38?")
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     proxy.add_request("a", prompt, params)
-    outs = _drain(proxy)["a"]
+    outs = run_all(proxy, max_steps=2000)["a"]
     local = Engine(EngineConfig(max_running_requests=4))
     local.add_request("a", prompt, params)
     want = []
@@ -67,7 +58,7 @@ def test_a_refused_request_comes_back_as_its_error_and_aborts_work(proxy):
         proxy.add_request("x", [5, 6], SamplingParams(max_tokens=50, ignore_eos=True))
         proxy.add_request("x", [5, 6], SamplingParams(max_tokens=50))
     proxy.abort("x")
-    outs = _drain(proxy)["x"]
+    outs = run_all(proxy, max_steps=2000)["x"]
     assert outs[-1].finish_reason == "abort"
 
 
