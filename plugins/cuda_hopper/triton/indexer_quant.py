@@ -38,7 +38,7 @@ def hadamard_bf16(device: torch.device) -> Tensor:
     return m
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R"])  # the row count varies every step: no recompiles
 def _rotate_quant_kernel(
     x_ptr, h_ptr, q_ptr, s_ptr, hw_ptr, w_ptr, R, stride_x, w_const,
     FP32_IN: tl.constexpr, UE8M0: tl.constexpr, HAS_W: tl.constexpr, BLOCK_R: tl.constexpr,

@@ -18,8 +18,10 @@ from torch import Tensor
 
 from dsa_runtime.plugins.cuda_hopper.triton.moe_align import ExpertBlocks, max_blocks_for
 
-# Sizes one program handles comfortably (a 4096-wide sort, a 1024-bin histogram): 256 tokens x (8 + 1) pairs.
-MAX_PAIRS = 4096
+# Decode-sized batches only (113 tokens x (8 + 1) pairs): each power of two of the pair count is a kernel of its
+# own (the sort's width is a constexpr), and a 2048- or 4096-wide bitonic sort takes seconds to compile, which a
+# prefill of a new size would pay in the middle of serving; larger batches take the torch alignment (as exact).
+MAX_PAIRS = 1024
 MAX_EXPERTS = 1023
 
 
@@ -28,7 +30,8 @@ def fits(num_pairs: int, num_experts: int) -> bool:
     return 0 < num_pairs <= MAX_PAIRS and num_experts <= MAX_EXPERTS
 
 
-@triton.jit
+# Sizes are not specialised (divisibility by 16, == 1): a new token count must not compile a new kernel.
+@triton.jit(do_not_specialize=["TK", "P", "E", "E_ROUTED", "ROWS", "MAX_BLOCKS"])
 def _align_small(
     ids_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, scratch_ptr,
     TK, P, E, E_ROUTED, ROWS, MAX_BLOCKS,

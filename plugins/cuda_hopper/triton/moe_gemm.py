@@ -85,7 +85,7 @@ def _swiglu_cols(a_rows, a_scale_ptr, token, row_ok, stride_as, wbase, sbase, st
     return tl.where(n_ok[None, :], h, 0.0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["NUM_PAIRS", "TK", "NUM_BLOCKS"])  # token counts: no recompiles
 def gemm_up(
     a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, ws_ptr, ws_scale_ptr, h_ptr, h_scale_ptr,
     sorted_pairs_ptr, block_expert_ptr, num_padded_ptr,
@@ -137,7 +137,7 @@ def gemm_up(
                 tl.store(h_ptr + out_rows + offs_n[None, :], h.to(h_ptr.dtype.element_ty), mask=n_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["NUM_PAIRS", "TK", "NUM_BLOCKS"])  # token counts: no recompiles
 def gemm_down(
     h_ptr, h_scale_ptr, w_ptr, w_scale_ptr, ws_ptr, ws_scale_ptr, y_ptr, topk_w_ptr,
     sorted_pairs_ptr, block_expert_ptr, num_padded_ptr,
@@ -182,7 +182,7 @@ def gemm_down(
         tl.store(y_rows + offs_n[None, :], acc.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def combine(y_ptr, ids_ptr, out_ptr, extra_ptr, T, N, NUM_EXPERTS, stride_y, stride_out, stride_extra,
             TOPK: tl.constexpr, SHARED_ROWS: tl.constexpr, HAS_EXTRA: tl.constexpr, BLOCK_N: tl.constexpr):
     """``out[t] = sum_j [0 <= ids[t, j] < E] y[t*k + j] (+ y[T*k + t] when the shared expert rode along)
