@@ -181,29 +181,51 @@ class Engine:
         return True
 
     def _launch(self, plan: list) -> _Launched | None:
-        """Queue the step's forward and its sampling on the device; nothing waits for the GPU here."""
-        decode_only = self._slots is not None and all(item.num_tokens == 1 and item.sample for item in plan)
-        if decode_only:
-            rows, logits = self._decode(plan)
+        """Queue the step's forward and its sampling on the device; nothing waits for the GPU here.
+
+        With GPU-resident decode state a step runs through :meth:`_rows_step`: every token of the step is a row
+        of one decode-shaped batch (a prefill chunk's tokens are rows at consecutive positions of their request's
+        slot: attention reads the cache after the step's rows are written, so each row sees its own prefix), a
+        CUDA graph when one covers the rows. A step with more rows than the largest graph (a long prompt), or a
+        runner without graphs (the CPU), takes its prefill chunks through the eager ``runner.forward`` beside
+        the decode rows.
+        """
+        graph_rows = self._graph_rows()
+        if self._slots is not None and sum(item.num_tokens for item in plan) <= graph_rows:
+            flat, chunks = plan, []
         else:
-            results = self.runner.forward(make_batch(plan))
+            single = [self._slots is not None and item.num_tokens == 1 and item.sample for item in plan]
+            flat = [item for item, d in zip(plan, single, strict=True) if d]
+            chunks = [item for item, d in zip(plan, single, strict=True) if not d]
+        parts: list[torch.Tensor] = []
+        requests: list[Request] = []
+        if chunks:
+            results = self.runner.forward(make_batch(chunks))
+            rows_logits = [lg for item, lg in zip(chunks, results, strict=True) if item.sample]
+            if any(lg is None for lg in rows_logits):
+                raise RuntimeError("the model runner returned no logits for a sequence that asked for them")
+            if rows_logits:
+                parts.append(torch.stack([lg.reshape(-1) for lg in rows_logits]))
+                requests += [item.request for item in chunks if item.sample]
+        sampled_slots = None
+        if flat:
+            sampled_slots, flat_logits = self._rows_step(flat)
+            if flat_logits is not None:
+                parts.append(flat_logits)
+                requests += [item.request for item in flat if item.sample]
         self._counters["steps"] += 1
         for item in plan:
             item.request.num_computed += item.num_tokens
-        requests = [item.request for item in plan if item.sample]
         if not requests:
             return None
-        if not decode_only:
-            rows_logits = [lg for item, lg in zip(plan, results, strict=True) if item.sample]
-            if any(lg is None for lg in rows_logits):
-                raise RuntimeError("the model runner returned no logits for a sequence that asked for them")
-            logits = torch.stack([lg.reshape(-1) for lg in rows_logits])
+        logits = parts[0] if len(parts) == 1 else torch.cat(parts)
         pending = sample_async(
             logits, [r.params for r in requests], [r.seed for r in requests],
             [r.num_output_tokens + r.inflight for r in requests],  # tokens each request has sampled so far
         )
+        decode_only = not chunks and all(item.num_tokens == 1 and item.sample for item in plan)
         if decode_only:
-            self._slots.next_ids.index_copy_(0, rows[0], pending.tokens)
+            self._slots.next_ids.index_copy_(0, sampled_slots, pending.tokens)
         for request in requests:
             request.inflight += 1
         return _Launched(requests, pending, decode_only)
@@ -224,21 +246,44 @@ class Engine:
                 self.scheduler.remove(request)
         return outputs
 
-    def _decode(self, plan: list) -> tuple[torch.Tensor, torch.Tensor]:
-        """A pure decode step through the runner's GPU-resident state: every row's slot (acquired on its first
-        decode), its new pages synced in one copy, then one ``[3, B]`` plan (slot, token, position; token -1
-        when it is still in flight). Returns the plan rows on the device and the logits ``[B, vocab]``."""
+    def _graph_rows(self) -> int:
+        """Rows the runner's largest decode graph takes (0 without graphs)."""
+        graphs = getattr(self.runner, "graphs", None)
+        return graphs.max_bs if graphs is not None else 0
+
+    def _rows_step(self, plan: list) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Run ``plan`` through the runner's GPU-resident state as one ``[3, R]`` plan of token rows (slot, token,
+        position; token -1 when it is still in flight), each request's slot acquired on its first step and its
+        new pages synced in one copy. Returns the sampled rows' slots on the device and their logits
+        ``[S, vocab]`` (None when no row samples)."""
         slots = self._slots
         requests = [item.request for item in plan]
         for request in requests:
             if request.slot < 0:
                 request.slot = slots.acquire()
         slots.sync([(r.slot, r.pages) for r in requests])
-        positions = [item.start for item in plan]
-        tokens = [r.token_ids[p] if p < len(r.token_ids) else -1 for r, p in zip(requests, positions, strict=True)]
-        plan_rows = DecodePlan.from_lists([r.slot for r in requests], tokens, positions)
+        row_slots: list[int] = []
+        tokens: list[int] = []
+        positions: list[int] = []
+        picked: list[int] = []  # the row of each sampled item (its chunk's last token)
+        for item, r in zip(plan, requests, strict=True):
+            ids = r.token_ids
+            for p in range(item.start, item.start + item.num_tokens):
+                row_slots.append(r.slot)
+                tokens.append(ids[p] if p < len(ids) else -1)
+                positions.append(p)
+            if item.sample:
+                picked.append(len(positions) - 1)
+        if not picked:
+            self.runner.decode(DecodePlan.from_lists(row_slots, tokens, positions))
+            return None, None
+        plan_rows = DecodePlan.from_lists(row_slots, tokens, positions)
         plan_rows.rows = plan_rows.rows.to(slots.device, non_blocking=True)
-        return plan_rows.rows, self.runner.decode(plan_rows)
+        logits = self.runner.decode(plan_rows)
+        if len(picked) == len(positions):
+            return plan_rows.rows[0], logits
+        pick = torch.tensor(picked, dtype=torch.int64).to(slots.device, non_blocking=True)
+        return plan_rows.rows[0, pick], logits.index_select(0, pick)
 
     def _release_slot(self, request: Request) -> None:
         if request.slot >= 0:

@@ -166,3 +166,43 @@ def test_aborts_between_replays_return_every_page_and_slot(graph_engine):
     stats = engine.stats()
     assert stats.pages_used == 0 and stats.num_running == 0
     assert engine.runner.request_slots.num_free == free_slots
+
+
+def test_prompts_admitted_as_graph_rows_agree_with_tokenwise_eager_decoding(graph_engine):
+    """A step that admits short prompts beside running decodes replays a graph whose rows include every prompt
+    token (tests/engine/test_token_rows.py on the CPU); its greedy tokens agree with an eager engine fed one
+    prompt token per step (every token through the decode attention) but at near-ties."""
+    import random
+
+    from dsa_runtime.engine import SamplingParams
+
+    rng = random.Random(3)
+    vocab = graph_engine.parts.vocab_size
+    prompts = [[rng.randrange(3, vocab) for _ in range(rng.randint(2, 9))] for _ in range(8)]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=2)
+    reference = _engine(disable_cuda_graph=True, chunked_prefill_size=1)
+    got, widths = {}, []
+    decode = graph_engine.runner.decode
+    graph_engine.runner.decode = lambda plan: (widths.append(plan.batch_size), decode(plan))[1]
+    try:
+        for name, engine in (("graphs", graph_engine), ("tokenwise", reference)):
+            pending, steps, outs = list(enumerate(prompts)), 0, {}
+            while pending or engine.has_unfinished():
+                while pending and steps >= 2 * pending[0][0]:  # arrivals while others decode
+                    i, p = pending.pop(0)
+                    engine.add_request(f"{name}{i}", p, params)
+                for out in engine.step():
+                    outs.setdefault(int(out.request_id[len(name):]), []).extend(
+                        (lp.token_id, lp.top[0][1] - lp.top[1][1]) for lp in out.logprobs)
+                steps += 1
+            got[name] = outs
+            assert engine.stats().pages_used == 0
+    finally:
+        graph_engine.runner.decode = decode
+    assert max(widths) > len(prompts), "no step put prompt tokens into the graph's rows"
+    for i in range(len(prompts)):
+        a, b = got["graphs"][i], got["tokenwise"][i]
+        first = next((j for j, (x, y) in enumerate(zip(a, b, strict=True)) if x[0] != y[0]), None)
+        if first is not None:
+            print(f"prompt {i}: divergence at token {first}: top-2 gap {b[first][1]:.4f}")
+            assert b[first][1] < NEAR_TIE, f"prompt {i} diverges at token {first} with a top-2 gap of {b[first][1]}"
