@@ -3,7 +3,8 @@
 The engine is not thread-safe, so every call into it (``add_request``, ``abort``, ``step``, ``stats``)
 happens on the one loop thread. asyncio callers hand it commands through a locked queue and receive
 :class:`RequestOutput` objects on per-request ``asyncio.Queue`` objects, fed with
-``loop.call_soon_threadsafe`` once per engine step::
+``loop.call_soon_threadsafe`` once per engine step (outputs that queued while a consumer was busy reach it
+merged into one, so a slow HTTP side sends fewer, larger chunks rather than falling behind)::
 
     engine = AsyncEngine(Engine.from_model(None))
     engine.start()
@@ -136,6 +137,11 @@ class AsyncEngine:
         try:
             while True:
                 item = await stream.queue.get()
+                # Outputs that queued up while the consumer was busy go out as one (their deltas joined):
+                # under load the HTTP side then does one chunk's work per wake-up, not one per engine step.
+                while not stream.queue.empty() and not isinstance(item, BaseException) and not item.finished:
+                    nxt = stream.queue.get_nowait()
+                    item = nxt if isinstance(nxt, BaseException) else item.merged_with(nxt)
                 if isinstance(item, BaseException):
                     stream.finished = True
                     raise item

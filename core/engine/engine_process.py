@@ -8,8 +8,8 @@ scheduler process does. The parent holds a proxy with the Engine interface :clas
 whatever outputs the child has sent since the last call, waiting briefly when there are none. The child runs
 ahead on its own, so its step rate does not depend on how fast the server consumes the outputs.
 
-Outputs travel without their ``prompt_token_ids``, ``token_ids`` and ``text`` (which grow with every step); the
-proxy puts them back from the prompt it sent and the deltas it has seen. The child sends from a thread of its
+Outputs travel as plain tuples of their deltas, without ``prompt_token_ids``, ``token_ids`` and ``text`` (which
+grow with every step); the proxy puts them back from the prompt it sent and the deltas it has seen. The child sends from a thread of its
 own, batching whatever queued up, so a step never waits for the server to read. A request the child refuses (a prompt too
 long, a duplicate id) comes back as the exception ``add_request`` raised there, delivered to that request's
 stream. The child ignores SIGINT/SIGTERM (the server drains through the parent) and exits when the pipe
@@ -73,14 +73,20 @@ def _child(conn: Any, config: Any) -> None:
                     with contextlib.suppress(KeyError, ValueError):
                         engine.abort(payload)
             if engine.has_unfinished():
-                outputs = engine.step()
-                for out in outputs:
-                    out.prompt_token_ids = out.token_ids = out.text = None
-                outbox.put(("out", (outputs, engine.stats())))
+                outbox.put(("out", ([_wire(out) for out in engine.step()], engine.stats())))
             if outbox.dead:
                 return
     except (EOFError, BrokenPipeError, ConnectionResetError):
         return  # the server went away
+
+
+def _wire(out: Any) -> tuple:
+    """A step's output as plain values (a tenth of a dataclass's pickling time, paid on the step loop's GIL):
+    its deltas, finish state and metric stamps; the proxy rebuilds the rest (:meth:`EngineProcess._restore`)."""
+    m = out.metrics
+    stamps = None if m is None else (m.arrival, m.scheduled, m.first_token, m.last_token, m.finished)
+    return (out.request_id, out.new_token_ids, out.new_text, out.finished, out.finish_reason, out.stop_reason,
+            out.logprobs or None, stamps)
 
 
 class _Outbox:
@@ -199,19 +205,26 @@ class EngineProcess:
             self._conn.close()
 
     # --- helpers -------------------------------------------------------------------------------------------------
-    def _restore(self, out: Any) -> Any:
-        record = self._live.get(out.request_id)
+    def _restore(self, wire: tuple) -> Any:
+        """The :class:`RequestOutput` of one :func:`_wire` tuple, totals rebuilt from the deltas seen so far."""
+        from dsa_runtime.engine.outputs import RequestMetrics, RequestOutput
+
+        request_id, new_ids, new_text, finished, reason, stop_reason, logprobs, stamps = wire
+        record = self._live.get(request_id)
         if record is None:
             return None  # a request this proxy no longer tracks
         prompt, tokens, text = record
-        tokens.extend(out.new_token_ids)
-        text.append(out.new_text)
-        out.prompt_token_ids = prompt
-        out.token_ids = list(tokens)
-        out.text = "".join(text)  # the engine's text is the concatenation of the deltas it released
-        if out.finished:
-            del self._live[out.request_id]
-        return out
+        tokens.extend(new_ids)
+        text.append(new_text)
+        if finished:
+            del self._live[request_id]
+        return RequestOutput(
+            request_id=request_id, prompt_token_ids=prompt, token_ids=list(tokens),
+            text="".join(text),  # the engine's text is the concatenation of the deltas it released
+            new_token_ids=new_ids, new_text=new_text, finished=finished, finish_reason=reason,
+            stop_reason=stop_reason, logprobs=logprobs or [],
+            metrics=None if stamps is None else RequestMetrics(*stamps),
+        )
 
     def _send(self, message: tuple[str, Any]) -> None:
         try:

@@ -50,6 +50,14 @@ class RequestOutput:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     metrics: RequestMetrics | None = None
 
+    def merged_with(self, later: RequestOutput) -> RequestOutput:
+        """``later`` (the same request's next output) carrying this one's deltas too: what a consumer that fell
+        behind by a step sends as one chunk. Totals, finish state and metrics are ``later``'s."""
+        later.new_token_ids = self.new_token_ids + later.new_token_ids
+        later.new_text = self.new_text + later.new_text
+        later.logprobs = self.logprobs + later.logprobs
+        return later
+
 
 @dataclass
 class EngineStats:

@@ -159,3 +159,22 @@ def test_a_failing_engine_step_fails_every_request_and_later_ones():
         await engine.shutdown(0)
 
     asyncio.run(main())
+
+
+def test_a_slow_consumer_gets_the_steps_it_missed_merged_into_one_output():
+    async def main():
+        engine = _engine()
+        params = SamplingParams(max_tokens=200, logprobs=0)
+        outs = []
+        async for out in engine.generate(_prompt(engine, "q7"), params, "slow"):
+            outs.append(out)
+            await asyncio.sleep(0.05)  # the engine runs ahead: several steps queue between our reads
+        assert outs[-1].finished and outs[-1].text == TEXT + "7"
+        assert "".join(o.new_text for o in outs) == outs[-1].text
+        ids = [t for o in outs for t in o.new_token_ids]
+        assert ids == outs[-1].token_ids
+        assert [lp.token_id for o in outs for lp in o.logprobs] == ids
+        assert len(outs) < len(ids), "nothing was merged: every step reached the consumer on its own"
+        await engine.shutdown(0)
+
+    asyncio.run(main())

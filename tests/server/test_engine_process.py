@@ -31,7 +31,7 @@ def test_outputs_match_the_in_process_engine(proxy):
     from dsa_runtime.engine import Engine
 
     prompt = proxy.tokenizer.encode("What is 47 + 38?")
-    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2)
     proxy.add_request("a", prompt, params)
     outs = run_all(proxy, max_steps=2000)["a"]
     local = Engine(EngineConfig(max_running_requests=4))
@@ -43,6 +43,10 @@ def test_outputs_match_the_in_process_engine(proxy):
     assert outs[-1].token_ids == want[-1].token_ids and outs[-1].prompt_token_ids == prompt
     assert "".join(o.new_text for o in outs) == want[-1].text == outs[-1].text and outs[-1].finish_reason == "length"
     assert proxy.max_model_len == local.max_model_len and proxy.stats().pages_used == 0
+    assert [[(lp.token_id, lp.top) for lp in o.logprobs] for o in outs] == [
+        [(lp.token_id, lp.top) for lp in o.logprobs] for o in want]
+    stamps = outs[-1].metrics
+    assert stamps.arrival <= stamps.first_token <= stamps.last_token <= stamps.finished
 
 
 def test_a_refused_request_comes_back_as_its_error_and_aborts_work(proxy):

@@ -47,7 +47,7 @@ PICKED = {
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
 
-def _serve(flavor, completion, **config):
+def _serve(flavor, completion, step_delay_s=0.0, **config):
     name, model_config = FLAVORS[flavor][:2]
     prompts: list[str] = []
 
@@ -55,7 +55,7 @@ def _serve(flavor, completion, **config):
         prompts.append(prompt)
         return completion
 
-    engine = ScriptedEngine(script)
+    engine = ScriptedEngine(script, step_delay_s=step_delay_s)
     engine.model_config = model_config
     return LiveServer(engine, served_model_name=name, **config), prompts
 
@@ -179,8 +179,9 @@ def test_forcing_needs_a_tool_parser(choice):
 
 
 def test_forced_arguments_stream_as_fragments():
-    """The client gets the model's argument text in pieces, after the header the opening produced."""
-    server, _ = _serve("v3.1", FLAVORS["v3.1"][4])
+    """The client gets the model's argument text in pieces, after the header the opening produced (steps paced
+    so that the stream does not merge them all: a consumer that falls behind gets queued steps as one chunk)."""
+    server, _ = _serve("v3.1", FLAVORS["v3.1"][4], step_delay_s=0.01)
     with server as srv:
         events = stream_chat(srv.client, _body("v3.1", tools=[WEATHER], tool_choice=NAMED))
     fragments = [tc["function"]["arguments"] for e in events[:-1] if e["choices"]
