@@ -47,12 +47,27 @@ class ServerConfig:
     drain_timeout: float = field(
         default=10.0, metadata=_meta("seconds SIGINT/SIGTERM lets running requests finish before aborting")
     )
-    engine_process: bool = field(
-        default=False,
-        metadata=_meta("run the engine in its own process, so HTTP work never holds up its steps (experimental: "
-                       "not yet faster on the GPU, see docs/benchmarks.md)"),
+    engine_process: bool | None = field(
+        default=None,
+        metadata=_meta("run the engine in its own process, so HTTP work never holds up its steps (default: on "
+                       "for a single CUDA device, where the engine steps faster than one process can stream)"),
     )
     engine: Any = field(default=None)  # the EngineConfig (not a flag: its fields are the engine flags)
+
+    def uses_engine_process(self) -> bool:
+        """``--engine-process`` as given, else on for a CUDA device without TP/DP (whose workers the engine
+        process would have to start itself; those keep the engine on the server's thread)."""
+        if self.engine_process is not None:
+            return self.engine_process
+        engine = self.engine
+        if engine is None or getattr(engine, "tp", 1) * getattr(engine, "dp", 1) != 1:
+            return False
+        device = str(getattr(engine, "device", "auto"))
+        if device == "auto":
+            import torch
+
+            return torch.cuda.is_available()
+        return device.startswith("cuda")
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -153,7 +153,7 @@ def serve(config: ServerConfig, engine: Any = None) -> int:
 
     warn_if_exposed(config)
     if engine is None:
-        if config.engine_process:
+        if config.uses_engine_process():
             from dsa_runtime.engine.engine_process import EngineProcess
 
             engine = EngineProcess(config.engine)

@@ -277,3 +277,16 @@ def test_a_second_sigint_during_the_drain_exits_at_once():
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_the_engine_process_is_the_default_on_one_cuda_device_only():
+    from dsa_runtime.engine import EngineConfig
+
+    def uses(flag=None, **engine):
+        return ServerConfig(engine_process=flag, engine=EngineConfig(**engine)).uses_engine_process()
+
+    assert uses(device="cuda") and uses(device="cuda:1")
+    assert not uses(device="cpu") and not uses(device="cuda", tp=2)
+    assert uses(True, device="cpu") and not uses(False, device="cuda")
+    assert _parse(["--no-engine-process"]).engine_process is False
+    assert _parse(["--engine-process"]).engine_process is True and _parse([]).engine_process is None
