@@ -2,12 +2,16 @@
 
     python bench/serve_load.py                          # embedded model, in-process server, 1/8/32 clients
     python bench/serve_load.py --url http://127.0.0.1:30000 --model NAME --concurrency 1 8 32 64
+    python bench/serve_load.py --engine-only --concurrency 1 8 32 64   # the same load, no HTTP: the baseline
 
 Each client sends streaming chat requests back to back (``max_tokens`` tokens each, EOS ignored, greedy)
 until the level's request count is done. TTFT is request start to the first content chunk; ITL is the gap
 between content chunks divided by the tokens they carry (one per chunk on this server); throughput is
 generated tokens (from the usage chunk) over the level's wall time. Prints a table and writes JSON
 (``--out``, written to a temporary file then renamed).
+
+``--engine-only`` drives an :class:`Engine` directly with the same load (the same chat prompts, rendered and
+tokenised as the server does, the same closed loop of clients): the step rate the server should reach.
 """
 
 from __future__ import annotations
@@ -93,7 +97,7 @@ async def run_level(url: str, model: str, concurrency: int, requests: int, max_t
                 i = queue.get_nowait()
             except asyncio.QueueEmpty:
                 return
-            results.append(await _one(client, model, f"Request {i}: tell me a story about number {i}.", max_tokens))
+            results.append(await _one(client, model, _prompt(i), max_tokens))
 
     limits = httpx.Limits(max_connections=concurrency + 4)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
@@ -117,6 +121,76 @@ async def run_level(url: str, model: str, concurrency: int, requests: int, max_t
         "itl_s": _percentiles([g for r in results for g in r["itl"]]),
         "e2e_s": _percentiles([r["e2e"] for r in results]),
     }
+
+
+def _prompt(i: int) -> str:
+    return f"Request {i}: tell me a story about number {i}."
+
+
+def run_engine_level(engine: Any, encode: Any, concurrency: int, requests: int, max_tokens: int) -> dict[str, Any]:
+    """The load of :func:`run_level` without HTTP: ``concurrency`` requests in flight, the next added as soon as
+    one finishes; times are taken when ``Engine.step`` returns the outputs."""
+    from dsa_runtime.engine import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    live: dict[str, dict[str, Any]] = {}
+    results: list[dict[str, Any]] = []
+    steps0 = engine.stats().steps_total
+    start = time.perf_counter()
+    added = 0
+    while added < requests or engine.has_unfinished():
+        while len(live) < concurrency and added < requests:
+            rid = f"e{concurrency}-{added}"
+            engine.add_request(rid, encode(_prompt(added)), params)
+            live[rid] = {"start": time.perf_counter(), "first": None, "last": 0.0, "itl": []}
+            added += 1
+        for out in engine.step():
+            now = time.perf_counter()
+            rec = live[out.request_id]
+            if out.new_text:
+                if rec["first"] is None:
+                    rec["first"] = now
+                else:
+                    rec["itl"].append(now - rec["last"])
+                rec["last"] = now
+            if out.finished:
+                del live[out.request_id]
+                results.append({"ttft": (rec["first"] or now) - rec["start"], "itl": rec["itl"],
+                                "e2e": now - rec["start"], "tokens": len(out.token_ids)})
+    wall = time.perf_counter() - start
+    tokens = sum(r["tokens"] for r in results)
+    return {
+        "concurrency": concurrency, "requests": len(results), "max_tokens": max_tokens, "wall_s": wall,
+        "output_tokens": tokens, "throughput_tok_s": tokens / wall,
+        "engine_steps_per_s": (engine.stats().steps_total - steps0) / wall,
+        "requests_per_s": len(results) / wall,
+        "ttft_s": _percentiles([r["ttft"] for r in results]),
+        "itl_s": _percentiles([g for r in results for g in r["itl"]]),
+        "e2e_s": _percentiles([r["e2e"] for r in results]),
+    }
+
+
+def _engine_only(args: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
+    """Every level of ``--concurrency`` straight through an engine; prompts as the server renders them."""
+    from dsa_runtime.engine import Engine, EngineConfig
+    from dsa_runtime.server.config import detect_flavor
+    from dsa_runtime.server.prompting import PromptBuilder
+
+    engine_config = EngineConfig(model=args.model_dir, dtype=args.dtype, max_running_requests=max(args.concurrency))
+    engine = Engine(engine_config)
+    path = engine.parts.extras.get("path")
+    prompts = PromptBuilder(detect_flavor(engine.model_config, str(path or "")), engine.tokenizer,
+                            str(path) if path else None)
+
+    def encode(text: str) -> list[int]:
+        messages = [{"role": "user", "content": text}]
+        return prompts.encode(prompts.render(messages, tools=None, thinking=False))
+
+    levels = []
+    for c in args.concurrency:
+        levels.append(run_engine_level(engine, encode, c, c * args.requests_per_client, args.max_tokens))
+        print(f"  {c} clients done", file=sys.stderr, flush=True)
+    return Path(str(path or "engine")).name, levels
 
 
 def _start_embedded(args: argparse.Namespace) -> tuple[str, str, Any]:
@@ -181,7 +255,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests-per-client", type=int, default=4, help="requests per client at each level")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--out", type=Path, default=Path("bench/results/serve_load.json"))
+    parser.add_argument("--engine-only", action="store_true",
+                        help="the same load straight through the engine (no server): the step rate to compare with")
     args = parser.parse_args(argv)
+    if args.engine_only:
+        if args.url:
+            parser.error("--engine-only runs its own engine; it cannot load --url")
+        model, levels = _engine_only(args)
+        return _report(args, model, "engine (no HTTP)", levels)
     stop = None
     if args.url:
         import httpx
@@ -198,6 +279,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if stop is not None:
             stop()
+    return _report(args, model, url, levels)
+
+
+def _report(args: argparse.Namespace, model: str, url: str, levels: list[dict[str, Any]]) -> int:
     print(f"model {model} at {url}; {args.max_tokens} output tokens per request, greedy, EOS ignored")
     print(_table(levels))
     payload = {"model": model, "url": url, "host": platform.node(), "python": platform.python_version(),
