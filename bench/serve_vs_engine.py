@@ -4,7 +4,8 @@
 
 Three runs of ``bench/serve_load.py``'s load (each client sends streaming chat requests back to back, greedy,
 EOS ignored), each in a fresh process: ``--engine-only`` (the engine stepped directly, no HTTP), then
-``dsa-runtime serve`` with the engine on a thread of the server process, then ``serve --engine-process``. The
+``dsa-runtime serve --no-engine-process`` (the engine on a thread of the server process), then ``serve
+--engine-process`` (the default on one CUDA device). The
 first level warms kernel caches and is left out of the table. Prints engine steps/s and tokens/s per level with
 each server's ratio to the engine alone, and writes the three JSON files plus ``serve_vs_engine.json``.
 """
@@ -56,7 +57,8 @@ def _load(extra: list[str], out: Path, args: argparse.Namespace) -> dict[str, An
 def _served(engine_process: bool, out: Path, args: argparse.Namespace) -> dict[str, Any]:
     port = _free_port()
     cmd = [sys.executable, "-m", "dsa_runtime.cli.main", "serve", "--port", str(port),
-           "--max-running-requests", str(max(args.concurrency))] + (["--engine-process"] if engine_process else [])
+           "--max-running-requests", str(max(args.concurrency)),
+           "--engine-process" if engine_process else "--no-engine-process"]
     proc = subprocess.Popen(cmd)
     try:
         url = f"http://127.0.0.1:{port}"
