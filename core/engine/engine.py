@@ -59,6 +59,24 @@ class EngineParts:
     extras: dict[str, Any] = field(default_factory=dict)
 
 
+def _pack_rows(items: list, limit: int) -> list[list]:
+    """Scheduled items (in order) packed into groups of at most ``limit`` token rows each (one group when
+    ``limit`` is 0: no graphs, the eager decode takes any batch)."""
+    if not items:
+        return []
+    if limit <= 0:
+        return [items]
+    groups: list[list] = [[]]
+    rows = 0
+    for item in items:
+        if groups[-1] and rows + item.num_tokens > limit:
+            groups.append([])
+            rows = 0
+        groups[-1].append(item)
+        rows += item.num_tokens
+    return groups
+
+
 class Engine:
     """Continuous-batching engine. See the module docstring; fields of the API in ``INTERFACES.md``."""
 
@@ -184,19 +202,19 @@ class Engine:
         """Queue the step's forward and its sampling on the device; nothing waits for the GPU here.
 
         With GPU-resident decode state a step runs through :meth:`_rows_step`: every token of the step is a row
-        of one decode-shaped batch (a prefill chunk's tokens are rows at consecutive positions of their request's
-        slot: attention reads the cache after the step's rows are written, so each row sees its own prefix), a
-        CUDA graph when one covers the rows. A step with more rows than the largest graph (a long prompt), or a
-        runner without graphs (the CPU), takes its prefill chunks through the eager ``runner.forward`` beside
-        the decode rows.
+        of a decode-shaped batch (a prefill chunk's tokens are rows at consecutive positions of their request's
+        slot: attention reads the cache after the step's rows are written, so each row sees its own prefix),
+        replayed as a CUDA graph. When the rows exceed the largest graph they are packed into several replays;
+        a chunk longer than the largest graph (a long prompt) goes through the eager ``runner.forward``, as do
+        all prefill chunks on a runner without graphs (the CPU), beside the decode rows.
         """
-        graph_rows = self._graph_rows()
-        if self._slots is not None and sum(item.num_tokens for item in plan) <= graph_rows:
-            flat, chunks = plan, []
+        if self._slots is None:
+            groups, chunks = [], list(plan)
         else:
-            single = [self._slots is not None and item.num_tokens == 1 and item.sample for item in plan]
-            flat = [item for item, d in zip(plan, single, strict=True) if d]
-            chunks = [item for item, d in zip(plan, single, strict=True) if not d]
+            graph_rows = self._graph_rows()
+            fits = [item.num_tokens == 1 and item.sample or 0 < item.num_tokens <= graph_rows for item in plan]
+            chunks = [item for item, ok in zip(plan, fits, strict=True) if not ok]
+            groups = _pack_rows([item for item, ok in zip(plan, fits, strict=True) if ok], graph_rows)
         parts: list[torch.Tensor] = []
         requests: list[Request] = []
         if chunks:
@@ -207,12 +225,15 @@ class Engine:
             if rows_logits:
                 parts.append(torch.stack([lg.reshape(-1) for lg in rows_logits]))
                 requests += [item.request for item in chunks if item.sample]
-        sampled_slots = None
-        if flat:
-            sampled_slots, flat_logits = self._rows_step(flat)
-            if flat_logits is not None:
-                parts.append(flat_logits)
-                requests += [item.request for item in flat if item.sample]
+        sampled_slots: list[torch.Tensor] = []
+        for k, group in enumerate(groups):
+            slots, group_logits = self._rows_step(group)
+            if group_logits is not None:
+                if k + 1 < len(groups):  # a later replay of the same bucket reuses the graph's output memory
+                    group_logits = group_logits.clone()
+                parts.append(group_logits)
+                sampled_slots.append(slots)
+                requests += [item.request for item in group if item.sample]
         self._counters["steps"] += 1
         for item in plan:
             item.request.num_computed += item.num_tokens
@@ -225,7 +246,8 @@ class Engine:
         )
         decode_only = not chunks and all(item.num_tokens == 1 and item.sample for item in plan)
         if decode_only:
-            self._slots.next_ids.index_copy_(0, sampled_slots, pending.tokens)
+            slots = sampled_slots[0] if len(sampled_slots) == 1 else torch.cat(sampled_slots)
+            self._slots.next_ids.index_copy_(0, slots, pending.tokens)
         for request in requests:
             request.inflight += 1
         return _Launched(requests, pending, decode_only)

@@ -65,9 +65,17 @@ def test_prefill_rows_give_the_eager_tokens(chunk):
     assert max(widths) > 8, "no step put a prefill chunk's tokens into the decode rows"
 
 
-def test_a_step_past_the_graph_rows_falls_back_to_the_eager_prefill():
+def test_a_prompt_longer_than_the_largest_graph_takes_the_eager_prefill():
     prompts = random_prompts(3, seed=9, lo=30, hi=40)
     want, _ = _run(0, prompts, lambda step, i: True, chunked_prefill_size=1)
     got, widths = _run(24, prompts, lambda step, i: True)  # 3 prompts of 30+ tokens exceed 24 rows
     _agree_but_at_near_ties(got, want)
     assert max(widths) <= 24
+
+
+def test_rows_past_the_largest_graph_are_packed_into_several_replays():
+    prompts = random_prompts(5, seed=4, lo=10, hi=20)
+    want, _ = _run(0, prompts, lambda step, i: True, chunked_prefill_size=1)
+    got, widths = _run(24, prompts, lambda step, i: True)  # 5 prompts of 10-20 tokens: 3+ replays of <= 24 rows
+    _agree_but_at_near_ties(got, want)
+    assert max(widths) <= 24 and sum(w > 8 for w in widths) >= 3
