@@ -5,7 +5,10 @@ memory after the weights are loaded (SGLang's ``--mem-fraction-static``, :func:`
 workspace estimate counts what one scheduler step needs at its largest, because on V3.2 that, not the cache,
 is what runs out first: the indexer's fp32 logits of the biggest prefill chunk over the longest context
 (``chunk x max_context x 4`` bytes), the gathered bf16 KV and index keys of one prefill, the decode logits of
-a full batch, the dense (MHA) prefill scores and the activations / output logits of the chunk.
+a full batch, the dense (MHA) prefill scores and the activations / output logits of the chunk. With CUDA graphs
+(``graph_max_bs``) it also sets aside their private memory pool: every bucket is captured into one pool, so
+it holds the intermediates of the largest bucket's decode forward (its activations, indexer logits over the
+graph's static width, top-k indices and output logits), which eager steps cannot reuse.
 """
 
 from __future__ import annotations
@@ -60,8 +63,10 @@ def estimate_workspace(
     max_context: int,
     dense_prefill_max_keys: int = 2048,
     dtype: torch.dtype | None = None,
+    graph_max_bs: int = 0,
 ) -> dict[str, int]:
-    """Bytes of each transient buffer of the largest step (see the module docstring); a sum, not a peak."""
+    """Bytes of each transient buffer of the largest step (see the module docstring); a sum, not a peak.
+    ``graph_max_bs``: rows of the largest CUDA-graph bucket (0: no graphs)."""
     act = _dtype_bytes(dtype)
     chunk = max(1, chunked_prefill_size)
     heads = config.num_attention_heads
@@ -86,6 +91,12 @@ def estimate_workspace(
         4 * config.hidden_size + 2 * width + heads * (D_QK + config.qk_head_dim + config.v_head_dim)
     ) * max(act, 4)
     parts["output_logits"] = chunk * config.vocab_size * 4
+    if graph_max_bs > 0:
+        row = (4 * config.hidden_size + 2 * width + heads * (D_QK + config.qk_head_dim + config.v_head_dim)) * max(act, 4)
+        row += config.vocab_size * 4
+        if config.is_dsa:
+            row += max_context * 4 + config.index_topk * 4  # type: ignore[operator]
+        parts["cuda_graphs"] = graph_max_bs * row
     return parts
 
 
@@ -100,6 +111,7 @@ def plan_capacity(
     dtype: torch.dtype | None = None,
     max_context: int | None = None,
     dense_prefill_max_keys: int = 2048,
+    graph_max_bs: int = 0,
 ) -> CachePlan:
     """Size the KV pools from a token count or a byte budget.
 
@@ -123,6 +135,7 @@ def plan_capacity(
         max_context=ctx,
         dense_prefill_max_keys=dense_prefill_max_keys,
         dtype=dtype,
+        graph_max_bs=graph_max_bs,
     )
     ws = sum(workspace.values())
     if max_total_tokens is not None:

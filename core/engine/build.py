@@ -99,6 +99,8 @@ def build_parts_from_weights(
         "max_running": config.max_running_requests,
         "dtype": dtype,
         "max_context": max_context,
+        # The decode graphs' memory pool is set aside like a workspace (they are captured on CUDA only).
+        "graph_max_bs": max(config.graph_batch_sizes(), default=0) if device.type == "cuda" else 0,
     }
     runner_args = {"kernels": kernels, "dtype": dtype, "device": device}
     if config.max_total_tokens is None and device.type == "cuda":
@@ -114,6 +116,10 @@ def build_parts_from_weights(
         cache = KVCache(model_config, plan.num_pages, page_size, kernels.kv_layout, device, dtype)
         runner = ModelRunner(model_config, tensors, cache=cache, **runner_args)
     runner.setup_decode(config.max_running_requests, max_context, config.graph_batch_sizes())
+    graphs = getattr(runner, "graphs", None)
+    if graphs is not None:
+        logger.info("decode CUDA graphs: %.1f MiB measured, %.1f MiB set aside by the memory planner",
+                    graphs.capture_bytes / 2**20, plan.workspace.get("cuda_graphs", 0) / 2**20)
     logger.info(
         "KV cache: %d pages x %d tokens (%s), %.1f MiB; workspace %.1f MiB",
         plan.num_pages, page_size, kernels.kv_layout, plan.cache_bytes / 2**20, plan.workspace_bytes / 2**20,

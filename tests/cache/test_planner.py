@@ -78,3 +78,15 @@ def test_device_budget_needs_a_gpu_and_a_sane_fraction():
         device_budget_bytes("cpu", 0.85)
     with pytest.raises(ValueError, match="mem_fraction_static"):
         device_budget_bytes("cpu", 1.5)
+
+
+def test_cuda_graphs_pool_is_set_aside_like_a_workspace():
+    cfg = _cfg("tiny-v32")
+    kw = {"chunked_prefill_size": 512, "max_running": 8, "max_context": 4096, "dtype": torch.bfloat16}
+    plain = plan_capacity(cfg, 64, "bf16", budget_bytes=64 * 2**20, **kw)
+    graphs = plan_capacity(cfg, 64, "bf16", budget_bytes=64 * 2**20, graph_max_bs=64, **kw)
+    assert "cuda_graphs" not in plain.workspace
+    pool = graphs.workspace["cuda_graphs"]
+    # The largest bucket's rows: at least their indexer logits over the context and their output logits.
+    assert pool >= 64 * (4096 * 4 + cfg.vocab_size * 4)
+    assert graphs.workspace_bytes == plain.workspace_bytes + pool and graphs.num_pages < plain.num_pages
