@@ -94,6 +94,11 @@ class EngineConfig:
         metadata=_opt("--disable-overlap-schedule", "finish each step's host work (detokenising, stop checks) before "
                       "launching the next decode step, instead of overlapping it with the GPU (CUDA only)"),
     )
+    disable_radix_cache: bool = field(
+        default=False,
+        metadata=_opt("--disable-radix-cache", "recompute every prompt instead of reusing the KV pages of a cached "
+                      "prefix (the radix-tree prefix cache)"),
+    )
     cuda_graph_max_bs: int | None = field(
         default=None,
         metadata=_opt(

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from dsa_runtime.cache.radix import RadixCache
 from dsa_runtime.engine.config import EngineConfig
 from dsa_runtime.engine.detokenizer import make_detokenizer
 from dsa_runtime.engine.forward import make_batch, score_batch
@@ -103,12 +104,14 @@ class Engine:
         self._overlap = (self._slots is not None and not self.config.disable_overlap_schedule
                          and self._slots.device.type == "cuda")
         self._inflight: _Launched | None = None
+        self.prefix_cache = None if self.config.disable_radix_cache else RadixCache(parts.allocator, parts.page_size)
         self.scheduler = Scheduler(
             parts.allocator,
             parts.page_size,
             self.config.chunked_prefill_size,
             self.config.max_running_requests,
             on_release=self._release_slot if self._slots is not None else None,
+            prefix_cache=self.prefix_cache,
         )
         self._seeds = random.Random(self.config.seed)
         self._requests: dict[str, Request] = {}
@@ -236,7 +239,10 @@ class Engine:
                 requests += [item.request for item in group if item.sample]
         self._counters["steps"] += 1
         for item in plan:
-            item.request.num_computed += item.num_tokens
+            request = item.request
+            request.num_computed += item.num_tokens
+            if item.sample and request.num_output_tokens == 0 and not request.inflight:
+                self.scheduler.cache_prompt(request)  # its prompt is now computed (in stream order)
         if not requests:
             return None
         logits = parts[0] if len(parts) == 1 else torch.cat(parts)
@@ -377,6 +383,7 @@ class Engine:
             stop_reason=request.stop_reason,
             logprobs=new_logprobs,
             metrics=request.metrics,
+            num_cached_tokens=request.num_cached_tokens,
         )
 
     # --- scoring ------------------------------------------------------------------------------------
@@ -388,10 +395,10 @@ class Engine:
         """
         ids = self._check_prompt(token_ids, limit=self.max_model_len + 1)
         need = -(-len(ids) // self.parts.page_size)
-        pages = self.allocator.alloc(need) if need <= self.allocator.num_free else None
+        pages = self.scheduler.take_pages(need)
         if not pages:
             raise ValueError(
-                f"scoring {len(ids)} tokens needs {need} free KV pages; {self.allocator.num_free} are free"
+                f"scoring {len(ids)} tokens needs {need} free KV pages; {self.scheduler.num_available} are free"
             )
         try:
             rows = []
@@ -418,7 +425,9 @@ class Engine:
 
     # --- introspection --------------------------------------------------------------------------
     def stats(self) -> EngineStats:
-        used = self.pages_total - int(self.allocator.num_free)
+        cache = self.prefix_cache
+        cached = cache.evictable if cache is not None else 0
+        used = self.pages_total - int(self.allocator.num_free) - cached  # cached pages nobody uses count as free
         return EngineStats(
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
@@ -431,4 +440,7 @@ class Engine:
             prompt_tokens_total=self._counters["prompt"],
             generation_tokens_total=self._counters["generated"],
             steps_total=self._counters["steps"],
+            pages_cached=cached,
+            prefix_cache_queries_total=cache.query_tokens if cache is not None else 0,
+            prefix_cache_hits_total=cache.hit_tokens if cache is not None else 0,
         )

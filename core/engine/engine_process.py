@@ -86,7 +86,7 @@ def _wire(out: Any) -> tuple:
     m = out.metrics
     stamps = None if m is None else (m.arrival, m.scheduled, m.first_token, m.last_token, m.finished)
     return (out.request_id, out.new_token_ids, out.new_text, out.finished, out.finish_reason, out.stop_reason,
-            out.logprobs or None, stamps)
+            out.logprobs or None, stamps, out.num_cached_tokens)
 
 
 class _Outbox:
@@ -209,7 +209,7 @@ class EngineProcess:
         """The :class:`RequestOutput` of one :func:`_wire` tuple, totals rebuilt from the deltas seen so far."""
         from dsa_runtime.engine.outputs import RequestMetrics, RequestOutput
 
-        request_id, new_ids, new_text, finished, reason, stop_reason, logprobs, stamps = wire
+        request_id, new_ids, new_text, finished, reason, stop_reason, logprobs, stamps, cached = wire
         record = self._live.get(request_id)
         if record is None:
             return None  # a request this proxy no longer tracks
@@ -223,7 +223,7 @@ class EngineProcess:
             text="".join(text),  # the engine's text is the concatenation of the deltas it released
             new_token_ids=new_ids, new_text=new_text, finished=finished, finish_reason=reason,
             stop_reason=stop_reason, logprobs=logprobs or [],
-            metrics=None if stamps is None else RequestMetrics(*stamps),
+            metrics=None if stamps is None else RequestMetrics(*stamps), num_cached_tokens=cached,
         )
 
     def _send(self, message: tuple[str, Any]) -> None:

@@ -49,6 +49,7 @@ class RequestOutput:
     stop_reason: str | int | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)
     metrics: RequestMetrics | None = None
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (OpenAI's cached_tokens)
 
     def merged_with(self, later: RequestOutput) -> RequestOutput:
         """``later`` (the same request's next output) carrying this one's deltas too: what a consumer that fell
@@ -74,3 +75,6 @@ class EngineStats:
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
     steps_total: int = 0
+    pages_cached: int = 0  # prefix-cache pages nobody references (evictable; not in pages_used)
+    prefix_cache_queries_total: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_cache_hits_total: int = 0  # of them, tokens found cached

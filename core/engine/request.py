@@ -48,6 +48,8 @@ class Request:
     num_preemptions: int = 0
     slot: int = -1  # the runner's request slot (GPU-resident block table row) while decoding; -1: none
     inflight: int = 0  # tokens sampled on the device whose value the host has not read yet (overlap scheduling)
+    cache_nodes: list = field(default_factory=list)  # prefix-cache nodes this request references
+    num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache at admission (not computed)
 
     @property
     def prompt_token_ids(self) -> list[int]:

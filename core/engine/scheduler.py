@@ -8,6 +8,12 @@ Each step:
    pages for their whole prompt plus the first generated token (a request that does not fit waits; later
    arrivals do not overtake it).
 
+With a prefix cache (:class:`~dsa_runtime.cache.radix.RadixCache`, on unless ``--disable-radix-cache``) an admitted
+request first takes the cached full pages its tokens start with and computes only the rest; a request gives the
+cache its computed full pages when it is released (finish, abort, preemption: a preempted request then finds
+its own prefix again). Cached pages nobody uses count as free: they are evicted, least recently used first,
+when an allocation needs them.
+
 Pages are allocated for exactly the tokens scheduled. When a running request needs a page and none is free,
 the youngest running request not yet scheduled this step is preempted: its pages are freed and it goes back to
 the front of the waiting queue, to be recomputed from its prompt and generated tokens later (its random
@@ -23,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from dsa_runtime.cache.radix import RadixCache
 from dsa_runtime.engine.request import Request, Status
 
 
@@ -53,10 +60,11 @@ class Scheduler:
         token_budget: most tokens fed to the model in one step (``--chunked-prefill-size``).
         max_running: most requests holding pages at once (``--max-running-requests``).
         on_release: called with a request whose pages were just freed (finish, abort, preemption).
+        prefix_cache: the radix tree of cached pages (None: no prefix caching).
     """
 
     def __init__(self, allocator: Allocator, page_size: int, token_budget: int, max_running: int,
-                 on_release: Callable[[Request], None] | None = None) -> None:
+                 on_release: Callable[[Request], None] | None = None, prefix_cache: RadixCache | None = None) -> None:
         if page_size < 1 or token_budget < 1 or max_running < 1:
             raise ValueError("page_size, token budget and max running requests must all be >= 1")
         self.allocator = allocator
@@ -67,6 +75,7 @@ class Scheduler:
         self.running: list[Request] = []  # admission order: oldest first
         self.num_preemptions = 0
         self.on_release = on_release
+        self.cache = prefix_cache
 
     # --- queue management ------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -126,7 +135,7 @@ class Scheduler:
         """Tokens of the next prefill chunk that fit; preempts younger unscheduled requests if none do."""
         want = min(request.num_uncomputed, budget)
         while True:
-            capacity = (len(request.pages) + self.allocator.num_free) * self.page_size - request.num_computed
+            capacity = (len(request.pages) + self.num_available) * self.page_size - request.num_computed
             n = min(want, capacity)
             if n > 0:
                 if not self._grow(request, request.num_computed + n):
@@ -141,8 +150,13 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_running:
             request = self.waiting[0]
             total = len(request.token_ids)
-            if self._pages_for(total + 1) > self.allocator.num_free:
+            if self.cache is not None and request.num_computed == 0 and not request.pages:
+                self._take_cached_prefix(request)
+            if self._pages_for(total + 1) - len(request.pages) > self.num_available:
+                self._drop_cached_prefix(request)  # a waiting request holds nothing the running ones may need
                 break
+            if self.cache is not None:
+                self.cache.count_lookup(total, request.num_computed)
             n = min(total - request.num_computed, budget)
             self.waiting.popleft()
             request.status = Status.RUNNING
@@ -155,6 +169,40 @@ class Scheduler:
             budget -= n
 
     # --- pages ----------------------------------------------------------------------------------
+    @property
+    def num_available(self) -> int:
+        """Pages an allocation can get: free ones plus cached pages nobody references (evicted on demand)."""
+        return self.allocator.num_free + (self.cache.evictable if self.cache is not None else 0)
+
+    def take_pages(self, n: int) -> list[int] | None:
+        """``n`` pages from the allocator, evicting unreferenced cached pages first when it is short."""
+        if n > self.num_available:
+            return None
+        short = n - self.allocator.num_free
+        if short > 0 and self.cache is not None:
+            self.cache.evict(short)
+        return self.allocator.alloc(n)
+
+    def cache_prompt(self, request: Request) -> None:
+        """Give the prefix cache a request's prompt pages once they are computed (its forward is launched, so
+        any later step reads them after they are written); the request keeps referencing them."""
+        if self.cache is not None:
+            request.cache_nodes = self.cache.insert(request.token_ids, request.pages, request.num_computed,
+                                                    request.cache_nodes, hold=True)
+
+    def _take_cached_prefix(self, request: Request) -> None:
+        nodes = self.cache.match(request.token_ids)
+        request.cache_nodes = nodes
+        request.pages = [node.page for node in nodes]
+        request.num_computed = len(nodes) * self.page_size
+        if request.num_preemptions == 0:
+            request.num_cached_tokens = request.num_computed
+
+    def _drop_cached_prefix(self, request: Request) -> None:
+        if request.cache_nodes:
+            self.cache.release(request.token_ids, request.pages, request.cache_nodes)  # every page is the tree's
+            request.cache_nodes, request.pages, request.num_computed = [], [], 0
+
     def _pages_for(self, tokens: int) -> int:
         return -(-tokens // self.page_size)
 
@@ -163,9 +211,9 @@ class Scheduler:
         need = self._pages_for(tokens) - len(request.pages)
         if need <= 0:
             return True
-        if need > self.allocator.num_free:
+        if need > self.num_available:
             return False
-        pages = self.allocator.alloc(need)
+        pages = self.take_pages(need)
         if not pages or len(pages) != need:
             if pages:
                 self.allocator.free(pages)
@@ -192,7 +240,12 @@ class Scheduler:
         self.waiting.appendleft(request)
 
     def _release(self, request: Request) -> None:
-        if request.pages:
+        if self.cache is not None:
+            self.cache.insert(request.token_ids, request.pages, request.num_computed, request.cache_nodes, hold=False)
+            self.cache.release(request.token_ids, request.pages, request.cache_nodes)
+            request.cache_nodes = []
+            request.pages = []
+        elif request.pages:
             self.allocator.free(request.pages)
             request.pages = []
         if self.on_release is not None:

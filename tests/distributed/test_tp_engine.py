@@ -60,3 +60,28 @@ def test_tp_on_too_few_gpus_is_a_clear_error(monkeypatch, tmp_path):
     kernels = types.SimpleNamespace(device="cuda")
     with pytest.raises(ConfigError, match=r"--tp 2 needs 2 GPUs on this node .* torch sees 1"):
         _spec(EngineConfig(tp=2), tmp_path, kernels, num_pages=8, page_size=64, hidden=256)
+
+
+def test_tp2_with_the_prefix_cache_generates_the_uncached_tp1_tokens():
+    """Under TP every rank reads the cached pages' rows (rank 0's tree hands out page ids, each rank holds its
+    heads' rows at those ids): a second wave sharing a 4-page prefix hits and decodes the tp 1 tokens."""
+    import random
+
+    from dsa_runtime import LLM
+    from dsa_runtime.engine import SamplingParams
+
+    rng = random.Random(5)
+    prefix = [rng.randrange(3, 3000) for _ in range(16)]
+    waves = [[prefix + [7, 8]], [prefix + [9], prefix + [10, 11, 12]]]
+    params = SamplingParams(max_tokens=6, temperature=0)
+    plain = LLM(dtype="float32", device="cpu", page_size=4, disable_radix_cache=True)
+    want = [[o.token_ids for o in plain.generate(w, params)] for w in waves]
+    llm = LLM(dtype="float32", device="cpu", page_size=4, tp=2)
+    try:
+        got = [llm.generate(w, params) for w in waves]
+        assert [[o.token_ids for o in w] for w in got] == want
+        assert [o.num_cached_tokens for o in got[1]] == [16, 16]
+        stats = llm.engine.stats()
+        assert stats.pages_used == 0 and stats.pages_cached == llm.engine.prefix_cache.num_nodes > 0
+    finally:
+        llm.engine.runner.shutdown()
