@@ -58,6 +58,14 @@ class ServerMetrics:
         gauge("dsa:kv_cache_pages_total", "KV cache pages in the pool.", lambda s: s.pages_total)
         gauge("dsa:engine_steps_total", "Engine steps run (their rate is the engine's step rate).",
               lambda s: s.steps_total)
+        gauge("dsa:kv_cache_pages_cached", "Prefix-cache pages no request uses (evicted when pages run short).",
+              lambda s: s.pages_cached)
+        gauge("dsa:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",
+              lambda s: s.prefix_cache_queries_total)
+        gauge("dsa:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.",
+              lambda s: s.prefix_cache_hits_total)
+        gauge("dsa:prefix_cache_hit_rate", "Prefix-cache hits over lookups, in tokens (0..1).",
+              lambda s: s.prefix_cache_hits_total / s.prefix_cache_queries_total if s.prefix_cache_queries_total else 0.0)
 
     def finished(self, reason: str) -> None:
         self._success.labels(self._model_name, reason).inc()

@@ -75,6 +75,7 @@ class ChatRun:
         self.state, self.req = state, req
         self.id, self.created = new_id("chatcmpl"), int(time.time())
         self.arrival = time.monotonic()
+        self.cached_tokens: dict[int, int] = {}  # choice -> prompt tokens its request found in the prefix cache
         choice = resolve_choice(state, req)
         self.tool_parser = state.tool_parser if choice.parse_calls else None
         # A forced tool call opens the reply, so it is written without reasoning (parsers/tool_choice.py).
@@ -123,10 +124,11 @@ class ChatRun:
             d["reasoning"] = d["reasoning_content"]
         return d
 
-    def usage(self, completion_tokens: int) -> dict[str, int]:
+    def usage(self, completion_tokens: int) -> dict[str, Any]:
         prompt = len(self.prompt_ids) * 1
         return {"prompt_tokens": prompt, "completion_tokens": completion_tokens,
-                "total_tokens": prompt + completion_tokens}
+                "total_tokens": prompt + completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": max(self.cached_tokens.values(), default=0)}}
 
     def outputs(self) -> AsyncIterator[tuple[int, Any]]:
         gens = [
@@ -152,6 +154,7 @@ class ChatRun:
             tail, reason = streams[j].finish(truncated=out.finish_reason == "length")
             self.state.metrics.tool_call_parse_errors.inc(streams[j].parse_errors)
             completion_tokens += len(out.token_ids)
+            self.cached_tokens[j] = out.num_cached_tokens
             choices[j] = self._choice(j, deltas[j] + tail, reason, streams[j], logprobs[j])
         return {
             "id": self.id, "object": "chat.completion", "created": self.created, "model": self.state.model_name,
@@ -194,6 +197,7 @@ class ChatRun:
                     deltas += tail
                     self.state.metrics.tool_call_parse_errors.inc(streams[j].parse_errors)
                     completion_tokens += len(out.token_ids)
+                    self.cached_tokens[j] = out.num_cached_tokens
                 for k, delta in enumerate(deltas):
                     yield self._chunk(j, self.delta_dict(delta), None, include_usage, lp if k == 0 else None)
                 if lp is not None and not deltas:

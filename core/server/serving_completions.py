@@ -38,6 +38,7 @@ class CompletionRun:
         self.state, self.req = state, req
         self.id, self.created = new_id("cmpl"), int(time.time())
         self.arrival = time.monotonic()
+        self.cached_tokens: dict[int, int] = {}  # job -> prompt tokens its request found in the prefix cache
         self.prompts = self._prompts(req.prompt)
         if len(self.prompts) * req.n > 64:
             raise bad_request("too many choices: prompts x n must be at most 64", param="n")
@@ -92,10 +93,15 @@ class CompletionRun:
             generate(self.state, ids, params, f"{self.id}-{k}", self.arrival) for k, (ids, params) in enumerate(self.jobs)
         ])
 
-    def usage(self, completion_tokens: int) -> dict[str, int]:
+    def usage(self, completion_tokens: int) -> dict[str, Any]:
         prompt = sum(len(ids) for ids, _ in self.jobs[:: self.req.n])
+        # Each prompt counted once (its n choices share it), with the most any of its choices found cached.
+        cached: dict[int, int] = {}
+        for k, n in self.cached_tokens.items():
+            cached[k // self.req.n] = max(cached.get(k // self.req.n, 0), n)
         return {"prompt_tokens": prompt, "completion_tokens": completion_tokens,
-                "total_tokens": prompt + completion_tokens}
+                "total_tokens": prompt + completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": sum(cached.values())}}
 
     async def response(self) -> dict[str, Any]:
         texts = [self._echo(k) for k in range(len(self.jobs))]
@@ -108,6 +114,7 @@ class CompletionRun:
                 if out.finish_reason == "abort":
                     raise unavailable("the request was aborted (server shutting down)")
                 completion_tokens += len(out.token_ids)
+                self.cached_tokens[k] = out.num_cached_tokens
                 lp = None
                 if self.req.logprobs is not None:
                     lp = completion_logprobs(self.state.tokenizer, logprobs[k], len(texts[k]))
@@ -138,6 +145,7 @@ class CompletionRun:
                     yield self._chunk(k, out.new_text, lp, reason, include_usage)
                 if out.finished:
                     completion_tokens += len(out.token_ids)
+                    self.cached_tokens[k] = out.num_cached_tokens
             if include_usage:
                 yield _event({"id": self.id, "object": "text_completion", "created": self.created,
                               "model": self.state.model_name, "choices": [], "usage": self.usage(completion_tokens)})

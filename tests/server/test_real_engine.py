@@ -113,3 +113,25 @@ def test_named_tool_choice_on_the_random_model_always_returns_that_call(real_ser
         assert choice["message"]["reasoning_content"] is None and not streamed["reasoning_content"], i
         lengths.append(whole["usage"]["completion_tokens"])
     assert max(lengths) > 1, lengths  # the model did write after the opening (the stop set is not everything)
+
+
+def test_a_shared_system_prompt_is_served_from_the_prefix_cache(real_server):
+    system = {"role": "system", "content": "You answer in one short sentence. " * 40}  # several KV pages
+    bodies = [{"model": "tiny", "messages": [system, {"role": "user", "content": q}], "max_tokens": 4,
+               "temperature": 0} for q in ("What is 2 + 2?", "Name a colour.")]
+    before = real_server.client.get("/metrics").text
+    first = real_server.client.post("/v1/chat/completions", json=bodies[0]).json()["usage"]
+    second = real_server.client.post("/v1/chat/completions", json=bodies[1]).json()["usage"]
+    page = 64  # the CPU platform's default page size
+    assert first["prompt_tokens"] > 4 * page
+    # The second request shares the system prompt's full pages; only its question and the tail are computed.
+    assert second["prompt_tokens_details"]["cached_tokens"] >= 4 * page
+    assert second["prompt_tokens_details"]["cached_tokens"] < second["prompt_tokens"]
+    after = real_server.client.get("/metrics").text
+
+    def metric(text: str, name: str) -> float:
+        return float(next(line for line in text.splitlines() if line.startswith(name)).rsplit(" ", 1)[1])
+
+    hits = metric(after, "dsa:prefix_cache_hits_total") - metric(before, "dsa:prefix_cache_hits_total")
+    assert hits == second["prompt_tokens_details"]["cached_tokens"] + first["prompt_tokens_details"]["cached_tokens"]
+    assert 0 < metric(after, "dsa:prefix_cache_hit_rate") <= 1
