@@ -3,6 +3,7 @@
     python bench/serve_load.py                          # embedded model, in-process server, 1/8/32 clients
     python bench/serve_load.py --url http://127.0.0.1:30000 --model NAME --concurrency 1 8 32 64
     python bench/serve_load.py --engine-only --concurrency 1 8 32 64   # the same load, no HTTP: the baseline
+    python bench/serve_load.py --shared-prefix 2000 --compare-radix-cache --concurrency 8 32   # prefix caching
 
 Each client sends streaming chat requests back to back (``max_tokens`` tokens each, EOS ignored, greedy)
 until the level's request count is done. TTFT is request start to the first content chunk; ITL is the gap
@@ -12,6 +13,11 @@ generated tokens (from the usage chunk) over the level's wall time. Prints a tab
 
 ``--engine-only`` drives an :class:`Engine` directly with the same load (the same chat prompts, rendered and
 tokenised as the server does, the same closed loop of clients): the step rate the server should reach.
+
+``--shared-prefix N`` starts every request with the same system prompt of about N tokens (sized with the
+in-process server's tokenizer), and the level reports the prefix cache's hit rate from ``/metrics``;
+``--compare-radix-cache`` runs the levels on an in-process server with the cache, then on one without it, and
+prints the TTFT ratios.
 """
 
 from __future__ import annotations
@@ -41,8 +47,28 @@ def _percentiles(values: list[float]) -> dict[str, float]:
     return {"p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99), "mean": statistics.fmean(ordered)}
 
 
-async def _one(client: Any, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+def shared_prefix_text(tokens: int, encode: Any = None) -> str:
+    """A system prompt of about ``tokens`` tokens (exactly sized with ``encode``, else ~4 characters a token)."""
+    words = [f"rule {i}: answer plainly and keep to the facts." for i in range(100_000)]
+    if encode is None:
+        text, i = "", 0
+        while len(text) < 4 * tokens:
+            text += words[i] + " "
+            i += 1
+        return text
+    lo, hi = 1, max(2, tokens)  # words needed: binary search on the encoded length
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(encode(" ".join(words[:mid]))) >= tokens:
+            hi = mid
+        else:
+            lo = mid + 1
+    return " ".join(words[:lo])
+
+
+async def _one(client: Any, model: str, prompt: str, max_tokens: int, system: str | None = None) -> dict[str, Any]:
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens,
             "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     start = time.perf_counter()
     first: float | None = None
@@ -71,19 +97,25 @@ async def _one(client: Any, model: str, prompt: str, max_tokens: int) -> dict[st
     return {"ttft": (first or end) - start, "itl": gaps, "e2e": end - start, "tokens": tokens}
 
 
-async def _engine_steps(client: Any) -> float | None:
-    """``dsa:engine_steps_total`` from the server's /metrics, or None."""
+_COUNTERS = ("dsa:engine_steps_total", "dsa:prefix_cache_queries_total", "dsa:prefix_cache_hits_total")
+
+
+async def _counters(client: Any) -> dict[str, float]:
+    """The engine counters of the server's /metrics that it has (none for a server without metrics)."""
     try:
         text = (await client.get("/metrics")).text
-    except Exception:  # noqa: BLE001 - a server without metrics: no step rate
-        return None
+    except Exception:  # noqa: BLE001 - a server without metrics: no step rate, no hit rate
+        return {}
+    out = {}
     for line in text.splitlines():
-        if line.startswith("dsa:engine_steps_total"):
-            return float(line.rsplit(" ", 1)[1])
-    return None
+        name = line.split(" ", 1)[0].split("{", 1)[0]
+        if name in _COUNTERS:
+            out[name] = float(line.rsplit(" ", 1)[1])
+    return out
 
 
-async def run_level(url: str, model: str, concurrency: int, requests: int, max_tokens: int) -> dict[str, Any]:
+async def run_level(url: str, model: str, concurrency: int, requests: int, max_tokens: int,
+                    system: str | None = None) -> dict[str, Any]:
     import httpx
 
     queue: asyncio.Queue[int] = asyncio.Queue()
@@ -97,16 +129,18 @@ async def run_level(url: str, model: str, concurrency: int, requests: int, max_t
                 i = queue.get_nowait()
             except asyncio.QueueEmpty:
                 return
-            results.append(await _one(client, model, _prompt(i), max_tokens))
+            results.append(await _one(client, model, _prompt(i), max_tokens, system))
 
     limits = httpx.Limits(max_connections=concurrency + 4)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
-        steps0 = await _engine_steps(client)
+        before = await _counters(client)
         start = time.perf_counter()
         await asyncio.gather(*[worker(client) for _ in range(concurrency)])
         wall = time.perf_counter() - start
-        steps1 = await _engine_steps(client)
+        after = await _counters(client)
+    delta = {k: after[k] - before[k] for k in after if k in before}
     tokens = sum(r["tokens"] for r in results)
+    queries = delta.get("dsa:prefix_cache_queries_total")
     return {
         "concurrency": concurrency,
         "requests": len(results),
@@ -115,7 +149,9 @@ async def run_level(url: str, model: str, concurrency: int, requests: int, max_t
         "output_tokens": tokens,
         "throughput_tok_s": tokens / wall,
         # The engine's steps per second during the level (from /metrics; None when the server has no such gauge).
-        "engine_steps_per_s": (steps1 - steps0) / wall if steps0 is not None and steps1 is not None else None,
+        "engine_steps_per_s": delta["dsa:engine_steps_total"] / wall if "dsa:engine_steps_total" in delta else None,
+        # Prompt tokens found in the prefix cache over those looked up during the level (None: no such metrics).
+        "prefix_cache_hit_rate": delta["dsa:prefix_cache_hits_total"] / queries if queries else None,
         "requests_per_s": len(results) / wall,
         "ttft_s": _percentiles([r["ttft"] for r in results]),
         "itl_s": _percentiles([g for r in results for g in r["itl"]]),
@@ -176,7 +212,8 @@ def _engine_only(args: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
     from dsa_runtime.server.config import detect_flavor
     from dsa_runtime.server.prompting import PromptBuilder
 
-    engine_config = EngineConfig(model=args.model_dir, dtype=args.dtype, max_running_requests=max(args.concurrency))
+    engine_config = EngineConfig(model=args.model_dir, dtype=args.dtype, max_running_requests=max(args.concurrency),
+                                 disable_radix_cache=args.disable_radix_cache)
     engine = Engine(engine_config)
     path = engine.parts.extras.get("path")
     prompts = PromptBuilder(detect_flavor(engine.model_config, str(path or "")), engine.tokenizer,
@@ -200,9 +237,12 @@ def _start_embedded(args: argparse.Namespace) -> tuple[str, str, Any]:
     from dsa_runtime.server.config import ServerConfig
     from dsa_runtime.server.launch import bind_socket, build_state, make_uvicorn_server
 
-    engine_config = EngineConfig(model=args.model_dir, dtype=args.dtype, max_running_requests=max(args.concurrency))
+    engine_config = EngineConfig(model=args.model_dir, dtype=args.dtype, max_running_requests=max(args.concurrency),
+                                 disable_radix_cache=args.disable_radix_cache)
     engine = Engine(engine_config)
     state = build_state(ServerConfig(port=0, engine=engine_config), engine)
+    if args.shared_prefix:
+        args.system = shared_prefix_text(args.shared_prefix, lambda t: state.prompts.encode(t))
     sock = bind_socket("127.0.0.1", 0)
     port = sock.getsockname()[1]
     server = make_uvicorn_server(build_app(state), "127.0.0.1", port, 5.0, engine=state.engine)
@@ -233,6 +273,7 @@ def _table(levels: list[dict[str, Any]]) -> str:
             f"{lv['itl_s']['p50'] * ms:>6.1f}ms {lv['itl_s']['p90'] * ms:>6.1f}ms {lv['itl_s']['p99'] * ms:>6.1f}ms "
             f"{lv['e2e_s']['p50']:>7.2f}s"
             + (f" {lv['engine_steps_per_s']:>8.0f}" if lv.get("engine_steps_per_s") is not None else "")
+            + (f" hit {lv['prefix_cache_hit_rate']:.2f}" if lv.get("prefix_cache_hit_rate") is not None else "")
         )
     return "\n".join(rows)
 
@@ -255,6 +296,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests-per-client", type=int, default=4, help="requests per client at each level")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--out", type=Path, default=Path("bench/results/serve_load.json"))
+    parser.add_argument("--shared-prefix", type=int, default=0, metavar="TOKENS",
+                        help="every request starts with the same system prompt of about this many tokens")
+    parser.add_argument("--disable-radix-cache", action="store_true",
+                        help="in-process server without the prefix cache (compare TTFT with and without it)")
+    parser.add_argument("--compare-radix-cache", action="store_true",
+                        help="run the levels on an in-process server with the prefix cache, then without it")
     parser.add_argument("--engine-only", action="store_true",
                         help="the same load straight through the engine (no server): the step rate to compare with")
     args = parser.parse_args(argv)
@@ -263,27 +310,66 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--engine-only runs its own engine; it cannot load --url")
         model, levels = _engine_only(args)
         return _report(args, model, "engine (no HTTP)", levels)
+    if args.compare_radix_cache:
+        if args.url:
+            parser.error("--compare-radix-cache starts its own servers; it cannot load --url")
+        return _compare_radix_cache(args)
+    model, url, levels = _serve_levels(args)
+    return _report(args, model, url, levels)
+
+
+def _serve_levels(args: argparse.Namespace) -> tuple[str, str, list[dict[str, Any]]]:
+    """Every level of ``--concurrency`` against ``--url`` or a fresh in-process server."""
     stop = None
+    args.system = None
     if args.url:
         import httpx
 
         url = args.url.rstrip("/")
         model = args.model or httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
+        if args.shared_prefix:
+            args.system = shared_prefix_text(args.shared_prefix)
     else:
         url, model, stop = _start_embedded(args)
     try:
         levels = []
         for c in args.concurrency:
-            levels.append(asyncio.run(run_level(url, model, c, c * args.requests_per_client, args.max_tokens)))
+            levels.append(asyncio.run(run_level(url, model, c, c * args.requests_per_client, args.max_tokens,
+                                                args.system)))
             print(f"  {c} clients done", file=sys.stderr, flush=True)
     finally:
         if stop is not None:
             stop()
-    return _report(args, model, url, levels)
+    return model, url, levels
+
+
+def _compare_radix_cache(args: argparse.Namespace) -> int:
+    """The levels with the prefix cache, then on a fresh server without it; TTFT ratios per level."""
+    runs = {}
+    for name, disabled in (("cache", False), ("no cache", True)):
+        args.disable_radix_cache = disabled
+        model, url, levels = _serve_levels(args)
+        print(f"--- {name}")
+        print(_table(levels))
+        runs[name] = levels
+    print(f"\n| clients | TTFT p50 cache / no cache | TTFT p99 cache / no cache | speed-up p50 | hit rate |"
+          f"  (shared prefix ~{args.shared_prefix} tokens)\n|---:|---:|---:|---:|---:|")
+    for on, off in zip(runs["cache"], runs["no cache"], strict=True):
+        t_on, t_off = on["ttft_s"], off["ttft_s"]
+        hit = on.get("prefix_cache_hit_rate")
+        print(f"| {on['concurrency']} | {t_on['p50'] * 1e3:.0f} / {t_off['p50'] * 1e3:.0f} ms | "
+              f"{t_on['p99'] * 1e3:.0f} / {t_off['p99'] * 1e3:.0f} ms | {t_off['p50'] / t_on['p50']:.1f}x | "
+              + (f"{hit:.2f} |" if hit is not None else "n/a |"))
+    payload = {"model": model, "host": platform.node(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+               "shared_prefix_tokens": args.shared_prefix, "cache": runs["cache"], "no_cache": runs["no cache"]}
+    _write_json(args.out, payload)
+    print(f"wrote {args.out}")
+    return 0
 
 
 def _report(args: argparse.Namespace, model: str, url: str, levels: list[dict[str, Any]]) -> int:
-    print(f"model {model} at {url}; {args.max_tokens} output tokens per request, greedy, EOS ignored")
+    shared = f"; a shared system prompt of ~{args.shared_prefix} tokens" if getattr(args, "shared_prefix", 0) else ""
+    print(f"model {model} at {url}; {args.max_tokens} output tokens per request, greedy, EOS ignored{shared}")
     print(_table(levels))
     payload = {"model": model, "url": url, "host": platform.node(), "python": platform.python_version(),
                "cpu_count": os.cpu_count(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

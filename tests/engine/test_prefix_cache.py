@@ -172,3 +172,26 @@ def test_eviction_under_a_small_cache_keeps_outputs_and_never_refuses_work():
     stats = engine.stats()
     assert stats.pages_cached <= 24 and stats.prefix_cache_hits_total >= 2 * PS  # the repeated last prompt hit
     assert stats.num_preemptions == 0 and engine.prefix_cache.evicted_pages > 0
+
+
+def test_a_thinking_turn_reuses_the_conversation_up_to_its_dropped_reasoning():
+    """V3.2's chat encoding drops an earlier turn's reasoning, so the next prompt departs from what the engine
+    computed right after the previous prompt (``</think>`` where the cache holds ``<think>`` and the reasoning);
+    everything in full pages before that point is still reused."""
+    from dsa_runtime.parsers.encoding_v32 import encode_messages
+
+    engine = _engine(True)
+    encode = engine.tokenizer.encode
+    turn1 = [{"role": "system", "content": "You are a careful assistant. " * 12}, {"role": "user", "content": "2+2?"}]
+    first = encode(encode_messages(turn1, "thinking"))
+    engine.add_request("t1", first, _params(8))
+    run_all(engine)
+    turn2 = turn1 + [{"role": "assistant", "content": "4", "reasoning_content": "two and two"},
+                     {"role": "user", "content": "And 3+3?"}]
+    second = encode(encode_messages(turn2, "thinking"))
+    common = next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
+    assert common >= len(first) - 2  # only the turn's opening differs: the reasoning is not in the new prompt
+    engine.add_request("t2", second, _params(4))
+    out = run_all(engine)["t2"][-1]
+    assert out.num_cached_tokens == PS * (common // PS) > 0
+    _check_idle(engine)
