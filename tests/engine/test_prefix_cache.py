@@ -100,11 +100,12 @@ def _tokens(n: int, seed: int) -> list[int]:
     return [rng.randrange(3, 3000) for _ in range(n)]
 
 
-def test_shared_system_prompt_hits_and_gives_the_uncached_tokens():
+@pytest.mark.parametrize("kv", ["auto", "fp8_e4m3"])
+def test_shared_system_prompt_hits_and_gives_the_uncached_tokens(kv):
     system = _tokens(3 * PS + 5, 1)
     waves = [[system + _tokens(7, 2)], [system + _tokens(9, 3), system + _tokens(4, 4)], [system + _tokens(6, 5)]]
-    want = _serve(_engine(False), waves)
-    engine = _engine(True)
+    want = _serve(_engine(False, kv_cache_dtype=kv), waves)
+    engine = _engine(True, kv_cache_dtype=kv)
     assert _serve(engine, waves) == want
     stats = engine.stats()
     # The first request computes everything; the three later ones find the system prompt's 3 full pages.
