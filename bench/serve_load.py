@@ -302,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="in-process server without the prefix cache (compare TTFT with and without it)")
     parser.add_argument("--compare-radix-cache", action="store_true",
                         help="run the levels on an in-process server with the prefix cache, then without it")
+    parser.add_argument("--serve-process", action="store_true",
+                        help="with --compare-radix-cache: start `dsa-runtime serve` subprocesses instead")
     parser.add_argument("--engine-only", action="store_true",
                         help="the same load straight through the engine (no server): the step rate to compare with")
     args = parser.parse_args(argv)
@@ -328,7 +330,7 @@ def _serve_levels(args: argparse.Namespace) -> tuple[str, str, list[dict[str, An
         url = args.url.rstrip("/")
         model = args.model or httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
         if args.shared_prefix:
-            args.system = shared_prefix_text(args.shared_prefix)
+            args.system = shared_prefix_text(args.shared_prefix, _local_encoder(args))
     else:
         url, model, stop = _start_embedded(args)
     try:
@@ -343,12 +345,39 @@ def _serve_levels(args: argparse.Namespace) -> tuple[str, str, list[dict[str, An
     return model, url, levels
 
 
+def _local_encoder(args: argparse.Namespace) -> Any:
+    """The served checkpoint's tokenizer when it is here (``--model-dir`` or the embedded model), to size the
+    shared prefix exactly; None (about 4 characters a token) for a remote model."""
+    from dsa_runtime.loader.default_model import embedded_model_path
+    from dsa_runtime.loader.tokenizer import load_tokenizer
+
+    if args.model and not args.model_dir:
+        return None
+    try:
+        tokenizer = load_tokenizer(args.model_dir or embedded_model_path())
+    except Exception:  # noqa: BLE001 - no local tokenizer: the character estimate
+        return None
+    return lambda text: tokenizer.encode(text, add_special_tokens=False)
+
+
 def _compare_radix_cache(args: argparse.Namespace) -> int:
-    """The levels with the prefix cache, then on a fresh server without it; TTFT ratios per level."""
+    """The levels with the prefix cache, then on a fresh server without it; TTFT ratios per level. With
+    ``--serve-process`` each server is ``dsa-runtime serve`` in a process of its own (its default engine
+    placement: the engine process on one CUDA device), else in-process with the engine on a thread."""
     runs = {}
     for name, disabled in (("cache", False), ("no cache", True)):
         args.disable_radix_cache = disabled
-        model, url, levels = _serve_levels(args)
+        if args.serve_process:
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            from serve_process import serve_process
+
+            flags = ["--max-running-requests", str(max(args.concurrency)), "--dtype", args.dtype]
+            with serve_process(flags + (["--disable-radix-cache"] if disabled else [])) as url:
+                args.url = url
+                model, url, levels = _serve_levels(args)
+                args.url = None
+        else:
+            model, url, levels = _serve_levels(args)
         print(f"--- {name}")
         print(_table(levels))
         runs[name] = levels

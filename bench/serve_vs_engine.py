@@ -14,36 +14,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serve_process import serve_process  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited during start-up (code {proc.returncode})")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"the server was not healthy within {timeout_s:.0f} s")
 
 
 def _load(extra: list[str], out: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -55,21 +35,10 @@ def _load(extra: list[str], out: Path, args: argparse.Namespace) -> dict[str, An
 
 
 def _served(engine_process: bool, out: Path, args: argparse.Namespace) -> dict[str, Any]:
-    port = _free_port()
-    cmd = [sys.executable, "-m", "dsa_runtime.cli.main", "serve", "--port", str(port),
-           "--max-running-requests", str(max(args.concurrency)),
-           "--engine-process" if engine_process else "--no-engine-process"]
-    proc = subprocess.Popen(cmd)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        _wait_healthy(url, proc, args.start_timeout)
+    flags = ["--max-running-requests", str(max(args.concurrency)),
+             "--engine-process" if engine_process else "--no-engine-process"]
+    with serve_process(flags, args.start_timeout) as url:
         return _load(["--url", url], out, args)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def main() -> int:
