@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,47 +23,22 @@ import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, str(HERE))
+from serve_process import serve_process  # noqa: E402
 
 
 def serve_to_first_token(timeout_s: float) -> float:
     """Seconds from starting ``serve`` to the response of a one-token chat request."""
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "dsa_runtime.cli.main", "serve", "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = start + timeout_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"serve exited during start-up (code {proc.returncode})")
-            if time.perf_counter() > deadline:
-                raise RuntimeError(f"serve did not answer within {timeout_s:.0f} s")
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.2)
-        body = json.dumps({"model": json.load(urllib.request.urlopen(url + "/v1/models"))["data"][0]["id"],
-                           "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 1}).encode()
+    with serve_process([], timeout_s, quiet=True) as url:
+        model = json.load(urllib.request.urlopen(url + "/v1/models"))["data"][0]["id"]
+        body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hello"}],
+                           "max_tokens": 1}).encode()
         request = urllib.request.Request(url + "/v1/chat/completions", data=body,
                                          headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=timeout_s) as r:
             r.read()
         return time.perf_counter() - start
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def real_dims_first_case(timeout_s: float) -> float:

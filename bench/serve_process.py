@@ -18,11 +18,13 @@ def free_port() -> int:
 
 
 @contextmanager
-def serve_process(args: list[str], timeout_s: float = 600.0) -> Iterator[str]:
+def serve_process(args: list[str], timeout_s: float = 600.0, quiet: bool = False) -> Iterator[str]:
     """Run ``python -m dsa_runtime.cli.main serve --port P *args`` until ``/health`` answers; yields its URL and
-    stops it (SIGTERM, then SIGKILL after a minute) on exit."""
+    stops it (SIGTERM, then SIGKILL after a minute) on exit. ``quiet`` discards the server's output."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "dsa_runtime.cli.main", "serve", "--port", str(port), *args])
+    out = subprocess.DEVNULL if quiet else None
+    proc = subprocess.Popen([sys.executable, "-m", "dsa_runtime.cli.main", "serve", "--port", str(port), *args],
+                            stdout=out, stderr=out)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout_s
