@@ -97,8 +97,9 @@ class Engine:
         self.max_model_len = min(parts.max_model_len, cap)
         if self.config.max_model_len is not None:
             self.max_model_len = min(self.max_model_len, self.config.max_model_len)
-        # GPU-resident decode state: a runner with request slots (ModelRunner.setup_decode) runs pure decode
-        # steps from [3, B] plan rows; others (TP workers, test fakes) take every step through forward().
+        # GPU-resident decode state: a runner with request slots (ModelRunner.setup_decode) runs decode rows and
+        # short prefill chunks as [3, R] plan rows of token rows; others (TP workers, test fakes) take every step
+        # through forward().
         self._slots = getattr(parts.runner, "request_slots", None)
         # Overlap scheduling pays off where the device runs asynchronously to the host (CUDA).
         self._overlap = (self._slots is not None and not self.config.disable_overlap_schedule
