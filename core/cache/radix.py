@@ -7,10 +7,11 @@ request whose prompt starts with a node's path can take the page instead of comp
 
 * :meth:`RadixCache.match` finds the longest cached run of full pages that a request's tokens start with
   (leaving at least one token to compute, whose logits give the next token), and takes a reference on it.
-* :meth:`RadixCache.insert` gives the tree a request's computed full pages, once its prompt is in the cache
-  and again when it finishes: a page whose tokens are already cached under the same path stays the request's
-  own (freed with it), any other becomes a node. While the request runs it keeps references on its path.
-* :meth:`RadixCache.release` drops a request's references and frees the pages the tree did not take.
+* :meth:`RadixCache.insert` gives the tree a running request's computed full pages once its prompt is in the
+  cache; the request keeps references on that path while it runs. A page whose tokens are already cached under
+  the same path stays the request's own (freed with it); any other becomes a node.
+* :meth:`RadixCache.release` (finish, abort, preemption) inserts the request's computed full pages the same
+  way, drops its references and frees the pages the tree did not take.
 * Nodes nobody references stay cached and are *evictable*: :meth:`RadixCache.evict` frees the least recently
   used leaves when the allocator runs short. A referenced node's ancestors are referenced too (references are
   taken along whole root paths), so every unreferenced node can be evicted, leaves first.
@@ -82,13 +83,25 @@ class RadixCache:
         self.hit_tokens += cached_tokens
 
     # --- ownership ------------------------------------------------------------------------------------------
-    def insert(self, token_ids: list[int], pages: list[int], num_computed: int, held: list[_Node],
-               hold: bool) -> list[_Node]:
-        """Give the tree the full pages of ``pages`` whose ``num_computed`` tokens are in the cache.
+    def insert(self, token_ids: list[int], pages: list[int], num_computed: int, held: list[_Node]) -> list[_Node]:
+        """A running request gives the tree its computed full pages (those ``num_computed`` tokens cover) and
+        references the whole path from then on instead of ``held``; returns that path."""
+        path = self._insert_path(token_ids, pages, num_computed)
+        self._acquire(path)
+        self._release(held)
+        return path
 
-        ``held``: the nodes the request references now. With ``hold`` (the request keeps running) the request
-        references the whole inserted path afterwards; returns the nodes it references then.
-        """
+    def release(self, token_ids: list[int], pages: list[int], num_computed: int, held: list[_Node]) -> None:
+        """A request is done with ``pages``: its computed full pages go into the tree, its references (``held``)
+        are dropped, and every page no node holds is freed (a page the tree already held under the same tokens
+        is the request's own duplicate)."""
+        path = self._insert_path(token_ids, pages, num_computed)
+        self._release(held)
+        owned = {node.page for node, page in zip(path, pages, strict=False) if node.page == page}
+        self.allocator.free([p for p in pages if p not in owned])
+
+    def _insert_path(self, token_ids: list[int], pages: list[int], num_computed: int) -> list[_Node]:
+        """The tree path of the request's computed full pages, adding a node (its page) where none exists."""
         ps = self.page_size
         # Under overlap scheduling num_computed counts an in-flight token the host has not appended yet.
         full = min(min(num_computed, len(token_ids)) // ps, len(pages))
@@ -99,41 +112,14 @@ class RadixCache:
             key = tuple(token_ids[i * ps:(i + 1) * ps])
             child = node.children.get(key)
             if child is None:
-                child = _Node(key, pages[i], node, last_use=now)
+                child = _Node(key, pages[i], node)
                 node.children[key] = child
                 self.num_nodes += 1
                 self.evictable += 1
             child.last_use = now
             path.append(child)
             node = child
-        if not hold:
-            return held
-        self._acquire(path)
-        self._release(held)
         return path
-
-    def release(self, token_ids: list[int], pages: list[int], held: list[_Node]) -> None:
-        """A request is done with ``pages``: drop its references and free every page no node holds."""
-        self._release(held)
-        owned = self._owned(token_ids, pages)
-        self.allocator.free([p for p in pages if p not in owned])
-
-    def _owned(self, token_ids: list[int], pages: list[int]) -> set[int]:
-        """The pages of ``pages`` that are nodes of the tree, found by walking the request's tokens (a page the
-        tree already held under the same tokens is the request's own duplicate: not owned)."""
-        ps = self.page_size
-        owned: set[int] = set()
-        node = self.root
-        for i, page in enumerate(pages):
-            if (i + 1) * ps > len(token_ids):
-                break
-            child = node.children.get(tuple(token_ids[i * ps:(i + 1) * ps]))
-            if child is None:
-                break
-            if child.page == page:
-                owned.add(page)
-            node = child
-        return owned
 
     def _acquire(self, path: list[_Node]) -> None:
         for node in path:
@@ -179,8 +165,3 @@ class RadixCache:
             elif node is not self.root:
                 out.append(node)
         return out
-
-    def reset(self) -> None:
-        """Forget every node (their pages must be freed by the caller, e.g. an allocator reset)."""
-        self.root = _Node((), 0, None)
-        self.num_nodes = self.evictable = 0

@@ -188,7 +188,7 @@ class Scheduler:
         any later step reads them after they are written); the request keeps referencing them."""
         if self.cache is not None:
             request.cache_nodes = self.cache.insert(request.token_ids, request.pages, request.num_computed,
-                                                    request.cache_nodes, hold=True)
+                                                    request.cache_nodes)
 
     def _take_cached_prefix(self, request: Request) -> None:
         nodes = self.cache.match(request.token_ids)
@@ -200,7 +200,8 @@ class Scheduler:
 
     def _drop_cached_prefix(self, request: Request) -> None:
         if request.cache_nodes:
-            self.cache.release(request.token_ids, request.pages, request.cache_nodes)  # every page is the tree's
+            # Every page is the tree's: nothing is inserted or freed, the references are dropped.
+            self.cache.release(request.token_ids, request.pages, request.num_computed, request.cache_nodes)
             request.cache_nodes, request.pages, request.num_computed = [], [], 0
 
     def _pages_for(self, tokens: int) -> int:
@@ -241,8 +242,7 @@ class Scheduler:
 
     def _release(self, request: Request) -> None:
         if self.cache is not None:
-            self.cache.insert(request.token_ids, request.pages, request.num_computed, request.cache_nodes, hold=False)
-            self.cache.release(request.token_ids, request.pages, request.cache_nodes)
+            self.cache.release(request.token_ids, request.pages, request.num_computed, request.cache_nodes)
             request.cache_nodes = []
             request.pages = []
         elif request.pages:

@@ -28,23 +28,23 @@ def test_match_insert_release_and_lru_eviction():
     cache = RadixCache(alloc, 4)
     a = list(range(100, 111))  # 11 tokens: 2 full pages + 3
     pages_a = alloc.alloc(3)
-    held = cache.insert(a, pages_a, 11, [], hold=True)  # prompt computed, request still running
+    held = cache.insert(a, pages_a, 11, [])  # prompt computed, request still running
     assert [n.page for n in held] == pages_a[:2] and cache.num_nodes == 2 and cache.evictable == 0
-    cache.release(a, pages_a, held)  # finished: the partial third page is freed, the two full ones cached
+    cache.release(a, pages_a, 11, held)  # finished: the partial third page is freed, the two full ones cached
     assert alloc.num_used == 2 and cache.evictable == 2
 
     b = a[:8] + [7, 7, 7]  # same two pages, then its own tokens
     path = cache.match(b)
     assert [n.page for n in path] == pages_a[:2] and cache.evictable == 0
     assert cache.match(a[:8]) == path[:1]  # one token is always left to compute: 8 tokens match 1 page
-    cache.release(a[:8], [path[0].page], path[:1])
+    cache.release(a[:8], [path[0].page], 4, path[:1])
     pages_b = [n.page for n in path] + alloc.alloc(1)
-    cache.release(b, pages_b, path)
+    cache.release(b, pages_b, 11, path)
     assert alloc.num_used == 2 and cache.evictable == 2
 
     c = [1, 2, 3, 4, 5]  # another root page, used last
     pages_c = alloc.alloc(2)
-    cache.release(c, pages_c, cache.insert(c, pages_c, 5, [], hold=True))
+    cache.release(c, pages_c, 5, cache.insert(c, pages_c, 5, []))
     assert cache.num_nodes == 3 and alloc.num_used == 3
     assert cache.evict(1) == 1 and cache.num_nodes == 2
     # The least recently used leaf went first (a's second page), not c's page touched after it.
@@ -56,11 +56,11 @@ def test_a_page_cached_twice_stays_with_the_second_request():
     cache = RadixCache(alloc, 4)
     tokens = list(range(9))
     first, second = alloc.alloc(3), alloc.alloc(3)
-    held_1 = cache.insert(tokens, first, 9, [], hold=True)
-    held_2 = cache.insert(tokens, second, 9, [], hold=True)  # computed the same pages before the first was cached
+    held_1 = cache.insert(tokens, first, 9, [])
+    held_2 = cache.insert(tokens, second, 9, [])  # computed the same pages before the first was cached
     assert [n.page for n in held_2] == first[:2] and cache.num_nodes == 2
-    cache.release(tokens, second, held_2)  # its duplicates are freed, the tree keeps the first request's pages
-    cache.release(tokens, first, held_1)
+    cache.release(tokens, second, 9, held_2)  # its duplicates are freed, the tree keeps the first request's pages
+    cache.release(tokens, first, 9, held_1)
     assert alloc.num_used == 2 and cache.evictable == 2
     assert cache.evict(5) == 2 and alloc.num_used == 0 and cache.num_nodes == 0
 
