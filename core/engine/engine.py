@@ -303,12 +303,11 @@ class Engine:
                 positions.append(p)
             if item.sample:
                 picked.append(len(positions) - 1)
-        if not picked:
-            self.runner.decode(DecodePlan.from_lists(row_slots, tokens, positions))
-            return None, None
         plan_rows = DecodePlan.from_lists(row_slots, tokens, positions)
         plan_rows.rows = plan_rows.rows.to(slots.device, non_blocking=True)
         logits = self.runner.decode(plan_rows)
+        if not picked:  # prefill chunks that only fill the cache
+            return None, None
         if len(picked) == len(positions):
             return plan_rows.rows[0], logits
         pick = torch.tensor(picked, dtype=torch.int64).to(slots.device, non_blocking=True)
