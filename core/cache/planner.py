@@ -87,13 +87,13 @@ def estimate_workspace(
     parts["mha_kv"] = dense * heads * (config.qk_nope_head_dim + config.v_head_dim) * act
     parts["mha_scores"] = heads * min(chunk, dense) * dense * 4
     width = max(config.hidden_size, config.intermediate_size, 2 * config.moe_intermediate_size)
-    parts["activations"] = chunk * (
+    row_activations = (
         4 * config.hidden_size + 2 * width + heads * (D_QK + config.qk_head_dim + config.v_head_dim)
-    ) * max(act, 4)
+    ) * max(act, 4)  # one token's activations through a layer
+    parts["activations"] = chunk * row_activations
     parts["output_logits"] = chunk * config.vocab_size * 4
     if graph_max_bs > 0:
-        row = (4 * config.hidden_size + 2 * width + heads * (D_QK + config.qk_head_dim + config.v_head_dim)) * max(act, 4)
-        row += config.vocab_size * 4
+        row = row_activations + config.vocab_size * 4
         if config.is_dsa:
             row += max_context * 4 + config.index_topk * 4  # type: ignore[operator]
         parts["cuda_graphs"] = graph_max_bs * row
