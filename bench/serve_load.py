@@ -4,6 +4,7 @@
     python bench/serve_load.py --url http://127.0.0.1:30000 --model NAME --concurrency 1 8 32 64
     python bench/serve_load.py --engine-only --concurrency 1 8 32 64   # the same load, no HTTP: the baseline
     python bench/serve_load.py --shared-prefix 2000 --compare-radix-cache --concurrency 8 32   # prefix caching
+    python bench/serve_load.py --shared-prefix 2000 --compare-radix-cache --engine-only --warmup 8 --concurrency 8
 
 Each client sends streaming chat requests back to back (``max_tokens`` tokens each, EOS ignored, greedy)
 until the level's request count is done. TTFT is request start to the first content chunk; ITL is the gap
@@ -17,7 +18,8 @@ tokenised as the server does, the same closed loop of clients): the step rate th
 ``--shared-prefix N`` starts every request with the same system prompt of about N tokens (sized with the
 in-process server's tokenizer), and the level reports the prefix cache's hit rate from ``/metrics``;
 ``--compare-radix-cache`` runs the levels on an in-process server with the cache, then on one without it, and
-prints the TTFT ratios.
+prints the TTFT ratios (with ``--serve-process`` on ``dsa-runtime serve`` subprocesses, with ``--engine-only``
+on two engines). ``--warmup N`` runs N unreported requests first on each server or engine.
 """
 
 from __future__ import annotations
@@ -171,7 +173,8 @@ def run_engine_level(engine: Any, encode: Any, concurrency: int, requests: int, 
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     live: dict[str, dict[str, Any]] = {}
     results: list[dict[str, Any]] = []
-    steps0 = engine.stats().steps_total
+    before = engine.stats()
+    steps0 = before.steps_total
     start = time.perf_counter()
     added = 0
     while added < requests or engine.has_unfinished():
@@ -194,11 +197,15 @@ def run_engine_level(engine: Any, encode: Any, concurrency: int, requests: int, 
                 results.append({"ttft": (rec["first"] or now) - rec["start"], "itl": rec["itl"],
                                 "e2e": now - rec["start"], "tokens": len(out.token_ids)})
     wall = time.perf_counter() - start
+    after = engine.stats()
     tokens = sum(r["tokens"] for r in results)
+    queries = after.prefix_cache_queries_total - before.prefix_cache_queries_total
     return {
         "concurrency": concurrency, "requests": len(results), "max_tokens": max_tokens, "wall_s": wall,
         "output_tokens": tokens, "throughput_tok_s": tokens / wall,
-        "engine_steps_per_s": (engine.stats().steps_total - steps0) / wall,
+        "engine_steps_per_s": (after.steps_total - steps0) / wall,
+        "prefix_cache_hit_rate": (after.prefix_cache_hits_total - before.prefix_cache_hits_total) / queries
+        if queries else None,
         "requests_per_s": len(results) / wall,
         "ttft_s": _percentiles([r["ttft"] for r in results]),
         "itl_s": _percentiles([g for r in results for g in r["itl"]]),
@@ -219,15 +226,32 @@ def _engine_only(args: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
     prompts = PromptBuilder(detect_flavor(engine.model_config, str(path or "")), engine.tokenizer,
                             str(path) if path else None)
 
+    system = shared_prefix_text(args.shared_prefix, prompts.encode) if args.shared_prefix else None
+
     def encode(text: str) -> list[int]:
-        messages = [{"role": "user", "content": text}]
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
         return prompts.encode(prompts.render(messages, tools=None, thinking=False))
 
+    if args.warmup:
+        run_engine_level(engine, encode, max(args.concurrency), args.warmup, args.max_tokens)
+        print("  warm-up done", file=sys.stderr, flush=True)
     levels = []
     for c in args.concurrency:
         levels.append(run_engine_level(engine, encode, c, c * args.requests_per_client, args.max_tokens))
         print(f"  {c} clients done", file=sys.stderr, flush=True)
+    del engine
+    _release_device_memory()  # --compare-radix-cache builds a second engine, sized by the memory planner
     return Path(str(path or "engine")).name, levels
+
+
+def _release_device_memory() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _start_embedded(args: argparse.Namespace) -> tuple[str, str, Any]:
@@ -306,10 +330,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --compare-radix-cache: start `dsa-runtime serve` subprocesses instead")
     parser.add_argument("--engine-only", action="store_true",
                         help="the same load straight through the engine (no server): the step rate to compare with")
+    parser.add_argument("--warmup", type=int, default=0, metavar="REQUESTS",
+                        help="requests run (at the largest concurrency, not reported) before the levels, so that "
+                             "kernel compiles and CUDA graph capture stay out of the figures")
     args = parser.parse_args(argv)
+    if args.warmup < 0:
+        parser.error("--warmup must be >= 0")
     if args.engine_only:
         if args.url:
             parser.error("--engine-only runs its own engine; it cannot load --url")
+        if args.serve_process:
+            parser.error("--engine-only starts no server; drop --serve-process")
+        if args.compare_radix_cache:
+            return _compare_radix_cache(args)
         model, levels = _engine_only(args)
         return _report(args, model, "engine (no HTTP)", levels)
     if args.compare_radix_cache:
@@ -334,6 +367,9 @@ def _serve_levels(args: argparse.Namespace) -> tuple[str, str, list[dict[str, An
     else:
         url, model, stop = _start_embedded(args)
     try:
+        if args.warmup:
+            asyncio.run(run_level(url, model, max(args.concurrency), args.warmup, args.max_tokens, args.system))
+            print("  warm-up done", file=sys.stderr, flush=True)
         levels = []
         for c in args.concurrency:
             levels.append(asyncio.run(run_level(url, model, c, c * args.requests_per_client, args.max_tokens,
@@ -363,11 +399,14 @@ def _local_encoder(args: argparse.Namespace) -> Any:
 def _compare_radix_cache(args: argparse.Namespace) -> int:
     """The levels with the prefix cache, then on a fresh server without it; TTFT ratios per level. With
     ``--serve-process`` each server is ``dsa-runtime serve`` in a process of its own (its default engine
-    placement: the engine process on one CUDA device), else in-process with the engine on a thread."""
+    placement: the engine process on one CUDA device), with ``--engine-only`` two engines without HTTP, else
+    in-process with the engine on a thread."""
     runs = {}
     for name, disabled in (("cache", False), ("no cache", True)):
         args.disable_radix_cache = disabled
-        if args.serve_process:
+        if args.engine_only:
+            model, levels = _engine_only(args)
+        elif args.serve_process:
             sys.path.insert(0, str(Path(__file__).resolve().parent))
             from serve_process import serve_process
 
@@ -381,16 +420,20 @@ def _compare_radix_cache(args: argparse.Namespace) -> int:
         print(f"--- {name}")
         print(_table(levels))
         runs[name] = levels
-    print(f"\n| clients | TTFT p50 cache / no cache | TTFT p99 cache / no cache | speed-up p50 | hit rate |"
-          f"  (shared prefix ~{args.shared_prefix} tokens)\n|---:|---:|---:|---:|---:|")
+    print(f"\n| clients | TTFT p50 cache / no cache | TTFT p99 cache / no cache | TTFT mean cache / no cache | "
+          f"speed-up p50 | speed-up mean | hit rate |  (shared prefix ~{args.shared_prefix} tokens)\n"
+          "|---:|---:|---:|---:|---:|---:|---:|")
     for on, off in zip(runs["cache"], runs["no cache"], strict=True):
         t_on, t_off = on["ttft_s"], off["ttft_s"]
         hit = on.get("prefix_cache_hit_rate")
         print(f"| {on['concurrency']} | {t_on['p50'] * 1e3:.0f} / {t_off['p50'] * 1e3:.0f} ms | "
-              f"{t_on['p99'] * 1e3:.0f} / {t_off['p99'] * 1e3:.0f} ms | {t_off['p50'] / t_on['p50']:.1f}x | "
-              + (f"{hit:.2f} |" if hit is not None else "n/a |"))
+              f"{t_on['p99'] * 1e3:.0f} / {t_off['p99'] * 1e3:.0f} ms | "
+              f"{t_on['mean'] * 1e3:.0f} / {t_off['mean'] * 1e3:.0f} ms | {t_off['p50'] / t_on['p50']:.1f}x | "
+              f"{t_off['mean'] / t_on['mean']:.1f}x | " + (f"{hit:.2f} |" if hit is not None else "n/a |"))
+    where = "engine (no HTTP)" if args.engine_only else "serve process" if args.serve_process else "in-process server"
     payload = {"model": model, "host": platform.node(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-               "shared_prefix_tokens": args.shared_prefix, "cache": runs["cache"], "no_cache": runs["no cache"]}
+               "where": where, "shared_prefix_tokens": args.shared_prefix, "warmup_requests": args.warmup,
+               "cache": runs["cache"], "no_cache": runs["no cache"]}
     _write_json(args.out, payload)
     print(f"wrote {args.out}")
     return 0
