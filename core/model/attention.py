@@ -7,9 +7,10 @@ bf16 dequantisation exact) and agree with each other.
 * decode (one new token): ``kernels.sparse_attn.decode`` over the paged cache, indices = physical slots:
   the indexer's top-k through ``logits_paged`` + ``topk_transform`` when the context exceeds ``index_topk``,
   else every visible slot (dense, exact). The V3 family always takes every visible slot.
-* prefill chunk, absorbed: the sequence's rows ``0 .. end-1`` gathered and dequantised to a flat bf16 buffer
-  (``kernels.kv_quant.dequantize_mla``), ``kernels.sparse_attn.prefill`` with indices into it: top-k of
-  ``logits_ragged`` over the sequence's cached index keys (``gather_index_k``), or every causal position.
+* prefill chunks, absorbed (all of a step's at once): each chunk's rows ``0 .. end-1`` gathered and
+  dequantised into one flat bf16 buffer (``kernels.kv_quant.dequantize_mla``), one
+  ``kernels.sparse_attn.prefill`` call with indices into it: top-k of ``logits_ragged`` over the chunk's cached
+  index keys (``gather_index_k``), or every causal position.
 * prefill chunk, MHA (dense: DSA ``end <= index_topk``, V3 ``end <= mha_max_keys``; on CPU also a sparse
   DSA chunk with ``end <= mha_max_keys``, over the indexer's top-k selection): per-head ``k_nope = W_UK c``
   and ``v = W_UV c`` from the cached latents, softmax in fp32; chunks of equal start and length batched.
@@ -180,32 +181,93 @@ def decode_attention_tables(ctx: AttnContext, q: Tensor, kv_cache: Tensor, index
     return out[:, 0]
 
 
-def gathered_rows(ctx: AttnContext, seq: SeqMeta, kv_cache: Tensor) -> Tensor:
-    """The sequence's cached rows ``0 .. end-1`` as ``[end, 576]`` bf16 (dequantised when FP8)."""
+# Cache rows gathered at once for one group of absorbed prefill chunks ([rows, 576] bf16: 288 MiB at most).
+MAX_GATHER_ROWS = 1 << 18
+
+
+def _prefill_groups(ctx: AttnContext, seqs: list[SeqMeta], device) -> list[dict]:
+    """Tables of the step's absorbed prefill chunks, built once per step (every layer reuses them).
+
+    Chunks are grouped in order so that a group's cache rows stay under ``MAX_GATHER_ROWS`` (a chunk longer
+    than that is a group of its own). Per group: ``rows`` ``[n]`` int64, the token rows of its chunks;
+    ``slots`` ``[S]`` int64, the cache slots of every chunk's positions ``0 .. end-1``, concatenated;
+    ``base`` ``[n]`` int64, each row's chunk offset in that buffer; ``ends`` ``[n]`` int32, ``base`` + position
+    + 1 (a row sees buffer rows ``[base, ends)``); ``sparse`` ``[n]`` bool, rows of chunks that go through
+    the indexer (None when none does, True-only groups have ``all_sparse``); ``width``, the index width.
+    """
+    key = ("prefill", tuple(s.index for s in seqs))
+    groups = ctx.memo.get(key)
+    if groups is not None:
+        return groups  # type: ignore[return-value]
+    parts: list[list[SeqMeta]] = [[]]
+    total = 0
+    for s in seqs:
+        if parts[-1] and total + s.end_pos > MAX_GATHER_ROWS:
+            parts.append([])
+            total = 0
+        parts[-1].append(s)
+        total += s.end_pos
+    groups = []
+    for part in parts:
+        lengths = torch.tensor([s.length for s in part], device=device)
+        ends_pos = [s.end_pos for s in part]
+        offsets = torch.tensor([0] + ends_pos[:-1], device=device).cumsum(0)
+        rows = torch.cat([torch.arange(s.t0, s.t1, device=device) for s in part])
+        base = offsets.repeat_interleave(lengths)
+        dense = [ctx.is_dense(s) for s in part]
+        groups.append({
+            "rows": rows,
+            "slots": torch.cat([ctx.step.slots_of(s) for s in part]),
+            "base": base,
+            "ends": (base + ctx.step.positions[rows] + 1).to(torch.int32),
+            "sparse": None if all(dense) else torch.tensor(dense, device=device).logical_not_().repeat_interleave(
+                lengths),
+            "all_sparse": not any(dense),
+            "width": ctx.index_width(max((e for e, d in zip(ends_pos, dense, strict=True) if d), default=1)),
+        })
+    ctx.memo[key] = groups
+    return groups
+
+
+def prefill_absorbed(ctx: AttnContext, seqs: list[SeqMeta], q: Tensor, kv_cache: Tensor,
+                     index_cache: Tensor | None, iq) -> list[tuple[Tensor, Tensor]]:
+    """The absorbed attention of every prefill chunk in ``seqs``, batched: q ``[T, H, 576]`` (the step's rows)
+    -> per group of chunks, its token rows ``[n]`` and latent outputs ``[n, H, 512]``.
+
+    A group's cache rows are gathered (dequantised when FP8) into one flat bf16 buffer and attended by one
+    ``sparse_attn.prefill`` call with indices into that buffer: every causal position of a dense chunk, the
+    indexer's top-k (``logits_ragged`` over the chunk's cached index keys, in row chunks within the budget)
+    of a sparse one. A row's indices depend only on its own chunk, so batching changes no selected key.
+    """
+    kernels = ctx.kernels
     flat = kv_cache.reshape(-1, kv_cache.shape[-1])
-    return ctx.kernels.kv_quant.dequantize_mla(flat[ctx.step.slots_of(seq)], layout=ctx.kv_layout)
-
-
-def prefill_absorbed(ctx: AttnContext, seq: SeqMeta, q: Tensor, kv_cache: Tensor,
-                     index_cache: Tensor | None, iq) -> Tensor:
-    """q ``[len, H, 576]`` of one prefill chunk -> latent outputs ``[len, H, 512]``."""
-    kernels, device = ctx.kernels, q.device
-    kv = gathered_rows(ctx, seq, kv_cache)
-    pos = ctx.step.positions[seq.t0:seq.t1]
-    ends = (pos + 1).to(torch.int32)
-    if ctx.is_dense(seq):
-        cols = torch.arange(ctx.index_width(seq.end_pos), device=device)
-        indices = torch.where(cols[None, :] < ends[:, None], cols[None, :], -1).to(torch.int32)
-    else:
-        k8, k_scale = kernels.kv_quant.gather_index_k(index_cache, ctx.step.slots_of(seq))
-        starts = torch.zeros_like(ends)
-        # Logits and top-k in row chunks within the budget (never a full [len, end] matrix of a long chunk).
-        # Positions relative to the row start (0) are rows of the gathered buffer: no slot transform needed.
-        indices = select_topk_ragged(kernels, iq.q8[seq.t0:seq.t1], iq.weights[seq.t0:seq.t1], k8, k_scale,
-                                     starts, ends, ctx.index_topk,
-                                     budget_bytes=ctx.index_budget_bytes or default_budget(device))
-    out, _lse = kernels.sparse_attn.prefill(q, kv, indices, ctx.sm_scale)
-    return out
+    results = []
+    for g in _prefill_groups(ctx, seqs, q.device):
+        rows, base, ends, sparse = g["rows"], g["base"], g["ends"], g["sparse"]
+        kv = kernels.kv_quant.dequantize_mla(flat.index_select(0, g["slots"]), layout=ctx.kv_layout)
+        width = ctx.index_topk if ctx.index_topk is not None else g["width"]
+        indices = None
+        if not g["all_sparse"]:
+            cols = torch.arange(width, device=q.device)
+            indices = torch.where(cols[None, :] < (ends - base)[:, None], base[:, None] + cols[None, :], -1)
+            indices = indices.to(torch.int32)
+        if sparse is not None:
+            k8, k_scale = kernels.kv_quant.gather_index_k(index_cache, g["slots"])
+            pick = rows if g["all_sparse"] else rows[sparse]
+            ks = base if g["all_sparse"] else base[sparse]
+            ke = ends if g["all_sparse"] else ends[sparse]
+            # Logits and top-k in row chunks within the budget (never a full [rows, keys] matrix of a long
+            # chunk); positions come back relative to each row's chunk start, hence + ks.
+            rel = select_topk_ragged(kernels, iq.q8[pick], iq.weights[pick], k8, k_scale, ks.to(torch.int32), ke,
+                                     ctx.index_topk, budget_bytes=ctx.index_budget_bytes or default_budget(q.device))
+            picked = torch.where(rel >= 0, rel + ks[:, None].to(rel.dtype), -1).to(torch.int32)
+            if indices is None:
+                indices = picked
+            else:
+                indices[sparse] = picked
+        out, _lse = kernels.sparse_attn.prefill(q.index_select(0, rows), kv, indices, ctx.sm_scale)
+        results.append((rows, out))
+    return results
 
 
 def mha_groups(ctx: AttnContext) -> list[list[SeqMeta]]:

@@ -2,7 +2,7 @@
 
 A batch mixes prefill chunks (``len(token_ids) > 1``; ``start_pos > 0`` continues a chunked prefill) and
 decodes (one new token). Tokens of all sequences are concatenated in batch order for the dense matmuls;
-attention is ragged and runs per sequence (prefill) or batched (decode).
+attention is ragged: the step's prefill chunks and its decodes each go through batched kernel calls.
 """
 
 from __future__ import annotations

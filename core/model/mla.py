@@ -150,9 +150,10 @@ class MLA:
             rows = _rows_of(ctx, decodes, q_abs.device)
             lat[rows] = decode_attention(ctx, decodes, q_abs.index_select(0, rows), kv_cache, index_cache,
                                          iq).to(lat.dtype)
-        for s in seqs:
-            if not s.is_decode:
-                lat[s.t0:s.t1] = prefill_absorbed(ctx, s, q_abs[s.t0:s.t1], kv_cache, index_cache, iq).to(lat.dtype)
+        prefills = [s for s in seqs if not s.is_decode]
+        if prefills:
+            for rows, out in prefill_absorbed(ctx, prefills, q_abs, kv_cache, index_cache, iq):
+                lat[rows] = out.to(lat.dtype)
         return lat
 
     def _w_kv(self) -> Tensor:
