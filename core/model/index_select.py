@@ -5,7 +5,8 @@ A pure-TP batch can hold tens of thousands of query rows; their full ``[rows, ke
 chunk's logits plus the top-k workspace stay within ``budget_bytes``; each chunk reads only the keys its
 rows can see (``[min ks, max ke)``) and writes its indices into one preallocated ``[rows, k]`` buffer at
 the chunk's global row offset. A row's logits and its top-k depend only on that row and its window, so
-no chunking changes a selected index (tested against the unchunked call).
+no chunking changes a selected index (tested against the unchunked call). Rows of several sequences (a
+batched prefill: each row's window lies in its own sequence's part of ``k8``) are chunked apart.
 
 Rows past the real query rows (``rows_total > T``: token counts padded to a TP multiple) stay ``-1``, so
 the index tensor always has one row per (padded) query row.
@@ -21,6 +22,8 @@ from torch import Tensor
 # CPU, 96 leaves room for allocator slack) plus the indexer's fp32 score block (4 bytes per head).
 TOPK_BYTES_PER_LOGIT = 96
 DEFAULT_CPU_BUDGET = 256 << 20
+# A row chunk's key window may span at most this many times its widest row's window (see _chunk_rows).
+SPAN_FACTOR = 1.5
 
 
 def bytes_per_logit(index_heads: int) -> int:
@@ -36,14 +39,21 @@ def default_budget(device: torch.device) -> int:
 
 
 def _chunk_rows(ks, ke, r0: int, limit_elems: int) -> int:
-    """Largest ``n >= 1`` with ``n * (max ke - min ks over rows r0 .. r0+n-1) <= limit_elems`` (greedy).
-    ks, ke: int64 numpy arrays (no Python int per row: 64K rows would cost megabytes of lists)."""
-    lo, hi, n = int(ks[r0]), int(ke[r0]), 0
+    """Largest ``n >= 1`` (greedy) with ``n * (max ke - min ks over rows r0 .. r0+n-1) <= limit_elems`` and
+    that union of windows at most ``SPAN_FACTOR`` times the widest window of one of the rows.
+
+    The second bound keeps rows of different sequences of a batched prefill (disjoint windows in one
+    concatenated key buffer) out of one chunk, whose logits would span every sequence's keys; the rows of
+    one causal chunk (windows nested in the widest) stay together. ks, ke: int64 numpy arrays (no Python
+    int per row: 64K rows would cost megabytes of lists)."""
+    lo, hi, n, widest = int(ks[r0]), int(ke[r0]), 0, 0
     for r in range(r0, len(ks)):
         lo2, hi2 = min(lo, int(ks[r])), max(hi, int(ke[r]))
-        if n and (n + 1) * max(hi2 - lo2, 1) > limit_elems:
+        widest2 = max(widest, int(ke[r]) - int(ks[r]))
+        span = max(hi2 - lo2, 1)
+        if n and ((n + 1) * span > limit_elems or span > SPAN_FACTOR * max(widest2, 1)):
             break
-        lo, hi, n = lo2, hi2, n + 1
+        lo, hi, n, widest = lo2, hi2, n + 1, widest2
     return n
 
 

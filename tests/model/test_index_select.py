@@ -55,6 +55,30 @@ def test_chunked_equals_unchunked_with_global_offsets():
         assert (got[1818:] == -1).all()  # padded query rows carry -1 rows
 
 
+def test_rows_of_different_sequences_get_logits_over_their_own_keys():
+    """A batched prefill of short chunks over long cached prefixes (each sequence's rows see only its part of
+    the concatenated keys): no call's logits span the keys of several long sequences, and the indices equal
+    the unchunked call's."""
+    ref, q8, w, k8, k_scale, ks, ke = ragged_inputs([700, 650, 40, 900], heads=4, seed=1)
+    tail = torch.cat([torch.arange(off + n - 12, off + n) for off, n in ((0, 700), (700, 650), (1350, 40),
+                                                                            (1390, 900))])  # last 12 rows each
+    q8, w, ks, ke = q8[tail], w[tail], ks[tail], ke[tail]
+    want = ref.topk.topk(ref.indexer.logits_ragged(q8, w, k8, k_scale, ks, ke), ks, ke, 32)
+    widths: list[int] = []
+    inner = ref.indexer.logits_ragged
+
+    def spy(q, weights, keys, *args):
+        widths.append(keys.shape[0])
+        return inner(q, weights, keys, *args)
+
+    ref.indexer.logits_ragged = spy
+    got = select_topk_ragged(ref, q8, w, k8, k_scale, ks, ke, 32, budget_bytes=1 << 40)
+    assert torch.equal(got, want)
+    # The 40-token sequence shares a call with a neighbour (its keys are under half of the widest window);
+    # the three long ones never share one.
+    assert len(widths) == 3 and max(widths) <= 1.5 * 900, widths
+
+
 def test_runner_with_a_tiny_budget_gives_identical_logits():
     big, small = make_runner("tiny-v32", mha_max_keys=0), make_runner("tiny-v32", mha_max_keys=0)
     big.kernels = small.kernels = reference_kernels()
