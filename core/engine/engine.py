@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from dsa_runtime.cache.radix import RadixCache
+from dsa_runtime.engine.compile_log import install_compile_log
 from dsa_runtime.engine.config import EngineConfig
 from dsa_runtime.engine.detokenizer import make_detokenizer
 from dsa_runtime.engine.forward import make_batch, score_batch
@@ -105,6 +106,7 @@ class Engine:
         self._overlap = (self._slots is not None and not self.config.disable_overlap_schedule
                          and self._slots.device.type == "cuda")
         self._inflight: _Launched | None = None
+        install_compile_log()  # DSA_LOG_COMPILES=1: every Triton compile from here on is a stall a user sees
         self.prefix_cache = None if self.config.disable_radix_cache else RadixCache(parts.allocator, parts.page_size)
         self.scheduler = Scheduler(
             parts.allocator,
