@@ -28,7 +28,7 @@ PAGED_SIG = {"q_ptr": "*fp8e4nv", "w_ptr": "*fp32", "kv_ptr": "*fp8e4nv", "kvf_p
              "table_ptr": "*i32", "out_ptr": "*fp32", "H": "i32", "P": "i32", "max_pages": "i32",
              "stride_table": "i32", "W": "i32"}
 QUANT_SIG = {"h_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "hw_ptr": "*fp32", "w_ptr": "*fp32",
-             "R": "i32", "stride_x": "i32", "w_const": "fp32"}
+             "R": "i32", "stride_x": "i32", "w_const": "fp32", "ITERS": "i32"}
 
 
 def compile_report(fn, sig: dict, consts: dict, num_warps: int, num_stages: int, aligned: tuple[str, ...] = ()) -> str:
@@ -76,7 +76,7 @@ def main() -> int:
     if "quant" in which:
         for fp32 in (False, True):
             sig = {"x_ptr": "*fp32" if fp32 else "*bf16", **QUANT_SIG}
-            consts = {"FP32_IN": fp32, "UE8M0": True, "HAS_W": True, "BLOCK_R": 64, "ITERS": 4, "PRE_ROUND": False,
+            consts = {"FP32_IN": fp32, "UE8M0": True, "HAS_W": True, "BLOCK_R": 64, "PRE_ROUND": False,
                       "UPCAST": False}
             rep = compile_report(iq._rotate_quant_kernel, sig, consts, 4, 3)
             print(f"quant  {'fp32' if fp32 else 'bf16':12} {rep}", flush=True)

@@ -4,7 +4,7 @@
     python bench/serve_load.py --url http://127.0.0.1:30000 --model NAME --concurrency 1 8 32 64
     python bench/serve_load.py --engine-only --concurrency 1 8 32 64   # the same load, no HTTP: the baseline
     python bench/serve_load.py --shared-prefix 2000 --compare-radix-cache --concurrency 8 32   # prefix caching
-    python bench/serve_load.py --shared-prefix 2000 --compare-radix-cache --engine-only --warmup 8 --concurrency 8
+    python bench/serve_load.py --shared-prefix 2000 --compare-radix-cache --engine-only --warmup 1 --concurrency 8
 
 Each client sends streaming chat requests back to back (``max_tokens`` tokens each, EOS ignored, greedy)
 until the level's request count is done. TTFT is request start to the first content chunk; ITL is the gap
@@ -19,7 +19,7 @@ tokenised as the server does, the same closed loop of clients): the step rate th
 in-process server's tokenizer), and the level reports the prefix cache's hit rate from ``/metrics``;
 ``--compare-radix-cache`` runs the levels on an in-process server with the cache, then on one without it, and
 prints the TTFT ratios (with ``--serve-process`` on ``dsa-runtime serve`` subprocesses, with ``--engine-only``
-on two engines). ``--warmup N`` runs N unreported requests first on each server or engine.
+on two engines). ``--warmup N`` first runs every level once, unreported, with N requests per client.
 """
 
 from __future__ import annotations
@@ -232,8 +232,9 @@ def _engine_only(args: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
         return prompts.encode(prompts.render(messages, tools=None, thinking=False))
 
+    for c in args.concurrency if args.warmup else ():
+        run_engine_level(engine, encode, c, c * args.warmup, args.max_tokens)
     if args.warmup:
-        run_engine_level(engine, encode, max(args.concurrency), args.warmup, args.max_tokens)
         print("  warm-up done", file=sys.stderr, flush=True)
     levels = []
     for c in args.concurrency:
@@ -331,8 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine-only", action="store_true",
                         help="the same load straight through the engine (no server): the step rate to compare with")
     parser.add_argument("--warmup", type=int, default=0, metavar="REQUESTS",
-                        help="requests run (at the largest concurrency, not reported) before the levels, so that "
-                             "kernel compiles and CUDA graph capture stay out of the figures")
+                        help="before the levels, run every level once with this many requests per client (not "
+                             "reported), so that kernel compiles of each level's shapes stay out of the figures")
     args = parser.parse_args(argv)
     if args.warmup < 0:
         parser.error("--warmup must be >= 0")
@@ -367,8 +368,9 @@ def _serve_levels(args: argparse.Namespace) -> tuple[str, str, list[dict[str, An
     else:
         url, model, stop = _start_embedded(args)
     try:
+        for c in args.concurrency if args.warmup else ():
+            asyncio.run(run_level(url, model, c, c * args.warmup, args.max_tokens, args.system))
         if args.warmup:
-            asyncio.run(run_level(url, model, max(args.concurrency), args.warmup, args.max_tokens, args.system))
             print("  warm-up done", file=sys.stderr, flush=True)
         levels = []
         for c in args.concurrency:

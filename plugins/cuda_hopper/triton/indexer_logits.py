@@ -89,7 +89,7 @@ def _head_sum(k, q, w, QPD: tl.constexpr, HP: tl.constexpr, IMPRECISE: tl.conste
     return tl.sum(tl.reshape(v, [k.shape[0], QPD, HP]), axis=2)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "S"])  # token and key counts vary every step: no recompiles
 def _ragged_kernel(
     q_ptr, w_ptr, k_ptr, ks_ptr, ke_ptr, sc_ptr, out_ptr, T, S, H,
     HP: tl.constexpr, QPD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,

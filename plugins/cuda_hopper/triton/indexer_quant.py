@@ -38,11 +38,13 @@ def hadamard_bf16(device: torch.device) -> Tensor:
     return m
 
 
-@triton.jit(do_not_specialize=["R"])  # the row count varies every step: no recompiles
+# The row count varies every step, and so does ITERS (1 .. iters for few rows): neither is specialised, so a
+# new row count never compiles a new variant mid-serving.
+@triton.jit(do_not_specialize=["R", "ITERS"])
 def _rotate_quant_kernel(
-    x_ptr, h_ptr, q_ptr, s_ptr, hw_ptr, w_ptr, R, stride_x, w_const,
+    x_ptr, h_ptr, q_ptr, s_ptr, hw_ptr, w_ptr, R, stride_x, w_const, ITERS,
     FP32_IN: tl.constexpr, UE8M0: tl.constexpr, HAS_W: tl.constexpr, BLOCK_R: tl.constexpr,
-    ITERS: tl.constexpr, PRE_ROUND: tl.constexpr, UPCAST: tl.constexpr,
+    PRE_ROUND: tl.constexpr, UPCAST: tl.constexpr,
 ):
     d = tl.arange(0, 128)
     hmat = tl.load(h_ptr + d[:, None] * 128 + d[None, :])  # bf16 +-1, symmetric
@@ -93,8 +95,8 @@ def rotate_quantize(
         grid = (triton.cdiv(rows, block_r * iters),)
         _rotate_quant_kernel[grid](
             x, hadamard_bf16(x.device), q, s, head_weights if w is not None else s, w if w is not None else s,
-            rows, x.stride(0), float(heads**-0.5 * INV_SQRT_D),
+            rows, x.stride(0), float(heads**-0.5 * INV_SQRT_D), iters,
             FP32_IN=x.dtype == torch.float32, UE8M0=scale_fmt == "ue8m0", HAS_W=w is not None,
-            BLOCK_R=block_r, ITERS=iters, PRE_ROUND=INTERPRET, UPCAST=INTERPRET, num_warps=num_warps,
+            BLOCK_R=block_r, PRE_ROUND=INTERPRET, UPCAST=INTERPRET, num_warps=num_warps,
         )
     return q, s, w

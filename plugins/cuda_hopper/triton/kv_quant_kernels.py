@@ -79,7 +79,7 @@ def _unpack_fp8_kernel(i8_ptr, i32_ptr, i16_ptr, out_ptr, N, stride8, stride32, 
     tl.store(out_ptr + r64[:, None] * 576 + 512 + p[None, :], kpe, mask=ok[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N"])  # the row count varies every step: no recompiles mid-serving
 def _index_k_kernel(cache8_ptr, cache32_ptr, slot_ptr, k8_ptr, ks_ptr, N, PAGE: tl.constexpr,
                     STORE: tl.constexpr, BLOCK_R: tl.constexpr):
     """Store (``STORE``) or gather ``k8`` [N, 128] bytes and ``k_scale`` [N] at ``slots`` of index_k_132 pages."""
