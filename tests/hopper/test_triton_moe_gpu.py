@@ -50,3 +50,29 @@ def test_scale_rule_and_shared_variants(scale_fmt, fuse_shared):
         progress=False,
     )
     _assert_all_claimed_pass(report)
+
+
+def test_small_alignment_compiles_every_width_on_its_first_call():
+    """After the first call of a configuration, no batch size the one-program alignment takes compiles a new
+    kernel (a compile in the middle of serving stalls every request)."""
+    from triton import knobs
+
+    from dsa_runtime.plugins.cuda_hopper.triton import moe_align_small as small
+
+    compiled: list[str] = []
+    before = knobs.runtime.jit_cache_hook
+    knobs.runtime.jit_cache_hook = lambda *a, **k: compiled.append(str(k.get("repr"))) and False
+    try:
+        top_k, experts, block_m = 6, 24, 16
+        gen = torch.Generator(device="cuda").manual_seed(5)
+        small.align_pairs_small(torch.zeros(1, top_k, dtype=torch.int32, device="cuda"), experts, block_m,
+                                shared=True)
+        compiled.clear()
+        for tokens in range(1, small.MAX_PAIRS // (top_k + 1) + 1):
+            ids = torch.randint(-1, experts, (tokens, top_k), device="cuda", generator=gen, dtype=torch.int32)
+            got = small.align_pairs_small(ids, experts, block_m, shared=True)
+            # Every pair (the shared expert's too) lands in a block: the padded rows cover them all.
+            assert int(got.num_padded[0]) >= int((ids >= 0).sum()) + tokens
+    finally:
+        knobs.runtime.jit_cache_hook = before
+    assert not [c for c in compiled if "_align_small" in c], compiled

@@ -68,6 +68,35 @@ def _align_small(
     tl.store(sorted_ptr + start + offs - raw, pair, mask=keep)
 
 
+_WARMED: set[tuple] = set()
+
+
+def _warm_every_width(device: torch.device, top_k: int, num_experts: int, block_m: int, shared: bool) -> None:
+    """Compile every sort width this configuration can meet, on its first call outside a CUDA-graph capture.
+
+    The sort width ``BLOCK_P`` (a power of two of the pair count) and ``BLOCK_B`` are constexprs: without this,
+    the first step of each new size class (a prefill of a few more tokens than any before) would stall every
+    request for the compile (0.4-2 s each on an H200). Here they are all compiled at once, at start-up when the
+    engine's first forward runs (about 7 small kernels; Triton's disk cache makes later starts cheap)."""
+    key = (str(device), top_k, num_experts, block_m, shared)
+    if key in _WARMED or device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return
+    _WARMED.add(key)
+    per_token = top_k + int(shared)
+    n_addr = num_experts + int(shared)
+    width = 16
+    while width <= MAX_PAIRS:
+        for target in (width // 2 + 1, width):  # both ends of the class: BLOCK_B follows the block count
+            tokens = -(-target // per_token)
+            if tokens * per_token > width:
+                tokens = width // per_token
+            pairs = tokens * per_token
+            if (pairs > width // 2 or width == 16) and tokens and fits(pairs, n_addr):
+                align_pairs_small(torch.zeros(tokens, top_k, dtype=torch.int32, device=device), num_experts,
+                                  block_m, shared=shared)
+        width *= 2
+
+
 def align_pairs_small(topk_ids: Tensor, num_experts: int, block_m: int, *, shared: bool) -> ExpertBlocks:
     """:func:`.moe_align.align_pairs` for ``topk_ids`` ``[T, k]`` int32 (+ one shared pair per token).
 
@@ -78,6 +107,7 @@ def align_pairs_small(topk_ids: Tensor, num_experts: int, block_m: int, *, share
         block_m: rows per block.
     """
     tokens, top_k = topk_ids.shape
+    _warm_every_width(topk_ids.device, top_k, num_experts, block_m, shared)
     tk = tokens * top_k
     pairs = tk + (tokens if shared else 0)
     n_addr = num_experts + int(shared)
