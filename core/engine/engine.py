@@ -29,6 +29,7 @@ from dsa_runtime.engine.request import Request, Status
 from dsa_runtime.engine.sampler import PendingSample, sample_async
 from dsa_runtime.engine.scheduler import Scheduler
 from dsa_runtime.engine.stop import find_stop, held_back
+from dsa_runtime.model.batch import pack_in_order
 from dsa_runtime.model.decode_state import DecodePlan
 
 
@@ -68,15 +69,7 @@ def _pack_rows(items: list, limit: int) -> list[list]:
         return []
     if limit <= 0:
         return [items]
-    groups: list[list] = [[]]
-    rows = 0
-    for item in items:
-        if groups[-1] and rows + item.num_tokens > limit:
-            groups.append([])
-            rows = 0
-        groups[-1].append(item)
-        rows += item.num_tokens
-    return groups
+    return pack_in_order(items, lambda item: item.num_tokens, limit)
 
 
 class Engine:

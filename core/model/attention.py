@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from dsa_runtime.model.batch import SeqMeta, StepMeta
+from dsa_runtime.model.batch import SeqMeta, StepMeta, pack_in_order
 from dsa_runtime.model.index_select import default_budget, select_topk_ragged
 
 DENSE_WIDTH_MULTIPLE = 64  # dense (V3) index sets are padded to this, the granularity GPU kernels claim
@@ -199,16 +199,8 @@ def _prefill_groups(ctx: AttnContext, seqs: list[SeqMeta], device) -> list[dict]
     groups = ctx.memo.get(key)
     if groups is not None:
         return groups  # type: ignore[return-value]
-    parts: list[list[SeqMeta]] = [[]]
-    total = 0
-    for s in seqs:
-        if parts[-1] and total + s.end_pos > MAX_GATHER_ROWS:
-            parts.append([])
-            total = 0
-        parts[-1].append(s)
-        total += s.end_pos
     groups = []
-    for part in parts:
+    for part in pack_in_order(seqs, lambda s: s.end_pos, MAX_GATHER_ROWS):
         lengths = torch.tensor([s.length for s in part], device=device)
         ends_pos = [s.end_pos for s in part]
         offsets = torch.tensor([0] + ends_pos[:-1], device=device).cumsum(0)

@@ -7,13 +7,29 @@ attention is ragged: the step's prefill chunks and its decodes each go through b
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
 LogitsMode = Literal["last", "all", "none"]
+
+
+def pack_in_order(items: list, size: Callable[[Any], int], limit: int) -> list[list]:
+    """``items`` (in order) packed greedily into consecutive groups whose ``size`` sum stays within ``limit``;
+    an item larger than ``limit`` is a group of its own. No items, no groups."""
+    groups: list[list] = []
+    total = 0
+    for item in items:
+        n = size(item)
+        if not groups or (groups[-1] and total + n > limit):
+            groups.append([])
+            total = 0
+        groups[-1].append(item)
+        total += n
+    return groups
 
 
 @dataclass
