@@ -60,7 +60,10 @@ def measure(args: argparse.Namespace, cache: bool, compiled: list[str]) -> dict[
 
     from dsa_runtime.engine import Engine, EngineConfig
 
-    engine = Engine(EngineConfig(model=args.model_dir, dtype=args.dtype, max_running_requests=max(args.batch),
+    # Never fewer running requests than the default: the largest decode graph follows it, and the tails run as
+    # graph rows only when they fit it.
+    running = max(EngineConfig().max_running_requests, max(args.batch))
+    engine = Engine(EngineConfig(model=args.model_dir, dtype=args.dtype, max_running_requests=running,
                                  disable_radix_cache=not cache))
     vocab = engine.model_config.vocab_size
     rng = random.Random(0)

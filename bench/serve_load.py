@@ -165,6 +165,15 @@ def _prompt(i: int) -> str:
     return f"Request {i}: tell me a story about number {i}."
 
 
+def _max_running(args: argparse.Namespace) -> int:
+    """``--max-running-requests`` of the engines here: the default, or the largest level when that is more.
+    Never fewer: the largest decode graph follows it, and a smaller one would send short prefill chunks
+    (a question after a cached prefix) through the eager path a default server does not take."""
+    from dsa_runtime.engine import EngineConfig
+
+    return max(EngineConfig().max_running_requests, max(args.concurrency))
+
+
 def run_engine_level(engine: Any, encode: Any, concurrency: int, requests: int, max_tokens: int) -> dict[str, Any]:
     """The load of :func:`run_level` without HTTP: ``concurrency`` requests in flight, the next added as soon as
     one finishes; times are taken when ``Engine.step`` returns the outputs."""
@@ -219,7 +228,7 @@ def _engine_only(args: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
     from dsa_runtime.server.config import detect_flavor
     from dsa_runtime.server.prompting import PromptBuilder
 
-    engine_config = EngineConfig(model=args.model_dir, dtype=args.dtype, max_running_requests=max(args.concurrency),
+    engine_config = EngineConfig(model=args.model_dir, dtype=args.dtype, max_running_requests=_max_running(args),
                                  disable_radix_cache=args.disable_radix_cache)
     engine = Engine(engine_config)
     path = engine.parts.extras.get("path")
@@ -262,7 +271,7 @@ def _start_embedded(args: argparse.Namespace) -> tuple[str, str, Any]:
     from dsa_runtime.server.config import ServerConfig
     from dsa_runtime.server.launch import bind_socket, build_state, make_uvicorn_server
 
-    engine_config = EngineConfig(model=args.model_dir, dtype=args.dtype, max_running_requests=max(args.concurrency),
+    engine_config = EngineConfig(model=args.model_dir, dtype=args.dtype, max_running_requests=_max_running(args),
                                  disable_radix_cache=args.disable_radix_cache)
     engine = Engine(engine_config)
     state = build_state(ServerConfig(port=0, engine=engine_config), engine)
@@ -412,7 +421,7 @@ def _compare_radix_cache(args: argparse.Namespace) -> int:
             sys.path.insert(0, str(Path(__file__).resolve().parent))
             from serve_process import serve_process
 
-            flags = ["--max-running-requests", str(max(args.concurrency)), "--dtype", args.dtype]
+            flags = ["--max-running-requests", str(_max_running(args)), "--dtype", args.dtype]
             with serve_process(flags + (["--disable-radix-cache"] if disabled else [])) as url:
                 args.url = url
                 model, url, levels = _serve_levels(args)
