@@ -29,6 +29,7 @@ from dsa_runtime.engine.request import Request, Status
 from dsa_runtime.engine.sampler import PendingSample, sample_async
 from dsa_runtime.engine.scheduler import Scheduler
 from dsa_runtime.engine.stop import find_stop, held_back
+from dsa_runtime.engine.structured import GrammarBackend, GrammarState
 from dsa_runtime.model.batch import pack_in_order
 from dsa_runtime.model.decode_state import DecodePlan
 
@@ -99,6 +100,7 @@ class Engine:
         self._overlap = (self._slots is not None and not self.config.disable_overlap_schedule
                          and self._slots.device.type == "cuda")
         self._inflight: _Launched | None = None
+        self._grammar: GrammarBackend | None = None  # structured output: built on the first constrained request
         install_compile_log()  # DSA_LOG_COMPILES=1: every Triton compile from here on is a stall a user sees
         self.prefix_cache = None if self.config.disable_radix_cache else RadixCache(parts.allocator, parts.page_size)
         self.scheduler = Scheduler(
@@ -131,6 +133,7 @@ class Engine:
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already running")
         prompt = self._check_prompt(prompt_token_ids, limit=self.max_model_len)
+        grammar = self._grammar_state(params) if params.structured is not None else None
         request = Request(
             request_id=request_id,
             prompt_len=len(prompt),
@@ -139,6 +142,7 @@ class Engine:
             seed=params.seed if params.seed is not None else self._seeds.getrandbits(63),
             detokenizer=make_detokenizer(self.tokenizer, prompt, params.skip_special_tokens),
             metrics=RequestMetrics(arrival=time.monotonic()),
+            grammar=grammar,
         )
         self._requests[request_id] = request
         self.scheduler.add(request)
@@ -190,7 +194,7 @@ class Engine:
         if not self._overlap or self.scheduler.waiting:
             return False
         for r in self.scheduler.running:
-            if not r.is_decoding:
+            if not r.is_decoding or r.grammar is not None:  # a grammar's mask needs the previous token
                 return False
             if r.inflight and (r.num_output_tokens + r.inflight >= r.params.max_tokens
                                or len(r.token_ids) + r.inflight >= self.max_model_len):
@@ -242,6 +246,8 @@ class Engine:
         if not requests:
             return None
         logits = parts[0] if len(parts) == 1 else torch.cat(parts)
+        if any(r.grammar is not None for r in requests):
+            self._grammar.mask(logits, [r.grammar for r in requests])
         pending = sample_async(
             logits, [r.params for r in requests], [r.seed for r in requests],
             [r.num_output_tokens + r.inflight for r in requests],  # tokens each request has sampled so far
@@ -308,6 +314,14 @@ class Engine:
         pick = torch.tensor(picked, dtype=torch.int64).to(slots.device, non_blocking=True)
         return plan_rows.rows[0, pick], logits.index_select(0, pick)
 
+    def _grammar_state(self, params: SamplingParams) -> GrammarState:
+        """A matcher for a structured-output request: ``ValueError`` for an invalid schema / regex / grammar,
+        :class:`StructuredOutputUnavailable` without xgrammar. The backend is built on first use."""
+        if self._grammar is None:
+            self._grammar = GrammarBackend(self.tokenizer, self.model_config.vocab_size,
+                                           sorted(self.parts.eos_token_ids))
+        return self._grammar.state(params.structured)
+
     def _release_slot(self, request: Request) -> None:
         if request.slot >= 0:
             self._slots.release(request.slot)
@@ -324,8 +338,11 @@ class Engine:
         if request.metrics.first_token is None:
             request.metrics.first_token = now
         request.metrics.last_token = now
+        grammar_end = request.grammar.accept(token) if request.grammar is not None else None
         is_stop_id = token in params.stop_token_ids
         is_eos = not params.ignore_eos and token in self.parts.eos_token_ids
+        if grammar_end == "stop" and token in self.parts.eos_token_ids:
+            is_eos = True  # the grammar's stop token ends the request even with ignore_eos
         length_hit = (
             request.num_output_tokens >= params.max_tokens or len(request.token_ids) >= self.max_model_len
         )
@@ -346,6 +363,8 @@ class Engine:
             self._finish(request, "stop", None)
         elif length_hit:
             self._finish(request, "length", None)
+        elif grammar_end is not None:  # terminated on a stop id of ours, or a token it refused: never "complete"
+            self._finish(request, "stop" if grammar_end == "stop" else "length", None)
 
     def _finish(self, request: Request, reason: str, stop_reason: str | int | None) -> None:
         request.status = Status.FINISHED

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from dsa_runtime.engine.structured import StructuredOutput
+
 # Temperatures below this sample greedily (vLLM's _SAMPLING_EPS): dividing logits by, say, 1e-300 overflows them
 # to inf, and softmax over infs is NaN, so a "tiny" temperature would sample garbage instead of the argmax it means.
 GREEDY_TEMPERATURE_EPS = 1e-5
@@ -35,6 +37,8 @@ class SamplingParams:
         logprobs: ``None`` = none; ``0`` = the chosen token's log-probability; ``N`` = also the top ``N``.
         include_stop_str_in_output: keep the matched stop string (or stop token's text) in the text.
         skip_special_tokens: leave special tokens out of the text.
+        structured: a grammar the output must match (:class:`~dsa_runtime.engine.structured.StructuredOutput`:
+            a JSON schema, any JSON object, a regex or an EBNF grammar); None: unconstrained.
     """
 
     max_tokens: int = 256
@@ -49,6 +53,7 @@ class SamplingParams:
     logprobs: int | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -78,6 +83,8 @@ class SamplingParams:
             return "stop_token_ids must be a list of integers >= 0"
         if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
             return f"logprobs must be None or an integer >= 0, got {self.logprobs!r}"
+        if self.structured is not None and not isinstance(self.structured, StructuredOutput):
+            return f"structured must be a StructuredOutput or None, got {type(self.structured).__name__}"
         return None
 
     @property

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from dsa_runtime.engine.detokenizer import ByteDetokenizer, IncrementalDetokenizer
 from dsa_runtime.engine.outputs import RequestMetrics, TokenLogprob
 from dsa_runtime.engine.params import SamplingParams
+from dsa_runtime.engine.structured import GrammarState
 
 
 class Status(enum.Enum):
@@ -50,6 +51,7 @@ class Request:
     inflight: int = 0  # tokens sampled on the device whose value the host has not read yet (overlap scheduling)
     cache_nodes: list = field(default_factory=list)  # prefix-cache nodes this request references
     num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache at admission (not computed)
+    grammar: GrammarState | None = None  # the matcher of a structured-output request
 
     @property
     def prompt_token_ids(self) -> list[int]:

@@ -23,9 +23,6 @@ from dsa_runtime.server.errors import APIError, bad_request
 
 Number = StrictInt | StrictFloat
 
-# vLLM's extra fields asking for constrained output; like ``response_format``, refused while there is none.
-STRUCTURED_OUTPUT_EXTRAS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")
-
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
@@ -108,26 +105,7 @@ def parse_body(model: type[_Body], payload: Any) -> Any:
         req = model.model_validate(payload)
     except ValidationError as exc:
         raise _first_error(exc) from None
-    if isinstance(req, _Sampling):
-        refuse_structured_output(req)
     return req
-
-
-def refuse_structured_output(req: _Sampling) -> None:
-    """400 for a request for JSON / schema / regex-constrained output: there is no constrained decoding yet,
-    and answering with unconstrained text as if the constraint held would break the client later, silently.
-    ``response_format: {"type": "text"}`` is the default meaning and stays accepted."""
-    fmt = req.response_format
-    if fmt is not None and fmt.get("type") != "text":
-        raise bad_request(
-            f"response_format of type {fmt.get('type')!r} is not supported: this server has no structured "
-            "(constrained) output yet; leave response_format out or send {\"type\": \"text\"}",
-            param="response_format",
-        )
-    for name in STRUCTURED_OUTPUT_EXTRAS:
-        if (req.model_extra or {}).get(name) is not None:
-            raise bad_request(f"{name} is not supported: this server has no structured (constrained) output yet",
-                              param=name)
 
 
 def _first_error(exc: ValidationError) -> APIError:

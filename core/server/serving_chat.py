@@ -7,6 +7,7 @@ detokenized text, so a streamed answer's concatenated deltas equal the whole ans
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -24,6 +25,7 @@ from dsa_runtime.server.state import (
     resolve_max_tokens,
     sampling_params,
 )
+from dsa_runtime.server.structured import structured_output_of
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +94,13 @@ class ChatRun:
         if top is not None and not req.logprobs:
             raise bad_request("top_logprobs needs logprobs=true", param="top_logprobs")
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+        # A thinking turn is constrained from the token after </think> on (the reasoning stays free).
+        structured = structured_output_of(req)
+        if structured is not None and self.thinking:
+            structured = dataclasses.replace(structured, after_token_id=state.tokenizer.token_to_id("</think>"))
+        if structured is not None and self.forced:
+            raise bad_request("an output constraint (response_format / guided_*) cannot be combined with a "
+                              "forced tool call", param="tool_choice")
         self.params = [
             sampling_params(
                 max_tokens=max_tokens,
@@ -107,6 +116,7 @@ class ChatRun:
                 include_stop_str_in_output=req.include_stop_str_in_output,
                 # The parsers need the markup tokens (V3.1 tool-call tokens are special tokens; bug §6.14).
                 skip_special_tokens=False,
+                structured=structured,
             )
             for j in range(req.n)
         ]

@@ -20,6 +20,7 @@ from dsa_runtime.server.state import (
     resolve_max_tokens,
     sampling_params,
 )
+from dsa_runtime.server.structured import structured_output_of
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ class CompletionRun:
             raise bad_request(f"logprobs must be between 0 and 20, got {req.logprobs}", param="logprobs")
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         self.jobs: list[tuple[list[int], Any]] = []
+        structured = structured_output_of(req)
         for ids in self.prompts:
             max_tokens = resolve_max_tokens(state, req.max_tokens, len(ids), DEFAULT_MAX_TOKENS, "prompt")
             for j in range(req.n):
@@ -62,6 +64,7 @@ class CompletionRun:
                     logprobs=req.logprobs,
                     include_stop_str_in_output=req.include_stop_str_in_output,
                     skip_special_tokens=req.skip_special_tokens,
+                    structured=structured,
                 )))
 
     def _prompts(self, prompt: Any) -> list[list[int]]:

@@ -208,27 +208,42 @@ def test_a_recursion_error_from_a_later_stage_is_a_400(srv, monkeypatch):
 
 
 # -- structured output ---------------------------------------------------------------------------------------
-SCHEMA = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
 COMPLETION = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
 
 
 @pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions"])
-@pytest.mark.parametrize("fmt", [{"type": "json_object"}, SCHEMA, {"type": "regex"}, {}])
-def test_response_format_is_refused_until_structured_output_exists(srv, route, fmt):
-    """It used to be accepted and ignored: a client asking for JSON got free text, with a 200."""
+@pytest.mark.parametrize(("fmt", "param"), [
+    ({"type": "regex"}, "response_format.type"),
+    ({}, "response_format.type"),
+    ({"type": "json_schema"}, "response_format.json_schema"),
+    ({"type": "json_schema", "json_schema": {"name": "x"}}, "response_format.json_schema.schema"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "minProperties": "two"}}},
+     "response_format"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}, "response_format"),
+])
+def test_malformed_or_invalid_response_format_is_a_400_naming_the_field(srv, route, fmt, param):
+    pytest.importorskip("xgrammar")
     body = OK_BODY if route == "/v1/chat/completions" else COMPLETION
-    err = assert_error(srv.client.post(route, json={**body, "response_format": fmt}), 400, param="response_format")
-    assert "not supported" in err["message"]
+    assert_error(srv.client.post(route, json={**body, "response_format": fmt}), 400, param=param)
     still_serving(srv)
 
 
-@pytest.mark.parametrize("field", ["guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                                   "structured_outputs"])
-def test_vllm_structured_output_extras_are_refused_too(srv, field):
-    assert_error(srv.client.post("/v1/chat/completions", json={**OK_BODY, field: {"type": "object"}}), 400,
-                 param=field)
+@pytest.mark.parametrize(("field", "value"), [
+    ("guided_json", "{not json"), ("guided_json", 3), ("guided_regex", "(unclosed"), ("guided_regex", ""),
+    ("guided_choice", []), ("guided_choice", ["a", 2]), ("guided_grammar", "root ::= "),
+    ("structured_outputs", {"json": {"type": "object"}, "regex": "a"}), ("structured_outputs", "json"),
+])
+def test_bad_vllm_structured_output_extras_are_a_400(srv, field, value):
+    pytest.importorskip("xgrammar")
+    assert_error(srv.client.post("/v1/chat/completions", json={**OK_BODY, field: value}), 400, param=field)
     assert srv.client.post("/v1/chat/completions", json={**OK_BODY, field: None}).status_code == 200
     still_serving(srv)
+
+
+def test_two_constraints_at_once_are_a_400(srv):
+    pytest.importorskip("xgrammar")
+    body = {**OK_BODY, "response_format": {"type": "json_object"}, "guided_regex": "a+"}
+    assert_error(srv.client.post("/v1/chat/completions", json=body), 400, param="guided_regex")
 
 
 def test_response_format_text_is_the_default_and_accepted(srv):

@@ -135,3 +135,34 @@ def test_a_shared_system_prompt_is_served_from_the_prefix_cache(real_server):
     hits = metric(after, "dsa:prefix_cache_hits_total") - metric(before, "dsa:prefix_cache_hits_total")
     assert hits == second["prompt_tokens_details"]["cached_tokens"] + first["prompt_tokens_details"]["cached_tokens"]
     assert 0 < metric(after, "dsa:prefix_cache_hit_rate") <= 1
+
+
+def test_response_format_json_schema_whole_and_streamed_validate(real_server):
+    """``response_format: json_schema`` at temperature 1.0: the content validates against the schema, whole and
+    streamed (same seed, same text); with thinking on, the reasoning stays free and the content is the JSON."""
+    import json
+
+    import pytest
+
+    pytest.importorskip("xgrammar")
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = {"type": "object", "properties": {
+        "city": {"enum": ["Paris", "Oslo", "Lima"]},
+        "temp": {"type": "integer", "minimum": -40, "maximum": 50},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3},
+    }, "required": ["city", "temp", "tags"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "weather", "schema": schema, "strict": True}}
+    for i in range(4):
+        body = {"model": "tiny", "messages": [{"role": "user", "content": f"Weather {i} as JSON."}],
+                "response_format": fmt, "temperature": 1.0, "seed": i, "max_tokens": 300,
+                "chat_template_kwargs": {"thinking": i % 2 == 1}}
+        whole = real_server.client.post("/v1/chat/completions", json=body).json()
+        streamed = fold(stream_chat(real_server.client, body))
+        choice = whole["choices"][0]
+        assert choice["finish_reason"] == streamed["finish_reason"] == "stop", choice
+        assert choice["message"]["content"] == streamed["content"]
+        jsonschema.validate(json.loads(choice["message"]["content"]), schema)
+    r = real_server.client.post("/v1/chat/completions", json={
+        "model": "tiny", "messages": [{"role": "user", "content": "pick"}], "temperature": 1.0, "seed": 3,
+        "guided_choice": ["alpha", "beta (2)"]})
+    assert r.json()["choices"][0]["message"]["content"] in ("alpha", "beta (2)")

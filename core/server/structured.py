@@ -1,0 +1,117 @@
+"""Structured-output fields of a request -> the engine's :class:`StructuredOutput`, or a 400 naming the field.
+
+OpenAI's ``response_format`` (``text``, ``json_object``, ``json_schema``) and vLLM's extras (``guided_json``,
+``guided_regex``, ``guided_choice``, ``guided_grammar``, and ``structured_outputs`` with ``json`` / ``regex`` /
+``choice`` / ``grammar`` / ``json_object``) are accepted; at most one constraint per request. The grammar is
+checked here, before anything is queued: an invalid schema, regex or grammar is the client's mistake (400),
+a server without xgrammar answers 501.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from dsa_runtime.engine.structured import INSTALL_HINT, StructuredOutput
+from dsa_runtime.server.errors import APIError, bad_request
+
+_REGEX_SPECIAL = set("\\.^$|?*+()[]{}/-")
+
+
+def structured_output_of(req: Any, after_token_id: int | None = None) -> StructuredOutput | None:
+    """The request's constraint (None: free text); ``after_token_id`` starts it after ``</think>``."""
+    found: list[tuple[str, StructuredOutput]] = []
+    fmt = req.response_format
+    if fmt is not None:
+        spec = _from_response_format(fmt, after_token_id)
+        if spec is not None:
+            found.append(("response_format", spec))
+    extras = req.model_extra or {}
+    for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar"):
+        if extras.get(name) is not None:
+            found.append((name, _from_vllm(name, name.removeprefix("guided_"), extras[name], after_token_id)))
+    so = extras.get("structured_outputs")
+    if so is not None:
+        if not isinstance(so, dict):
+            raise bad_request("structured_outputs must be an object", param="structured_outputs")
+        keys = [k for k in ("json", "regex", "choice", "grammar", "json_object") if so.get(k) not in (None, False)]
+        if len(keys) != 1:
+            raise bad_request("structured_outputs must set exactly one of json, regex, choice, grammar, json_object",
+                              param="structured_outputs")
+        found.append(("structured_outputs", _from_vllm(f"structured_outputs.{keys[0]}", keys[0], so[keys[0]],
+                                                       after_token_id)))
+    if len(found) > 1:
+        raise bad_request(f"one output constraint per request, got {' and '.join(n for n, _ in found)}",
+                          param=found[1][0])
+    if not found:
+        return None
+    name, spec = found[0]
+    check_grammar(spec, name)
+    return spec
+
+
+def _from_response_format(fmt: Any, after: int | None) -> StructuredOutput | None:
+    if not isinstance(fmt, dict):
+        raise bad_request("response_format must be an object", param="response_format")
+    kind = fmt.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return StructuredOutput("json_object", None, after)
+    if kind == "json_schema":
+        inner = fmt.get("json_schema")
+        if not isinstance(inner, dict):
+            raise bad_request("response_format.json_schema must be an object with a 'schema'",
+                              param="response_format.json_schema")
+        schema = inner.get("schema", inner.get("json_schema"))
+        if not isinstance(schema, dict):
+            raise bad_request("response_format.json_schema.schema must be a JSON schema object",
+                              param="response_format.json_schema.schema")
+        return StructuredOutput.json_schema(schema, after)
+    raise bad_request(f"response_format.type must be 'text', 'json_object' or 'json_schema', got {kind!r}",
+                      param="response_format.type")
+
+
+def _from_vllm(param: str, kind: str, value: Any, after: int | None) -> StructuredOutput:
+    if kind == "json":
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise bad_request(f"{param} is not valid JSON: {exc.msg}", param=param) from None
+        if not isinstance(value, dict):
+            raise bad_request(f"{param} must be a JSON schema object", param=param)
+        return StructuredOutput.json_schema(value, after)
+    if kind == "json_object":
+        return StructuredOutput("json_object", None, after)
+    if kind == "choice":
+        if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
+            raise bad_request(f"{param} must be a non-empty list of non-empty strings", param=param)
+        return StructuredOutput("regex", "(" + "|".join(_regex_literal(c) for c in value) + ")", after)
+    if not isinstance(value, str) or not value:
+        raise bad_request(f"{param} must be a non-empty string", param=param)
+    return StructuredOutput("regex" if kind == "regex" else "ebnf", value, after)
+
+
+def _regex_literal(text: str) -> str:
+    return "".join("\\" + c if c in _REGEX_SPECIAL else c for c in text)
+
+
+def check_grammar(spec: StructuredOutput, param: str) -> None:
+    """Parse the grammar without a tokenizer (cheap): 400 naming ``param`` when it is invalid, 501 without
+    xgrammar."""
+    try:
+        import xgrammar as xgr
+    except ImportError:
+        raise APIError(INSTALL_HINT, status=501, param=param, code="structured_output_unavailable") from None
+    try:
+        if spec.kind == "json_schema":
+            xgr.Grammar.from_json_schema(spec.spec, any_whitespace=False, strict_mode=True)
+        elif spec.kind == "regex":
+            xgr.Grammar.from_regex(spec.spec)
+        elif spec.kind == "ebnf":
+            xgr.Grammar.from_ebnf(spec.spec)
+    except Exception as exc:  # noqa: BLE001 - xgrammar's errors for bad input
+        what = {"json_schema": "JSON schema", "regex": "regex", "ebnf": "grammar"}[spec.kind]
+        detail = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        raise bad_request(f"invalid {what} in {param}: {detail}", param=param) from None
