@@ -101,6 +101,7 @@ class Engine:
                          and self._slots.device.type == "cuda")
         self._inflight: _Launched | None = None
         self._grammar: GrammarBackend | None = None  # structured output: built on the first constrained request
+        self._early_outputs: list[RequestOutput] = []  # the previous step's, read early for a grammar's mask
         install_compile_log()  # DSA_LOG_COMPILES=1: every Triton compile from here on is a stall a user sees
         self.prefix_cache = None if self.config.disable_radix_cache else RadixCache(parts.allocator, parts.page_size)
         self.scheduler = Scheduler(
@@ -179,6 +180,8 @@ class Engine:
             outputs += self._resolve()
         plan = self.scheduler.schedule()
         launched = self._launch(plan) if plan else None
+        outputs += self._early_outputs
+        self._early_outputs = []
         if self._inflight is not None:
             outputs += self._resolve()  # the previous step, while the GPU runs this one
         if launched is not None:
@@ -194,7 +197,7 @@ class Engine:
         if not self._overlap or self.scheduler.waiting:
             return False
         for r in self.scheduler.running:
-            if not r.is_decoding or r.grammar is not None:  # a grammar's mask needs the previous token
+            if not r.is_decoding:
                 return False
             if r.inflight and (r.num_output_tokens + r.inflight >= r.params.max_tokens
                                or len(r.token_ids) + r.inflight >= self.max_model_len):
@@ -247,6 +250,10 @@ class Engine:
             return None
         logits = parts[0] if len(parts) == 1 else torch.cat(parts)
         if any(r.grammar is not None for r in requests):
+            if self._inflight is not None:
+                # Overlap: the forward is queued; the mask needs the in-flight tokens in the matchers, so the
+                # previous step is read here, while the GPU runs this one, and only the sampling waits for it.
+                self._early_outputs += self._resolve()
             self._grammar.mask(logits, [r.grammar for r in requests])
         pending = sample_async(
             logits, [r.params for r in requests], [r.seed for r in requests],
