@@ -15,16 +15,17 @@ Prints a table and writes JSON (``--out``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import random
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import write_json  # noqa: E402
 
 
 def _compile_log() -> list[str]:
@@ -119,11 +120,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{off['median_s'] / on['median_s']:.1f}x | {', '.join(new) or 'none'} |")
     payload = {"device": device, "host": platform.node(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "torch": torch.__version__, "prefix": args.prefix, "tail": args.tail, "runs": runs}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=args.out.parent, prefix=args.out.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(payload, f, indent=2)
-    os.replace(tmp, args.out)
+    write_json(args.out, payload)
     print(f"wrote {args.out}")
     return 0
 

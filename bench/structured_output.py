@@ -22,10 +22,12 @@ import json
 import os
 import platform
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import write_json  # noqa: E402
 
 
 def _run(engine: Any, prompts: list[list[int]], params: list[Any]) -> tuple[dict[str, Any], float]:
@@ -122,11 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     payload = {"device": device, "host": platform.node(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "torch": torch.__version__, "dtype": args.dtype, "validity": valid, "overhead": over,
                "batch": args.batch}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=args.out.parent, prefix=args.out.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(payload, f, indent=2)
-    os.replace(tmp, args.out)
+    write_json(args.out, payload)
     print(f"wrote {args.out}")
     return 0
 
