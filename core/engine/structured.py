@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-KINDS = ("json_schema", "json_object", "regex", "ebnf")
+KINDS = ("json_schema", "json_object", "regex", "ebnf", "structural_tag")
 INSTALL_HINT = 'structured output needs xgrammar: pip install "dsa-runtime[structured]"'
 
 
@@ -34,7 +34,8 @@ class StructuredOutput:
 
     Attributes:
         kind: ``"json_schema"`` (``spec``: the schema as JSON text), ``"json_object"`` (any JSON object; no
-            spec), ``"regex"`` or ``"ebnf"`` (xgrammar's EBNF, ``root ::= ...``).
+            spec), ``"regex"``, ``"ebnf"`` (xgrammar's EBNF, ``root ::= ...``) or ``"structural_tag"``
+            (xgrammar's structural tag as JSON text: how strict DSML tool calls are constrained).
         spec: the grammar's source text (None for ``json_object``).
         after_token_id: the constraint starts after this token is generated (``</think>``); None: at once.
     """
@@ -115,9 +116,12 @@ class GrammarBackend:
                 return self.json_compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
             if spec.kind == "regex":
                 return self.compiler.compile_regex(spec.spec)
+            if spec.kind == "structural_tag":
+                return self.compiler.compile_structural_tag(spec.spec)
             return self.compiler.compile_grammar(spec.spec)
         except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError / its own errors for bad input
-            what = {"json_schema": "JSON schema", "json_object": "JSON", "regex": "regex", "ebnf": "grammar"}[spec.kind]
+            what = {"json_schema": "JSON schema", "json_object": "JSON", "regex": "regex", "ebnf": "grammar",
+                    "structural_tag": "structural tag"}[spec.kind]
             raise ValueError(f"invalid {what}: {str(exc).strip().splitlines()[0][:300]}") from None
 
     def state(self, spec: StructuredOutput) -> GrammarState:

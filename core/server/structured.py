@@ -111,7 +111,49 @@ def check_grammar(spec: StructuredOutput, param: str) -> None:
             xgr.Grammar.from_regex(spec.spec)
         elif spec.kind == "ebnf":
             xgr.Grammar.from_ebnf(spec.spec)
+        elif spec.kind == "structural_tag":
+            xgr.Grammar.from_structural_tag(spec.spec)
     except Exception as exc:  # noqa: BLE001 - xgrammar's errors for bad input
-        what = {"json_schema": "JSON schema", "regex": "regex", "ebnf": "grammar"}[spec.kind]
+        what = {"json_schema": "JSON schema", "regex": "regex", "ebnf": "grammar",
+                "structural_tag": "tool parameters schema"}[spec.kind]
         detail = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         raise bad_request(f"invalid {what} in {param}: {detail}", param=param) from None
+
+
+def forced_call_constraint(choice: Any, call_format: str | None) -> StructuredOutput | None:
+    """The grammar of the rest of a forced V3.2 tool call, or None (another call format, or no xgrammar: the
+    forced opening alone then steers the model, as before).
+
+    The prompt already ends with the forced opening (:attr:`ToolChoice.forced`). A named choice continues
+    with that function's parameters in DSML, each value matching its JSON schema (``string="true"`` raw text
+    for strings, JSON otherwise: xgrammar's ``deepseek_xml`` style), then closes the invoke and the block;
+    ``required`` writes one or more invokes of the listed functions, then closes the block.
+    """
+    if call_format != "deepseekv32" or not choice.forced:
+        return None
+    try:
+        import xgrammar  # noqa: F401
+    except ImportError:
+        return None
+    from dsa_runtime.parsers.dsml_render import function_schemas, invoke_open_tag
+    from dsa_runtime.parsers.tools_prompt_v32 import FUNCTION_CALLS_END, INVOKE_END
+
+    def parameters(fn: Any) -> dict[str, Any]:
+        schema = fn.get("parameters") or {"type": "object", "properties": {}}
+        # At most one whitespace character where JSON allows any: a sampled model would otherwise spend its
+        # budget on blank lines between the values.
+        return {"type": "json_schema", "json_schema": schema, "style": "deepseek_xml", "max_whitespace_cnt": 1}
+
+    functions = function_schemas(choice.tools or [])
+    if choice.function is not None:
+        fn = next(f for f in functions if f["name"] == choice.function)
+        elements = [parameters(fn), {"type": "const_string", "value": f"{INVOKE_END}\n{FUNCTION_CALLS_END}"}]
+    else:
+        invokes = [{"type": "tag", "begin": invoke_open_tag(f["name"]) + "\n", "content": parameters(f),
+                    "end": INVOKE_END + "\n"} for f in functions]
+        elements = [{"type": "plus", "content": {"type": "or", "elements": invokes}},
+                    {"type": "const_string", "value": FUNCTION_CALLS_END}]
+    spec = StructuredOutput("structural_tag", json.dumps({"type": "structural_tag",
+                                                          "format": {"type": "sequence", "elements": elements}}))
+    check_grammar(spec, "tools")
+    return spec

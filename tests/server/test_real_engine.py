@@ -38,6 +38,14 @@ async def _stream_all(url: str, bodies: list[dict]) -> list[list]:
         return await asyncio.gather(*[one(client, b) for b in bodies])
 
 
+async def _post_all(url: str, bodies: list[dict]) -> list[dict]:
+    """Whole (non-streamed) chat completions of ``bodies``, all in flight at once (the engine batches them)."""
+    limits = httpx.Limits(max_connections=len(bodies) + 8)
+    async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as client:
+        replies = await asyncio.gather(*[client.post("/v1/chat/completions", json=b) for b in bodies])
+    return [r.json() for r in replies]
+
+
 def test_32_concurrent_streaming_greedy_requests_equal_their_sequential_results(real_server):
     bodies = [_greedy(i) for i in range(32)]
     sequential = [fold(stream_chat(real_server.client, b)) for b in bodies]
@@ -166,3 +174,37 @@ def test_response_format_json_schema_whole_and_streamed_validate(real_server):
         "model": "tiny", "messages": [{"role": "user", "content": "pick"}], "temperature": 1.0, "seed": 3,
         "guided_choice": ["alpha", "beta (2)"]})
     assert r.json()["choices"][0]["message"]["content"] in ("alpha", "beta (2)")
+
+
+def test_fifty_forced_tool_calls_at_temperature_one_have_schema_valid_arguments(real_server):
+    """A forced V3.2 call is strict: 50 named calls with assorted parameter schemas, sampled at temperature 1.0,
+    all parse (our DSML parser) into ``tool_calls`` whose arguments validate; ``required`` picks one of the
+    listed tools, with valid arguments too."""
+    import json
+
+    import pytest
+
+    pytest.importorskip("xgrammar")
+    jsonschema = pytest.importorskip("jsonschema")
+    from dsa_runtime.testing.json_schemas import random_object_schemas
+
+    schemas = random_object_schemas(52, seed=23)
+    bodies = [{"model": "tiny", "messages": [{"role": "user", "content": f"call {i}"}],
+               "tools": [{"type": "function", "function": {"name": f"tool_{i}", "parameters": schema}}],
+               "tool_choice": {"type": "function", "function": {"name": f"tool_{i}"}}, "max_tokens": 400,
+               "temperature": 1.0, "seed": i} for i, schema in enumerate(schemas[:50])]
+    for i, reply in enumerate(asyncio.run(_post_all(real_server.url, bodies))):
+        choice = reply["choices"][0]
+        assert choice["finish_reason"] == "tool_calls", (i, choice)
+        (call,) = choice["message"]["tool_calls"]
+        assert call["function"]["name"] == f"tool_{i}"
+        jsonschema.validate(json.loads(call["function"]["arguments"]), schemas[i])
+    tools = [{"type": "function", "function": {"name": n, "parameters": s}} for n, s in zip("ab", schemas[50:], strict=True)]
+    bodies = [{"model": "tiny", "messages": [{"role": "user", "content": "go"}], "tools": tools,
+               "tool_choice": "required", "max_tokens": 600, "temperature": 1.0, "seed": seed} for seed in range(3)]
+    for reply in asyncio.run(_post_all(real_server.url, bodies)):
+        choice = reply["choices"][0]
+        assert choice["finish_reason"] == "tool_calls", choice
+        for call in choice["message"]["tool_calls"]:
+            schema = schemas[50 + "ab".index(call["function"]["name"])]
+            jsonschema.validate(json.loads(call["function"]["arguments"]), schema)
