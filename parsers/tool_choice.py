@@ -1,7 +1,7 @@
 """``tool_choice`` for DeepSeek chats: the tools the model sees, whether calls are parsed, the forced opening.
 
 ``required`` and a named choice are enforced by a forced continuation (for V3.2 on a server with xgrammar the
-rest of the call is also grammar-constrained: ``dsa_runtime.server.structured.forced_call_constraint``): the
+rest of the call is also grammar-constrained: ``dsa_runtime.server.structured.tool_call_constraint``): the
 assistant reply is made to begin with the opening of a tool-call block in the model's own format (a named
 choice: also the opening of a call to that function), appended to the prompt; the model writes the rest
 (the arguments, or for ``required`` the call itself). The forced text is prompt (it counts in

@@ -87,10 +87,12 @@ class GrammarBackend:
 
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> None:
         xgr = _xgrammar()
-        # Raw bytes per id; added tokens (special markers, <think>) as empty strings, which xgrammar treats as
-        # special: never part of a constrained output, so "<think>" cannot appear as JSON string content.
+        # Raw bytes per id; special tokens (BOS, EOS, role markers) as empty strings, which xgrammar treats as
+        # special: never part of a constrained output. Added tokens that are not special (｜DSML｜, <think>,
+        # V3.1's tool markers) keep their text: DSML tool calls are written with them.
+        special = set(getattr(tokenizer, "special_ids", ()))
         added = set(getattr(tokenizer, "added_tokens", {}).values())
-        vocab = [b"" if i in added else tokenizer.token_bytes(i) for i in range(min(len(tokenizer), vocab_size))]
+        vocab = [b"" if i in special else tokenizer.token_bytes(i) for i in range(min(len(tokenizer), vocab_size))]
         self.vocab_size = vocab_size
 
         def compiler(tokens: list[bytes]) -> Any:
@@ -100,9 +102,10 @@ class GrammarBackend:
 
         self.compiler = compiler(vocab)
         # Compact JSON holds no raw control character (U+0000-U+001F) anywhere: JSON grammars get a vocabulary
-        # without the tokens that carry one. (xgrammar 0.2.8's length-bounded strings accept them, and a
-        # strict JSON parser then refuses the output.)
-        self.json_compiler = compiler([b"" if any(c < 0x20 for c in t) else t for t in vocab])
+        # without the tokens that carry one (xgrammar 0.2.8's length-bounded strings accept them, and a strict
+        # JSON parser then refuses the output), nor the added tokens ("<think>" is no JSON string content).
+        self.json_compiler = compiler([b"" if i in added or any(c < 0x20 for c in t) else t
+                                       for i, t in enumerate(vocab)])
         self._bitmask: torch.Tensor | None = None
 
     def compile(self, spec: StructuredOutput) -> Any:

@@ -25,7 +25,7 @@ from dsa_runtime.server.state import (
     resolve_max_tokens,
     sampling_params,
 )
-from dsa_runtime.server.structured import forced_call_constraint, structured_output_of
+from dsa_runtime.server.structured import structured_output_of, tool_call_constraint
 
 logger = logging.getLogger(__name__)
 
@@ -101,8 +101,11 @@ class ChatRun:
         if structured is not None and self.forced:
             raise bad_request("an output constraint (response_format / guided_*) cannot be combined with a "
                               "forced tool call", param="tool_choice")
-        if self.forced:  # a forced V3.2 call is strict: every argument matches its parameter's schema
-            structured = forced_call_constraint(choice, self.tool_parser)
+        if structured is None:  # a forced V3.2 call, or a strict tool's, has schema-valid arguments
+            structured = tool_call_constraint(choice, self.tool_parser)
+            if structured is not None and self.thinking:  # reasoning first (auto on a thinking turn)
+                structured = dataclasses.replace(structured,
+                                                 after_token_id=state.tokenizer.token_to_id("</think>"))
         self.params = [
             sampling_params(
                 max_tokens=max_tokens,

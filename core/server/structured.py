@@ -120,23 +120,26 @@ def check_grammar(spec: StructuredOutput, param: str) -> None:
         raise bad_request(f"invalid {what} in {param}: {detail}", param=param) from None
 
 
-def forced_call_constraint(choice: Any, call_format: str | None) -> StructuredOutput | None:
-    """The grammar of the rest of a forced V3.2 tool call, or None (another call format, or no xgrammar: the
-    forced opening alone then steers the model, as before).
+def tool_call_constraint(choice: Any, call_format: str | None) -> StructuredOutput | None:
+    """The grammar of a V3.2 reply's tool calls, or None (another call format, no forced call and no strict
+    tool, or no xgrammar: the forced opening alone then steers the model, as before).
+
+    ``auto`` with a tool marked ``"strict": true``: free text until ``<｜DSML｜function_calls>``; the block
+    then holds one or more invokes, a strict tool's arguments matching its schema (any object for the others).
 
     The prompt already ends with the forced opening (:attr:`ToolChoice.forced`). A named choice continues
     with that function's parameters in DSML, each value matching its JSON schema (``string="true"`` raw text
     for strings, JSON otherwise: xgrammar's ``deepseek_xml`` style), then closes the invoke and the block;
     ``required`` writes one or more invokes of the listed functions, then closes the block.
     """
-    if call_format != "deepseekv32" or not choice.forced:
+    if call_format != "deepseekv32" or not (choice.forced or choice.mode == "auto"):
         return None
     try:
         import xgrammar  # noqa: F401
     except ImportError:
         return None
     from dsa_runtime.parsers.dsml_render import function_schemas, invoke_open_tag
-    from dsa_runtime.parsers.tools_prompt_v32 import FUNCTION_CALLS_END, INVOKE_END
+    from dsa_runtime.parsers.tools_prompt_v32 import FUNCTION_CALLS_END, FUNCTION_CALLS_START, INVOKE_END
 
     def parameters(fn: Any) -> dict[str, Any]:
         schema = fn.get("parameters") or {"type": "object", "properties": {}}
@@ -145,6 +148,23 @@ def forced_call_constraint(choice: Any, call_format: str | None) -> StructuredOu
         return {"type": "json_schema", "json_schema": schema, "style": "deepseek_xml", "max_whitespace_cnt": 1}
 
     functions = function_schemas(choice.tools or [])
+    if choice.mode == "auto":
+        strict = [f for f in functions if f.get("strict") is True]
+        if not strict:
+            return None
+        # The reply is free text until a call block opens; inside it, strict tools' arguments match their
+        # schemas and the other tools take any object.
+        invokes = [{"type": "tag", "begin": invoke_open_tag(f["name"]) + "\n",
+                    "content": parameters(f) if f.get("strict") is True else
+                    {**parameters({}), "json_schema": {"type": "object"}}, "end": INVOKE_END + "\n"}
+                   for f in functions]
+        block = {"type": "tag", "begin": FUNCTION_CALLS_START + "\n",
+                 "content": {"type": "tags_with_separator", "tags": invokes, "separator": "", "at_least_one": True},
+                 "end": FUNCTION_CALLS_END}
+        fmt = {"type": "triggered_tags", "triggers": [FUNCTION_CALLS_START], "tags": [block]}
+        spec = StructuredOutput("structural_tag", json.dumps({"type": "structural_tag", "format": fmt}))
+        check_grammar(spec, "tools")
+        return spec
     if choice.function is not None:
         fn = next(f for f in functions if f["name"] == choice.function)
         elements = [parameters(fn), {"type": "const_string", "value": f"{INVOKE_END}\n{FUNCTION_CALLS_END}"}]
