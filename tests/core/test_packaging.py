@@ -64,8 +64,8 @@ def test_wheel_extras_name_the_fields_packages(wheel):
         (meta_name,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
         meta = zf.read(meta_name).decode()
     extras = {line.split(": ", 1)[1] for line in meta.splitlines() if line.startswith("Provides-Extra: ")}
-    assert extras == {"hopper", "blackwell", "rocm", "npu", "server", "test", "all"}
-    for requirement in ("flashinfer-python", "tilelang", "amd-aiter", "torch-npu", "fastapi", "triton"):
+    assert extras == {"hopper", "blackwell", "rocm", "npu", "server", "structured", "test", "all"}
+    for requirement in ("flashinfer-python", "tilelang", "amd-aiter", "torch-npu", "fastapi", "triton", "xgrammar"):
         assert requirement in meta
 
 
@@ -87,4 +87,4 @@ def test_test_extra_holds_what_the_suite_imports():
 
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     names = {req.split(";")[0].split("=")[0].split("<")[0].split(">")[0].strip() for req in extras["test"]}
-    assert {"pytest", "triton", "numpy", "httpx", "openai"} <= names
+    assert {"pytest", "triton", "numpy", "httpx", "openai", "xgrammar", "jsonschema"} <= names
