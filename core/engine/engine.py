@@ -28,7 +28,7 @@ from dsa_runtime.engine.params import SamplingParams
 from dsa_runtime.engine.request import Request, Status
 from dsa_runtime.engine.sampler import PendingSample, sample_async
 from dsa_runtime.engine.scheduler import Scheduler
-from dsa_runtime.engine.stop import find_stop, held_back
+from dsa_runtime.engine.stop import find_stop
 from dsa_runtime.engine.structured import GrammarBackend, GrammarState
 from dsa_runtime.model.batch import pack_in_order
 from dsa_runtime.model.decode_state import DecodePlan
@@ -159,7 +159,7 @@ class Engine:
             return
         self.scheduler.remove(request)
         self._finish(request, "abort", None)
-        self._pending.append(self._output(request))
+        self._pending.append(request.take_output())
 
     def has_unfinished(self) -> bool:
         """True while a request is queued or running, or an abort is still to be reported."""
@@ -277,7 +277,7 @@ class Engine:
             if request.finished:  # aborted, or ended at its previous token: this row's token is dropped
                 continue
             self._append(request, token, logprob)
-            outputs.append(self._output(request))
+            outputs.append(request.take_output())
             if request.finished:
                 self._requests.pop(request.request_id, None)
                 self.scheduler.remove(request)
@@ -378,34 +378,6 @@ class Engine:
         request.finish_reason = reason
         request.stop_reason = stop_reason
         request.metrics.finished = time.monotonic()
-
-    def _output(self, request: Request) -> RequestOutput:
-        """This step's deltas: text is released only up to where no stop string can still begin."""
-        end = len(request.text)
-        if not request.finished:
-            end -= held_back(request.text, request.params.stop)
-        end = max(end, request.emitted_chars)
-        new_text = request.text[request.emitted_chars : end]
-        request.emitted_chars = end
-        outputs = request.output_token_ids
-        new_ids = outputs[request.emitted_tokens :]
-        request.emitted_tokens = len(outputs)
-        new_logprobs = request.logprobs[request.emitted_logprobs :]
-        request.emitted_logprobs = len(request.logprobs)
-        return RequestOutput(
-            request_id=request.request_id,
-            prompt_token_ids=request.prompt_token_ids,
-            token_ids=outputs,
-            text=request.text[:end],
-            new_token_ids=new_ids,
-            new_text=new_text,
-            finished=request.finished,
-            finish_reason=request.finish_reason,
-            stop_reason=request.stop_reason,
-            logprobs=new_logprobs,
-            metrics=request.metrics,
-            num_cached_tokens=request.num_cached_tokens,
-        )
 
     # --- scoring ------------------------------------------------------------------------------------
     def score(self, token_ids: list[int]) -> torch.Tensor:

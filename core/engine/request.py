@@ -6,8 +6,9 @@ import enum
 from dataclasses import dataclass, field
 
 from dsa_runtime.engine.detokenizer import ByteDetokenizer, IncrementalDetokenizer
-from dsa_runtime.engine.outputs import RequestMetrics, TokenLogprob
+from dsa_runtime.engine.outputs import RequestMetrics, RequestOutput, TokenLogprob
 from dsa_runtime.engine.params import SamplingParams
+from dsa_runtime.engine.stop import held_back
 from dsa_runtime.engine.structured import GrammarState
 
 
@@ -81,3 +82,32 @@ class Request:
     @property
     def finished(self) -> bool:
         return self.status is Status.FINISHED
+
+    def take_output(self) -> RequestOutput:
+        """This step's output: the deltas since the last one (text only up to where no stop string can still
+        begin), and the counters moved past them."""
+        end = len(self.text)
+        if not self.finished:
+            end -= held_back(self.text, self.params.stop)
+        end = max(end, self.emitted_chars)
+        new_text = self.text[self.emitted_chars : end]
+        self.emitted_chars = end
+        outputs = self.output_token_ids
+        new_ids = outputs[self.emitted_tokens :]
+        self.emitted_tokens = len(outputs)
+        new_logprobs = self.logprobs[self.emitted_logprobs :]
+        self.emitted_logprobs = len(self.logprobs)
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt_token_ids=self.prompt_token_ids,
+            token_ids=outputs,
+            text=self.text[:end],
+            new_token_ids=new_ids,
+            new_text=new_text,
+            finished=self.finished,
+            finish_reason=self.finish_reason,
+            stop_reason=self.stop_reason,
+            logprobs=new_logprobs,
+            metrics=self.metrics,
+            num_cached_tokens=self.num_cached_tokens,
+        )

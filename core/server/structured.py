@@ -9,6 +9,7 @@ a server without xgrammar answers 501.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from typing import Any
 
@@ -134,9 +135,7 @@ def tool_call_constraint(choice: Any, call_format: str | None) -> StructuredOutp
     """
     if call_format != "deepseekv32" or not (choice.forced or choice.mode == "auto"):
         return None
-    try:
-        import xgrammar  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("xgrammar") is None:
         return None
     from dsa_runtime.parsers.dsml_render import function_schemas, invoke_open_tag
     from dsa_runtime.parsers.tools_prompt_v32 import FUNCTION_CALLS_END, FUNCTION_CALLS_START, INVOKE_END
