@@ -102,7 +102,7 @@ class ChatRun:
             raise bad_request("an output constraint (response_format / guided_*) cannot be combined with a "
                               "forced tool call", param="tool_choice")
         if structured is None:  # a forced V3.2 call, or a strict tool's, has schema-valid arguments
-            structured = tool_call_constraint(choice, self.tool_parser)
+            structured = tool_call_constraint(choice, self.tool_parser, req.parallel_tool_calls is not False)
             if structured is not None and self.thinking:  # reasoning first (auto on a thinking turn)
                 structured = dataclasses.replace(structured,
                                                  after_token_id=state.tokenizer.token_to_id("</think>"))

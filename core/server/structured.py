@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from dsa_runtime.engine.structured import INSTALL_HINT, StructuredOutput
@@ -121,58 +122,91 @@ def check_grammar(spec: StructuredOutput, param: str) -> None:
         raise bad_request(f"invalid {what} in {param}: {detail}", param=param) from None
 
 
-def tool_call_constraint(choice: Any, call_format: str | None) -> StructuredOutput | None:
-    """The grammar of a V3.2 reply's tool calls, or None (another call format, no forced call and no strict
-    tool, or no xgrammar: the forced opening alone then steers the model, as before).
+def tool_call_constraint(choice: Any, call_format: str | None, parallel: bool = True) -> StructuredOutput | None:
+    """The grammar of a reply's tool calls in the model's format (V3.2 DSML, V3.1, V3 / R1), or None: no forced
+    call and no strict tool, no call parser, or no xgrammar (the forced opening alone then steers the model).
 
-    ``auto`` with a tool marked ``"strict": true``: free text until ``<｜DSML｜function_calls>``; the block
-    then holds one or more invokes, a strict tool's arguments matching its schema (any object for the others).
-
-    The prompt already ends with the forced opening (:attr:`ToolChoice.forced`). A named choice continues
-    with that function's parameters in DSML, each value matching its JSON schema (``string="true"`` raw text
-    for strings, JSON otherwise: xgrammar's ``deepseek_xml`` style), then closes the invoke and the block;
-    ``required`` writes one or more invokes of the listed functions, then closes the block.
+    The prompt already ends with a forced call's opening (:attr:`ToolChoice.forced`). A named choice continues
+    with that function's arguments (DSML parameters, each value matching its schema: xgrammar's
+    ``deepseek_xml`` style; JSON for V3.1 / V3), then closes the call and the block. ``required`` writes one or
+    more calls of the listed functions, then closes the block. ``auto`` with a tool marked ``"strict": true``
+    leaves the reply free until a call block opens; in the block, strict tools' arguments match their schemas
+    and the other tools take any object. ``parallel=False`` (``parallel_tool_calls: false``): one call a block.
     """
-    if call_format != "deepseekv32" or not (choice.forced or choice.mode == "auto"):
+    if not call_format or importlib.util.find_spec("xgrammar") is None:
         return None
-    if importlib.util.find_spec("xgrammar") is None:
-        return None
-    from dsa_runtime.parsers.dsml_render import function_schemas, invoke_open_tag
-    from dsa_runtime.parsers.tools_prompt_v32 import FUNCTION_CALLS_END, FUNCTION_CALLS_START, INVOKE_END
-
-    def parameters(fn: Any) -> dict[str, Any]:
-        schema = fn.get("parameters") or {"type": "object", "properties": {}}
-        # At most one whitespace character where JSON allows any: a sampled model would otherwise spend its
-        # budget on blank lines between the values.
-        return {"type": "json_schema", "json_schema": schema, "style": "deepseek_xml", "max_whitespace_cnt": 1}
+    from dsa_runtime.parsers.dsml_render import function_schemas
+    from dsa_runtime.parsers.plugin import resolve_spec
 
     functions = function_schemas(choice.tools or [])
-    if choice.mode == "auto":
-        strict = [f for f in functions if f.get("strict") is True]
-        if not strict:
-            return None
-        # The reply is free text until a call block opens; inside it, strict tools' arguments match their
-        # schemas and the other tools take any object.
-        invokes = [{"type": "tag", "begin": invoke_open_tag(f["name"]) + "\n",
-                    "content": parameters(f) if f.get("strict") is True else
-                    {**parameters({}), "json_schema": {"type": "object"}}, "end": INVOKE_END + "\n"}
-                   for f in functions]
-        block = {"type": "tag", "begin": FUNCTION_CALLS_START + "\n",
-                 "content": {"type": "tags_with_separator", "tags": invokes, "separator": "", "at_least_one": True},
-                 "end": FUNCTION_CALLS_END}
-        fmt = {"type": "triggered_tags", "triggers": [FUNCTION_CALLS_START], "tags": [block]}
-        spec = StructuredOutput("structural_tag", json.dumps({"type": "structural_tag", "format": fmt}))
-        check_grammar(spec, "tools")
-        return spec
+    strict = {f["name"] for f in functions if f.get("strict") is True}
+    if not choice.forced and not (choice.mode == "auto" and strict):
+        return None
+    fmt = _CallFormat.of(resolve_spec("tool", call_format).name)
+
+    def arguments(fn: Any, checked: bool = True) -> dict[str, Any]:
+        schema = (fn.get("parameters") or {"type": "object", "properties": {}}) if checked else {"type": "object"}
+        # At most one whitespace character where JSON allows any: a sampled model would otherwise spend its
+        # budget on blank lines between the values. (No ``excludes`` of the format's markers: xgrammar 0.2.8
+        # drops a string's length bounds when it has them.)
+        return {"type": "json_schema", "json_schema": schema, "style": fmt.style, "max_whitespace_cnt": 1}
+
+    calls = {"type": "tags_with_separator", "separator": fmt.separator, "at_least_one": True,
+             "stop_after_first": not parallel, "tags": [
+        {"type": "tag", "begin": fmt.call_begin(f["name"]),
+         "content": arguments(f, checked=choice.forced != "" or f["name"] in strict), "end": fmt.call_end}
+        for f in functions]}
     if choice.function is not None:
         fn = next(f for f in functions if f["name"] == choice.function)
-        elements = [parameters(fn), {"type": "const_string", "value": f"{INVOKE_END}\n{FUNCTION_CALLS_END}"}]
+        grammar = {"type": "sequence", "elements": [
+            arguments(fn), {"type": "const_string", "value": fmt.call_end + fmt.block_end}]}
+    elif choice.forced:
+        grammar = {"type": "sequence", "elements": [calls, {"type": "const_string", "value": fmt.block_end}]}
     else:
-        invokes = [{"type": "tag", "begin": invoke_open_tag(f["name"]) + "\n", "content": parameters(f),
-                    "end": INVOKE_END + "\n"} for f in functions]
-        elements = [{"type": "plus", "content": {"type": "or", "elements": invokes}},
-                    {"type": "const_string", "value": FUNCTION_CALLS_END}]
-    spec = StructuredOutput("structural_tag", json.dumps({"type": "structural_tag",
-                                                          "format": {"type": "sequence", "elements": elements}}))
+        grammar = {"type": "triggered_tags", "triggers": [fmt.trigger], "tags": [
+            {"type": "tag", "begin": fmt.block_begin, "content": calls, "end": fmt.block_end}]}
+    spec = StructuredOutput("structural_tag", json.dumps({"type": "structural_tag", "format": grammar}))
     check_grammar(spec, "tools")
     return spec
+
+
+@dataclass(frozen=True)
+class _CallFormat:
+    """How one tool-call format writes a block of calls (the texts the forced openings end with)."""
+
+    style: str  # xgrammar's style for the arguments
+    block_begin: str
+    block_end: str
+    trigger: str  # what opens a block in free text
+    call_prefix: str
+    call_suffix: str  # after the name
+    call_end: str
+    separator: str  # between calls
+
+    def call_begin(self, name: str) -> str:
+        return self.call_prefix + name + self.call_suffix
+
+    @staticmethod
+    def of(name: str) -> _CallFormat:
+        from dsa_runtime.parsers.markers import (
+            TOOL_CALL_BEGIN,
+            TOOL_CALL_END,
+            TOOL_CALLS_BEGIN,
+            TOOL_CALLS_END,
+            TOOL_SEP,
+        )
+        from dsa_runtime.parsers.tools_prompt_v32 import (
+            DSML,
+            FUNCTION_CALLS_END,
+            FUNCTION_CALLS_START,
+            INVOKE_END,
+        )
+
+        if name == "deepseekv32":  # after "\n\n" + block_begin; calls one per line (parsers spec section 1)
+            return _CallFormat("deepseek_xml", FUNCTION_CALLS_START + "\n", FUNCTION_CALLS_END, FUNCTION_CALLS_START,
+                               f'<{DSML}invoke name="', '">\n', INVOKE_END + "\n", "")
+        if name == "deepseekv31":
+            return _CallFormat("json", TOOL_CALLS_BEGIN, TOOL_CALLS_END, TOOL_CALLS_BEGIN, TOOL_CALL_BEGIN, TOOL_SEP,
+                               TOOL_CALL_END, "")
+        return _CallFormat("json", TOOL_CALLS_BEGIN, TOOL_CALLS_END, TOOL_CALLS_BEGIN,
+                           TOOL_CALL_BEGIN + "function" + TOOL_SEP, "\n```json\n", "\n```" + TOOL_CALL_END, "\n")
