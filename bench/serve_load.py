@@ -31,11 +31,13 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import write_json  # noqa: E402
 
 
 def _percentiles(values: list[float]) -> dict[str, float]:
@@ -312,14 +314,6 @@ def _table(levels: list[dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
-def _write_json(path: Path, payload: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(payload, f, indent=2)
-    os.replace(tmp, path)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", help="an already running server (default: start one in-process)")
@@ -344,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="before the levels, run every level once with this many requests per client (not "
                              "reported), so that kernel compiles of each level's shapes stay out of the figures")
     args = parser.parse_args(argv)
+    from serve_load_compare import compare_radix_cache
+
     if args.warmup < 0:
         parser.error("--warmup must be >= 0")
     if args.engine_only:
@@ -352,13 +348,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.serve_process:
             parser.error("--engine-only starts no server; drop --serve-process")
         if args.compare_radix_cache:
-            return _compare_radix_cache(args)
+            return compare_radix_cache(args)
         model, levels = _engine_only(args)
         return _report(args, model, "engine (no HTTP)", levels)
     if args.compare_radix_cache:
         if args.url:
             parser.error("--compare-radix-cache starts its own servers; it cannot load --url")
-        return _compare_radix_cache(args)
+        return compare_radix_cache(args)
     model, url, levels = _serve_levels(args)
     return _report(args, model, url, levels)
 
@@ -407,49 +403,6 @@ def _local_encoder(args: argparse.Namespace) -> Any:
     return lambda text: tokenizer.encode(text, add_special_tokens=False)
 
 
-def _compare_radix_cache(args: argparse.Namespace) -> int:
-    """The levels with the prefix cache, then on a fresh server without it; TTFT ratios per level. With
-    ``--serve-process`` each server is ``dsa-runtime serve`` in a process of its own (its default engine
-    placement: the engine process on one CUDA device), with ``--engine-only`` two engines without HTTP, else
-    in-process with the engine on a thread."""
-    runs = {}
-    for name, disabled in (("cache", False), ("no cache", True)):
-        args.disable_radix_cache = disabled
-        if args.engine_only:
-            model, levels = _engine_only(args)
-        elif args.serve_process:
-            sys.path.insert(0, str(Path(__file__).resolve().parent))
-            from serve_process import serve_process
-
-            flags = ["--max-running-requests", str(_max_running(args)), "--dtype", args.dtype]
-            with serve_process(flags + (["--disable-radix-cache"] if disabled else [])) as url:
-                args.url = url
-                model, url, levels = _serve_levels(args)
-                args.url = None
-        else:
-            model, url, levels = _serve_levels(args)
-        print(f"--- {name}")
-        print(_table(levels))
-        runs[name] = levels
-    print(f"\n| clients | TTFT p50 cache / no cache | TTFT p99 cache / no cache | TTFT mean cache / no cache | "
-          f"speed-up p50 | speed-up mean | hit rate |  (shared prefix ~{args.shared_prefix} tokens)\n"
-          "|---:|---:|---:|---:|---:|---:|---:|")
-    for on, off in zip(runs["cache"], runs["no cache"], strict=True):
-        t_on, t_off = on["ttft_s"], off["ttft_s"]
-        hit = on.get("prefix_cache_hit_rate")
-        print(f"| {on['concurrency']} | {t_on['p50'] * 1e3:.0f} / {t_off['p50'] * 1e3:.0f} ms | "
-              f"{t_on['p99'] * 1e3:.0f} / {t_off['p99'] * 1e3:.0f} ms | "
-              f"{t_on['mean'] * 1e3:.0f} / {t_off['mean'] * 1e3:.0f} ms | {t_off['p50'] / t_on['p50']:.1f}x | "
-              f"{t_off['mean'] / t_on['mean']:.1f}x | " + (f"{hit:.2f} |" if hit is not None else "n/a |"))
-    where = "engine (no HTTP)" if args.engine_only else "serve process" if args.serve_process else "in-process server"
-    payload = {"model": model, "host": platform.node(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-               "where": where, "shared_prefix_tokens": args.shared_prefix, "warmup_requests": args.warmup,
-               "cache": runs["cache"], "no_cache": runs["no cache"]}
-    _write_json(args.out, payload)
-    print(f"wrote {args.out}")
-    return 0
-
-
 def _report(args: argparse.Namespace, model: str, url: str, levels: list[dict[str, Any]]) -> int:
     shared = f"; a shared system prompt of ~{args.shared_prefix} tokens" if getattr(args, "shared_prefix", 0) else ""
     print(f"model {model} at {url}; {args.max_tokens} output tokens per request, greedy, EOS ignored{shared}")
@@ -457,7 +410,7 @@ def _report(args: argparse.Namespace, model: str, url: str, levels: list[dict[st
     payload = {"model": model, "url": url, "host": platform.node(), "python": platform.python_version(),
                "cpu_count": os.cpu_count(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "levels": levels}
-    _write_json(args.out, payload)
+    write_json(args.out, payload)
     print(f"wrote {args.out}")
     return 0
 
