@@ -20,7 +20,9 @@ from typing import Any
 
 import torch
 
-KINDS = ("json_schema", "json_object", "regex", "ebnf", "structural_tag")
+# Each kind and how an error message names its grammar.
+KIND_NAMES = {"json_schema": "JSON schema", "json_object": "JSON", "regex": "regex", "ebnf": "grammar",
+              "structural_tag": "structural tag"}
 INSTALL_HINT = 'structured output needs xgrammar: pip install "dsa-runtime[structured]"'
 
 
@@ -45,8 +47,8 @@ class StructuredOutput:
     after_token_id: int | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"structured output kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        if self.kind not in KIND_NAMES:
+            raise ValueError(f"structured output kind must be one of {', '.join(KIND_NAMES)}, got {self.kind!r}")
         if self.kind != "json_object" and not isinstance(self.spec, str):
             raise ValueError(f"structured output of kind {self.kind!r} needs its spec as a string")
 
@@ -123,9 +125,7 @@ class GrammarBackend:
                 return self.compiler.compile_structural_tag(spec.spec)
             return self.compiler.compile_grammar(spec.spec)
         except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError / its own errors for bad input
-            what = {"json_schema": "JSON schema", "json_object": "JSON", "regex": "regex", "ebnf": "grammar",
-                    "structural_tag": "structural tag"}[spec.kind]
-            raise ValueError(f"invalid {what}: {str(exc).strip().splitlines()[0][:300]}") from None
+            raise ValueError(f"invalid {KIND_NAMES[spec.kind]}: {str(exc).strip().splitlines()[0][:300]}") from None
 
     def state(self, spec: StructuredOutput) -> GrammarState:
         return GrammarState(_xgrammar().GrammarMatcher(self.compile(spec)), spec.after_token_id)

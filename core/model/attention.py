@@ -193,7 +193,8 @@ def _prefill_groups(ctx: AttnContext, seqs: list[SeqMeta], device) -> list[dict]
     ``slots`` ``[S]`` int64, the cache slots of every chunk's positions ``0 .. end-1``, concatenated;
     ``base`` ``[n]`` int64, each row's chunk offset in that buffer; ``ends`` ``[n]`` int32, ``base`` + position
     + 1 (a row sees buffer rows ``[base, ends)``); ``sparse`` ``[n]`` bool, rows of chunks that go through
-    the indexer (None when none does, True-only groups have ``all_sparse``); ``width``, the index width.
+    the indexer (None when none does, True-only groups have ``all_sparse``); ``width``, the index width
+    (:meth:`AttnContext.index_width`: ``index_topk`` for DSA, the longest dense chunk rounded up for V3).
     """
     key = ("prefill", tuple(s.index for s in seqs))
     groups = ctx.memo.get(key)
@@ -237,10 +238,9 @@ def prefill_absorbed(ctx: AttnContext, seqs: list[SeqMeta], q: Tensor, kv_cache:
     for g in _prefill_groups(ctx, seqs, q.device):
         rows, base, ends, sparse = g["rows"], g["base"], g["ends"], g["sparse"]
         kv = kernels.kv_quant.dequantize_mla(flat.index_select(0, g["slots"]), layout=ctx.kv_layout)
-        width = ctx.index_topk if ctx.index_topk is not None else g["width"]
         indices = None
         if not g["all_sparse"]:
-            cols = torch.arange(width, device=q.device)
+            cols = torch.arange(g["width"], device=q.device)
             indices = torch.where(cols[None, :] < (ends - base)[:, None], base[:, None] + cols[None, :], -1)
             indices = indices.to(torch.int32)
         if sparse is not None:

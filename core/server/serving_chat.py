@@ -94,18 +94,14 @@ class ChatRun:
         if top is not None and not req.logprobs:
             raise bad_request("top_logprobs needs logprobs=true", param="top_logprobs")
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-        # A thinking turn is constrained from the token after </think> on (the reasoning stays free).
         structured = structured_output_of(req)
-        if structured is not None and self.thinking:
-            structured = dataclasses.replace(structured, after_token_id=state.tokenizer.token_to_id("</think>"))
         if structured is not None and self.forced:
             raise bad_request("an output constraint (response_format / guided_*) cannot be combined with a "
                               "forced tool call", param="tool_choice")
-        if structured is None:  # a forced V3.2 call, or a strict tool's, has schema-valid arguments
+        if structured is None:  # a forced call, or a strict tool's, has schema-valid arguments
             structured = tool_call_constraint(choice, self.tool_parser, req.parallel_tool_calls is not False)
-            if structured is not None and self.thinking:  # reasoning first (auto on a thinking turn)
-                structured = dataclasses.replace(structured,
-                                                 after_token_id=state.tokenizer.token_to_id("</think>"))
+        if structured is not None and self.thinking:  # the reasoning stays free: constrained after </think>
+            structured = dataclasses.replace(structured, after_token_id=state.tokenizer.token_to_id("</think>"))
         self.params = [
             sampling_params(
                 max_tokens=max_tokens,

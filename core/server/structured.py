@@ -14,24 +14,24 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from dsa_runtime.engine.structured import INSTALL_HINT, StructuredOutput
+from dsa_runtime.engine.structured import INSTALL_HINT, KIND_NAMES, StructuredOutput
 from dsa_runtime.server.errors import APIError, bad_request
 
 _REGEX_SPECIAL = set("\\.^$|?*+()[]{}/-")
 
 
-def structured_output_of(req: Any, after_token_id: int | None = None) -> StructuredOutput | None:
-    """The request's constraint (None: free text); ``after_token_id`` starts it after ``</think>``."""
+def structured_output_of(req: Any) -> StructuredOutput | None:
+    """The request's constraint (None: free text), checked."""
     found: list[tuple[str, StructuredOutput]] = []
     fmt = req.response_format
     if fmt is not None:
-        spec = _from_response_format(fmt, after_token_id)
+        spec = _from_response_format(fmt)
         if spec is not None:
             found.append(("response_format", spec))
     extras = req.model_extra or {}
     for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar"):
         if extras.get(name) is not None:
-            found.append((name, _from_vllm(name, name.removeprefix("guided_"), extras[name], after_token_id)))
+            found.append((name, _from_vllm(name, name.removeprefix("guided_"), extras[name])))
     so = extras.get("structured_outputs")
     if so is not None:
         if not isinstance(so, dict):
@@ -40,8 +40,7 @@ def structured_output_of(req: Any, after_token_id: int | None = None) -> Structu
         if len(keys) != 1:
             raise bad_request("structured_outputs must set exactly one of json, regex, choice, grammar, json_object",
                               param="structured_outputs")
-        found.append(("structured_outputs", _from_vllm(f"structured_outputs.{keys[0]}", keys[0], so[keys[0]],
-                                                       after_token_id)))
+        found.append(("structured_outputs", _from_vllm(f"structured_outputs.{keys[0]}", keys[0], so[keys[0]])))
     if len(found) > 1:
         raise bad_request(f"one output constraint per request, got {' and '.join(n for n, _ in found)}",
                           param=found[1][0])
@@ -52,14 +51,14 @@ def structured_output_of(req: Any, after_token_id: int | None = None) -> Structu
     return spec
 
 
-def _from_response_format(fmt: Any, after: int | None) -> StructuredOutput | None:
+def _from_response_format(fmt: Any) -> StructuredOutput | None:
     if not isinstance(fmt, dict):
         raise bad_request("response_format must be an object", param="response_format")
     kind = fmt.get("type")
     if kind == "text":
         return None
     if kind == "json_object":
-        return StructuredOutput("json_object", None, after)
+        return StructuredOutput("json_object")
     if kind == "json_schema":
         inner = fmt.get("json_schema")
         if not isinstance(inner, dict):
@@ -69,12 +68,12 @@ def _from_response_format(fmt: Any, after: int | None) -> StructuredOutput | Non
         if not isinstance(schema, dict):
             raise bad_request("response_format.json_schema.schema must be a JSON schema object",
                               param="response_format.json_schema.schema")
-        return StructuredOutput.json_schema(schema, after)
+        return StructuredOutput.json_schema(schema)
     raise bad_request(f"response_format.type must be 'text', 'json_object' or 'json_schema', got {kind!r}",
                       param="response_format.type")
 
 
-def _from_vllm(param: str, kind: str, value: Any, after: int | None) -> StructuredOutput:
+def _from_vllm(param: str, kind: str, value: Any) -> StructuredOutput:
     if kind == "json":
         if isinstance(value, str):
             try:
@@ -83,16 +82,16 @@ def _from_vllm(param: str, kind: str, value: Any, after: int | None) -> Structur
                 raise bad_request(f"{param} is not valid JSON: {exc.msg}", param=param) from None
         if not isinstance(value, dict):
             raise bad_request(f"{param} must be a JSON schema object", param=param)
-        return StructuredOutput.json_schema(value, after)
+        return StructuredOutput.json_schema(value)
     if kind == "json_object":
-        return StructuredOutput("json_object", None, after)
+        return StructuredOutput("json_object")
     if kind == "choice":
         if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
             raise bad_request(f"{param} must be a non-empty list of non-empty strings", param=param)
-        return StructuredOutput("regex", "(" + "|".join(_regex_literal(c) for c in value) + ")", after)
+        return StructuredOutput("regex", "(" + "|".join(_regex_literal(c) for c in value) + ")")
     if not isinstance(value, str) or not value:
         raise bad_request(f"{param} must be a non-empty string", param=param)
-    return StructuredOutput("regex" if kind == "regex" else "ebnf", value, after)
+    return StructuredOutput("regex" if kind == "regex" else "ebnf", value)
 
 
 def _regex_literal(text: str) -> str:
@@ -116,8 +115,7 @@ def check_grammar(spec: StructuredOutput, param: str) -> None:
         elif spec.kind == "structural_tag":
             xgr.Grammar.from_structural_tag(spec.spec)
     except Exception as exc:  # noqa: BLE001 - xgrammar's errors for bad input
-        what = {"json_schema": "JSON schema", "regex": "regex", "ebnf": "grammar",
-                "structural_tag": "tool parameters schema"}[spec.kind]
+        what = "tool parameters schema" if spec.kind == "structural_tag" else KIND_NAMES[spec.kind]
         detail = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         raise bad_request(f"invalid {what} in {param}: {detail}", param=param) from None
 
