@@ -29,18 +29,11 @@ from common import write_json  # noqa: E402
 
 
 def _compile_log() -> list[str]:
-    """Names of the Triton kernels compiled from now on (an empty list that stays empty without Triton)."""
+    """Names of the Triton kernels compiled from now on (a list that stays empty without Triton)."""
+    from dsa_runtime.engine.compile_log import watch_compiles
+
     log: list[str] = []
-    try:
-        from triton import knobs
-    except ImportError:
-        return log
-
-    def hook(*args: Any, **kwargs: Any) -> bool:
-        log.append(getattr(kwargs.get("fn"), "name", None) or str(kwargs.get("repr", "?"))[:80])
-        return False  # never skip the compile
-
-    knobs.runtime.jit_cache_hook = hook
+    watch_compiles(lambda name, _variant: log.append(name))
     return log
 
 
