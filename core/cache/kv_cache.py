@@ -3,7 +3,8 @@
 Layouts follow ``dsa_runtime.families``: MLA ``bf16`` ``[pages, page_size, 576]`` bf16 or ``fp8_656``
 ``[pages, page_size, 656]`` uint8, index-K ``[pages, page_size * 132]`` uint8. A token at request position
 ``p`` lives at slot ``page_table[p // page_size] * page_size + p % page_size`` in every layer's pools.
-Only the main stack is cached; the MTP layer is not run for generation and gets no pool.
+The main stack's layers come first; ``draft_layers`` extra pools (MTP speculative decoding: the NextN layer)
+follow them, written and read at the same slots, so one page table serves the target and the draft.
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ class KVCache:
     """The paged caches of every main-stack layer.
 
     Attributes:
-        mla: ``num_hidden_layers`` tensors ``[num_pages, page_size, 576]`` bf16 or ``[..., 656]`` uint8.
+        mla: ``num_hidden_layers + draft_layers`` tensors ``[num_pages, page_size, 576]`` bf16 or ``[..., 656]`` uint8.
         index_k: (DSA only, else empty) tensors ``[num_pages, page_size * 132]`` uint8.
-        kv_layout, page_size, num_pages, device.
+        kv_layout, page_size, num_pages, device, draft_layers (pools past the main stack: ``mla[n:]``).
 
     ``dtype`` is the model's dtype, kept for callers; the pools' dtypes are fixed by the layouts. Pools are
     zero-filled: stale bytes can then never decode as NaN/inf, and page 0 (reserved) stays finite.
@@ -47,6 +48,7 @@ class KVCache:
         kv_layout: str = "bf16",
         device: str | torch.device = "cpu",
         dtype: torch.dtype | None = None,
+        draft_layers: int = 0,
     ) -> None:
         import torch
 
@@ -65,7 +67,10 @@ class KVCache:
         self.kv_layout = kv_layout
         self.device = torch.device(device)
         self.dtype = dtype or torch.bfloat16
-        layers = config.num_hidden_layers
+        if draft_layers < 0:
+            raise ValueError(f"draft_layers must be >= 0, got {draft_layers}")
+        self.draft_layers = draft_layers
+        layers = config.num_hidden_layers + draft_layers
         if kv_layout == "bf16":
             shape, pool_dtype = (num_pages, page_size, D_QK), torch.bfloat16
         else:
@@ -88,7 +93,7 @@ class KVCache:
     def bytes_per_token(self) -> int:
         """Cache bytes one token takes over all layers (MLA, plus index-K for DSA)."""
         per_layer = mla_bytes_per_token(self.kv_layout) + (INDEX_K_ROW_BYTES if self.config.is_dsa else 0)
-        return per_layer * self.config.num_hidden_layers
+        return per_layer * (self.config.num_hidden_layers + self.draft_layers)
 
     @property
     def total_bytes(self) -> int:

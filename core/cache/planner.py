@@ -32,7 +32,7 @@ class CachePlan:
     Attributes:
         num_pages: pages to allocate, page 0 (reserved) included.
         max_total_tokens: tokens the usable pages hold, ``(num_pages - 1) * page_size``.
-        mla_bytes_per_token / index_bytes_per_token: per token, summed over the main-stack layers.
+        mla_bytes_per_token / index_bytes_per_token: per token, summed over the main-stack (and draft) layers.
         bytes_per_token: their sum. cache_bytes: the pools' size (all ``num_pages``).
         workspace_bytes: the largest step's transient memory (sum of ``workspace``'s parts).
     """
@@ -112,18 +112,20 @@ def plan_capacity(
     max_context: int | None = None,
     dense_prefill_max_keys: int = 2048,
     graph_max_bs: int = 0,
+    draft_layers: int = 0,
 ) -> CachePlan:
     """Size the KV pools from a token count or a byte budget.
 
     Exactly one of ``budget_bytes`` (workspaces are subtracted first) or ``max_total_tokens`` is given.
     ``max_context`` defaults to ``config.max_position_embeddings``. Raises ``ValueError`` with the numbers
-    when the budget cannot hold the workspaces plus one usable page.
+    when the budget cannot hold the workspaces plus one usable page. ``draft_layers``: extra cache layers of an
+    MTP draft model (speculative decoding), sized like main-stack layers.
     """
     if (budget_bytes is None) == (max_total_tokens is None):
         raise ValueError("give exactly one of budget_bytes or max_total_tokens")
     if page_size < 1:
         raise ValueError(f"page_size must be >= 1, got {page_size}")
-    layers = config.num_hidden_layers
+    layers = config.num_hidden_layers + draft_layers
     mla = mla_bytes_per_token(kv_layout) * layers
     index = INDEX_K_ROW_BYTES * layers if config.is_dsa else 0
     per_token = mla + index

@@ -145,6 +145,13 @@ def is_mtp_tensor(name: str, config: ModelConfig) -> bool:
     return layer.isdigit() and int(layer) >= config.num_hidden_layers
 
 
+def is_shared_copy(name: str, config: ModelConfig) -> bool:
+    """True for an MTP layer's ``embed_tokens`` / ``shared_head.head``: copies of the main model's embedding and
+    head (DeepSeek ships them; engines use the main ones), so a checkpoint may omit them (the embedded tiny-chat
+    model does, to stay small)."""
+    return is_mtp_tensor(name, config) and name.endswith((".embed_tokens.weight", ".shared_head.head.weight"))
+
+
 def parameter_count(specs: dict[str, TensorSpec], *, include_scales: bool = False) -> int:
     """Number of parameters (weights, norms, biases); scales are metadata unless ``include_scales``."""
     return sum(s.numel for n, s in specs.items() if include_scales or not n.endswith("_scale_inv"))

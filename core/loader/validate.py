@@ -17,7 +17,7 @@ from typing import Any
 from dsa_runtime.errors import ConfigError
 from dsa_runtime.loader.errors import LoadError
 from dsa_runtime.loader.safetensors_header import HeaderEntry, ShardHeader, read_header
-from dsa_runtime.loader.spec import TensorSpec, expected_tensors, is_mtp_tensor
+from dsa_runtime.loader.spec import TensorSpec, expected_tensors, is_mtp_tensor, is_shared_copy
 from dsa_runtime.model.config import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -134,7 +134,8 @@ def check_tensors(config: ModelConfig, shards: dict[Path, ShardHeader], location
     """Compare the headers with :func:`expected_tensors`; returns whether the MTP layers are present.
 
     A checkpoint without any MTP tensor is accepted (many conversions drop layer N) with a warning;
-    a partial MTP layer is an error like any other missing tensor.
+    a partial MTP layer is an error like any other missing tensor, except the MTP layer's copies of the
+    embedding and head (:func:`~dsa_runtime.loader.spec.is_shared_copy`), which may be omitted.
     """
     specs = expected_tensors(config)
     problems: list[str] = []
@@ -152,9 +153,9 @@ def check_tensors(config: ModelConfig, shards: dict[Path, ShardHeader], location
             problem = _dtype_problem(name, entry, spec, config)
             if problem:
                 problems.append(f"{file}: {problem}")
-    missing = [n for n in specs if n not in location]
+    missing = [n for n in specs if n not in location and not is_shared_copy(n, config)]
     mtp_missing = [n for n in missing if is_mtp_tensor(n, config)]
-    mtp_total = sum(1 for n in specs if is_mtp_tensor(n, config))
+    mtp_total = sum(1 for n in specs if is_mtp_tensor(n, config) and not is_shared_copy(n, config))
     has_mtp = mtp_total > 0 and len(mtp_missing) < mtp_total
     if mtp_total and not has_mtp:
         log.warning("%s: no MTP layer (num_nextn_predict_layers=%d); speculative decoding is unavailable",

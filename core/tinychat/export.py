@@ -24,17 +24,18 @@ from dsa_runtime.loader.make_checkpoint import (
 
 
 def quantize_state(raw_config: dict[str, Any], state: dict, *, fp8: bool = True) -> dict:
-    """HF-named fp32/bf16 tensors -> the checkpoint's tensors (order of ``expected_tensors``)."""
+    """HF-named fp32/bf16 tensors -> the checkpoint's tensors (order of ``expected_tensors``; an MTP layer's
+    copies of the embedding and head are written only when ``state`` has them)."""
     import torch
 
-    from dsa_runtime.loader.spec import expected_tensors
+    from dsa_runtime.loader.spec import expected_tensors, is_shared_copy
     from dsa_runtime.model.config_parse import parse_hf_config
     from dsa_runtime.reference.fp8 import block_quant_weight
 
     config = parse_hf_config(raw_config)
     out = {}
     for name, spec in expected_tensors(config, fp8=fp8).items():
-        if name.endswith("_scale_inv"):
+        if name.endswith("_scale_inv") or (name not in state and is_shared_copy(name, config)):
             continue
         w = state[name].detach().float().cpu()
         if tuple(w.shape) != tuple(spec.shape):
