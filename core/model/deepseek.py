@@ -1,7 +1,8 @@
 """The DeepSeek V3 / V3.2 decoder stack: embedding, decoder layers (MLA + dense FFN or MoE), norm, head.
 
 Weights come from a dict of HF-named tensors (see ``weights.py`` for what stays FP8). The MTP layer
-(``model.layers.{num_hidden_layers}.*``) is kept aside in ``mtp_tensors``; it is not run for generation.
+(``model.layers.{num_hidden_layers}.*``) is kept aside in ``mtp_tensors``, and built as :attr:`DeepseekModel.nextn`
+(the draft model of MTP speculative decoding, ``nextn.py``) when asked for.
 The dense V3 family attends through the same absorbed kernels with every visible slot as its index set
 (and dense MHA for prefill chunks up to ``mha_max_keys`` keys), so one code path serves both families.
 """
@@ -18,6 +19,7 @@ from dsa_runtime.model.attention import AttnContext
 from dsa_runtime.model.config import ModelConfig
 from dsa_runtime.model.mla import MLA
 from dsa_runtime.model.moe import DenseFFN, MoE
+from dsa_runtime.model.nextn import NextNLayer
 from dsa_runtime.model.ops import linear, rms_norm
 from dsa_runtime.model.rope import Rope
 from dsa_runtime.model.weights import WeightSource
@@ -51,10 +53,11 @@ class DeepseekModel:
     rank's slices (``dsa_runtime.distributed.sharding``): local heads, intermediate and vocabulary rows.
     ``moe_fp32_sum``: the MoE rounds its experts' fp32 sum once (see :class:`MoE`), the single-process
     counterpart of TP's fp32 partial sums (``ParallelConfig.reduce_dtype``).
+    ``nextn``: also build the checkpoint's first MTP layer as :attr:`nextn` (``KeyError`` when it is missing).
     """
 
     def __init__(self, config: ModelConfig, tensors: dict[str, Tensor], *, dtype: torch.dtype,
-                 device: torch.device, tp=None, moe_fp32_sum: bool = False):
+                 device: torch.device, tp=None, moe_fp32_sum: bool = False, nextn: bool = False):
         self.config, self.dtype, self.device, self.tp = config, dtype, device, tp
         n = config.num_hidden_layers
         mtp_prefix = f"model.layers.{n}."
@@ -73,6 +76,12 @@ class DeepseekModel:
         unused = sorted(set(main) - ws.used)
         if unused:
             raise ValueError(f"unexpected checkpoint tensor {unused[0]!r} ({len(unused)} unused in all)")
+        self.nextn: NextNLayer | None = None
+        if nextn:
+            if not config.num_nextn_predict_layers or not self.mtp_tensors:
+                raise KeyError("the checkpoint has no MTP (NextN) layer (num_nextn_predict_layers is 0 or its "
+                               f"tensors model.layers.{n}.* are missing): speculative decoding needs one")
+            self.nextn = NextNLayer(WeightSource(self.mtp_tensors, device, dtype), n, config, tp, moe_fp32_sum)
         self.rope = Rope(config, device)
         # Vocab-parallel embedding / head: this rank's rows [v0, v0 + rows); the head is padded to the
         # common part size so every rank's logits slice has one shape for the all-gather.
@@ -109,6 +118,16 @@ class DeepseekModel:
         for i, layer in enumerate(self.layers):
             h = layer(h, cos, sin, ctx, kv_pools[i], index_pools[i] if index_pools else None)
         return rms_norm(h, self.norm, self.config.rms_norm_eps)
+
+    def draft_hidden_states(self, ctx: AttnContext, prev_hidden: Tensor, kv_pool: Tensor,
+                            index_pool: Tensor | None) -> Tensor:
+        """The NextN layer over the step's tokens (each the token after its row of ``prev_hidden`` ``[T, D]``)
+        at the step's positions; returns its post-norm hidden ``[T, D]`` (feed :meth:`logits`)."""
+        if self.nextn is None:
+            raise RuntimeError("this model was built without its NextN layer (nextn=True)")
+        step = ctx.step
+        cos, sin = self.rope.cos_sin(step.positions)
+        return self.nextn(self.embed_tokens(step.token_ids), prev_hidden, cos, sin, ctx, kv_pool, index_pool)
 
     def logits(self, hidden: Tensor) -> Tensor:
         """``[n, D]`` -> float32 ``[n, vocab]`` (vocab-parallel: local slices all-gathered, then trimmed)."""

@@ -37,16 +37,18 @@ class TrainOutput:
     logits: Tensor  # [B, T, vocab] fp32
     index_kl: Tensor  # scalar: mean indexer KL over layers (0 when the indexer is not asked for)
     expert_load: list[Tensor]  # per MoE layer [E] token counts (for the bias update)
+    hidden: Tensor | None = None  # [B, T, D] post-final-norm hidden (what the MTP layer reads)
 
 
 class TrainableDeepseek(nn.Module):
-    """Training-mode model. ``state`` holds HF-named tensors (any float dtype, no FP8)."""
+    """Training-mode model. ``state`` holds HF-named tensors (any float dtype, no FP8); with an MTP layer
+    (``model.layers.{num_hidden_layers}.*``) :meth:`mtp_forward` trains it (``mtp_parameters``); the main
+    forward and the main / indexer parameter lists leave it out."""
 
     def __init__(self, config: ModelConfig, state: dict[str, Tensor]) -> None:
         super().__init__()
-        if config.num_nextn_predict_layers:
-            raise ValueError("the training forward has no MTP layer: use num_nextn_predict_layers 0")
         self.cfg = config
+        self.mtp_prefix = f"model__layers__{config.num_hidden_layers}__"
         self.p = nn.ParameterDict({_key(k): nn.Parameter(v.detach().float().clone()) for k, v in state.items()
                                    if not k.endswith("e_score_correction_bias")})
         # The routing bias is not learnt by gradient (DeepSeek's aux-loss-free balancing).
@@ -67,10 +69,14 @@ class TrainableDeepseek(nn.Module):
         return out
 
     def indexer_parameters(self) -> list[nn.Parameter]:
-        return [v for k, v in self.p.items() if "__indexer__" in k]
+        return [v for k, v in self.p.items() if "__indexer__" in k and not k.startswith(self.mtp_prefix)]
 
     def main_parameters(self) -> list[nn.Parameter]:
-        return [v for k, v in self.p.items() if "__indexer__" not in k]
+        return [v for k, v in self.p.items() if "__indexer__" not in k and not k.startswith(self.mtp_prefix)]
+
+    def mtp_parameters(self) -> list[nn.Parameter]:
+        """The MTP layer's parameters (its indexer's included)."""
+        return [v for k, v in self.p.items() if k.startswith(self.mtp_prefix)]
 
     # ------------------------------------------------------------------------------------------ forward
     def forward(self, ids: Tensor, positions: Tensor, doc: Tensor, *, sparse: bool = False,
@@ -86,23 +92,53 @@ class TrainableDeepseek(nn.Module):
         visible = causal[None] & (doc[:, :, None] == doc[:, None, :])  # [B, T, T]
         kls, loads = [], []
         for layer in range(cfg.num_hidden_layers):
-            pre = f"model.layers.{layer}"
-            x = rms_norm(h, self.w(f"{pre}.input_layernorm.weight"), cfg.rms_norm_eps)
-            attn, kl = self._attention(x, cos, sin, visible, f"{pre}.self_attn", sparse, index_loss)
-            h = h + attn
-            if kl is not None:
-                kls.append(kl)
-            x = rms_norm(h, self.w(f"{pre}.post_attention_layernorm.weight"), cfg.rms_norm_eps)
-            if cfg.is_moe_layer(layer):
-                y, load = self._moe(x.reshape(b * t, -1), f"{pre}.mlp")
-                loads.append(load)
-                h = h + y.view(b, t, -1)
-            else:
-                h = h + self._swiglu(x, f"{pre}.mlp")
+            h = self._layer(h, layer, cos, sin, visible, sparse, index_loss, kls, loads)
         h = rms_norm(h, self.w("model.norm.weight"), cfg.rms_norm_eps)
         logits = (h @ self.w("lm_head.weight").T).float()
         kl = torch.stack(kls).mean() if kls else logits.new_zeros(())
-        return TrainOutput(logits, kl, loads)
+        return TrainOutput(logits, kl, loads, h)
+
+    def mtp_forward(self, hidden: Tensor, next_ids: Tensor, positions: Tensor, doc: Tensor, *,
+                    sparse: bool = False, index_loss: bool = False) -> TrainOutput:
+        """The MTP (NextN) layer: ``hidden`` ``[B, T, D]`` (the main model's post-norm hidden, or a previous MTP
+        pass's for chained drafting) with the embedding of ``next_ids`` ``[B, T]`` (the token after each
+        position) -> logits ``[B, T, vocab]`` predicting the token two ahead, and the MTP's post-norm hidden."""
+        cfg = self.cfg
+        n = cfg.num_hidden_layers
+        pre = f"model.layers.{n}"
+        b, t = next_ids.shape
+        if self.rope.freqs.device != next_ids.device:
+            self.rope.freqs = self.rope.freqs.to(next_ids.device)
+        cos, sin = self.rope.cos_sin(positions.reshape(-1))
+        causal = torch.ones(t, t, dtype=torch.bool, device=next_ids.device).tril()
+        visible = causal[None] & (doc[:, :, None] == doc[:, None, :])
+        e = rms_norm(self.w("model.embed_tokens.weight")[next_ids], self.w(f"{pre}.enorm.weight"), cfg.rms_norm_eps)
+        hp = rms_norm(hidden, self.w(f"{pre}.hnorm.weight"), cfg.rms_norm_eps)
+        z = torch.cat([e, hp.to(e.dtype)], dim=-1) @ self.w(f"{pre}.eh_proj.weight").T
+        kls: list[Tensor] = []
+        loads: list[Tensor] = []
+        g = self._layer(z, n, cos, sin, visible, sparse, index_loss, kls, loads)
+        g = rms_norm(g, self.w(f"{pre}.shared_head.norm.weight"), cfg.rms_norm_eps)
+        logits = (g @ self.w("lm_head.weight").T).float()
+        return TrainOutput(logits, kls[0] if kls else logits.new_zeros(()), loads, g)
+
+    def _layer(self, h: Tensor, layer: int, cos: Tensor, sin: Tensor, visible: Tensor, sparse: bool,
+               index_loss: bool, kls: list[Tensor], loads: list[Tensor]) -> Tensor:
+        """One decoder layer ``[B, T, D] -> [B, T, D]``; appends its indexer KL and expert load."""
+        cfg = self.cfg
+        b, t, _ = h.shape
+        pre = f"model.layers.{layer}"
+        x = rms_norm(h, self.w(f"{pre}.input_layernorm.weight"), cfg.rms_norm_eps)
+        attn, kl = self._attention(x, cos, sin, visible, f"{pre}.self_attn", sparse, index_loss)
+        h = h + attn
+        if kl is not None:
+            kls.append(kl)
+        x = rms_norm(h, self.w(f"{pre}.post_attention_layernorm.weight"), cfg.rms_norm_eps)
+        if cfg.is_moe_layer(layer):
+            y, load = self._moe(x.reshape(b * t, -1), f"{pre}.mlp")
+            loads.append(load)
+            return h + y.view(b, t, -1)
+        return h + self._swiglu(x, f"{pre}.mlp")
 
     def _swiglu(self, x: Tensor, pre: str) -> Tensor:
         g, u, d = (self.w(f"{pre}.{n}_proj.weight") for n in ("gate", "up", "down"))
@@ -199,9 +235,11 @@ class TrainableDeepseek(nn.Module):
         return y, load
 
     @torch.no_grad()
-    def update_bias(self, loads: list[Tensor], rate: float) -> None:
-        """Aux-loss-free balancing: raise the bias of under-loaded experts, lower the over-loaded ones."""
-        moe_layers = [layer for layer in range(self.cfg.num_hidden_layers) if self.cfg.is_moe_layer(layer)]
+    def update_bias(self, loads: list[Tensor], rate: float, layers: list[int] | None = None) -> None:
+        """Aux-loss-free balancing: raise the bias of under-loaded experts, lower the over-loaded ones
+        (``layers``: the MoE layers ``loads`` belong to; default the main stack's)."""
+        moe_layers = layers if layers is not None else [
+            layer for layer in range(self.cfg.num_hidden_layers) if self.cfg.is_moe_layer(layer)]
         for layer, load in zip(moe_layers, loads, strict=True):
             bias = self.w(f"model.layers.{layer}.mlp.gate.e_score_correction_bias")
             bias += rate * torch.sign(load.mean() - load)
