@@ -68,9 +68,11 @@ def run(args: argparse.Namespace) -> int:
     done = time.monotonic()
     n = len(final.token_ids)
     first = final.metrics.first_token if final.metrics and final.metrics.first_token else done
+    stats = llm.engine.stats()
+    spec = f", accept length {stats.spec_accept_length:.2f}" if config.speculative else ""
     print(
         f"[{n} tokens, finish: {final.finish_reason}; load {loaded - started:.1f} s, first token "
-        f"{first - loaded:.2f} s, {n / max(done - loaded, 1e-9):.1f} tokens/s]",
+        f"{first - loaded:.2f} s, {n / max(done - loaded, 1e-9):.1f} tokens/s{spec}]",
         file=sys.stderr,
     )
     return 0

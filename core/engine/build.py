@@ -77,6 +77,15 @@ def build_parts_from_weights(
     from dsa_runtime.model.runner import ModelRunner, kernel_needs
     from dsa_runtime.resolve import resolve_kernels
 
+    draft_layers = 1 if config.speculative else 0
+    if draft_layers and not (model_config.num_nextn_predict_layers and any(
+            k.startswith(f"model.layers.{model_config.num_hidden_layers}.") for k in tensors)):
+        from dsa_runtime.errors import ConfigError
+
+        raise ConfigError("--speculative-algorithm needs the checkpoint's MTP (NextN) layer, and this one has none "
+                          f"(num_nextn_predict_layers {model_config.num_nextn_predict_layers})")
+    # A verify's tokens are decode rows of their own (each its own query and length), so MTP asks the decode
+    # kernels for nothing more than one query per row.
     needs = kernel_needs(model_config, config.page_size or 1)
     if config.page_size is None:
         needs.pop("page_size")  # checked against the platform's default page size by the resolver
@@ -100,22 +109,26 @@ def build_parts_from_weights(
         "dtype": dtype,
         "max_context": max_context,
         # The decode graphs' memory pool is set aside like a workspace (they are captured on CUDA only).
-        "graph_max_bs": max(config.graph_batch_sizes(), default=0) if device.type == "cuda" else 0,
+        "graph_max_bs": max(config.graph_row_sizes(), default=0) if device.type == "cuda" else 0,
+        "draft_layers": draft_layers,
     }
-    runner_args = {"kernels": kernels, "dtype": dtype, "device": device}
+    runner_args = {"kernels": kernels, "dtype": dtype, "device": device, "nextn": bool(draft_layers)}
     if config.max_total_tokens is None and device.type == "cuda":
         # Weights first, so the budget is what is left; then the cache.
         runner = _runner_without_cache(model_config, tensors, runner_args)
         plan = plan_capacity(
             **plan_args, budget_bytes=device_budget_bytes(device, config.mem_fraction_static)
         )
-        runner.cache = KVCache(model_config, plan.num_pages, page_size, kernels.kv_layout, device, dtype)
+        runner.cache = KVCache(model_config, plan.num_pages, page_size, kernels.kv_layout, device, dtype,
+                               draft_layers=draft_layers)
     else:
         tokens = config.max_total_tokens or CPU_DEFAULT_TOKENS
         plan = plan_capacity(**plan_args, max_total_tokens=tokens)
-        cache = KVCache(model_config, plan.num_pages, page_size, kernels.kv_layout, device, dtype)
+        cache = KVCache(model_config, plan.num_pages, page_size, kernels.kv_layout, device, dtype,
+                        draft_layers=draft_layers)
         runner = ModelRunner(model_config, tensors, cache=cache, **runner_args)
-    runner.setup_decode(config.max_running_requests, max_context, config.graph_batch_sizes())
+    runner.setup_decode(config.max_running_requests, max_context, config.graph_row_sizes(),
+                        draft_steps=config.speculative_num_steps or 1, chain_batch_sizes=config.graph_batch_sizes())
     graphs = getattr(runner, "graphs", None)
     if graphs is not None:
         logger.info("decode CUDA graphs: %.1f MiB measured, %.1f MiB set aside by the memory planner",
@@ -144,5 +157,6 @@ def _runner_without_cache(model_config: Any, tensors: dict[str, Any], runner_arg
     from dsa_runtime.cache import KVCache
     from dsa_runtime.model.runner import ModelRunner
 
-    placeholder = KVCache(model_config, 2, 1, runner_args["kernels"].kv_layout, runner_args["device"])
+    placeholder = KVCache(model_config, 2, 1, runner_args["kernels"].kv_layout, runner_args["device"],
+                          draft_layers=int(runner_args["nextn"]))
     return ModelRunner(model_config, tensors, cache=placeholder, **runner_args)

@@ -16,6 +16,7 @@ AUTO = "auto"
 DTYPES = ("bfloat16", "float32")
 _DTYPE_ALIASES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp32": "float32", "float32": "float32"}
 KV_CACHE_DTYPES = ("auto", "bf16", "fp8_e4m3")
+SPECULATIVE_ALGORITHMS = ("EAGLE", "NEXTN")
 # --kv-cache-dtype value -> MLA cache layout of the kernel families (kernels.md: bf16 576 / FP8 656 bytes).
 _KV_LAYOUT = {"auto": AUTO, "bf16": "bf16", "fp8_e4m3": "fp8_656"}
 
@@ -170,6 +171,26 @@ class EngineConfig:
                       "fp32 (tp N equals tp 1 up to fp32 summation order; 2x all-reduce bytes) or bf16",
                       choices=("fp32", "bf16")),
     )
+    speculative_algorithm: str | None = field(
+        default=None,
+        metadata=_opt("--speculative-algorithm", "speculative decoding: EAGLE (NEXTN is an alias) drafts tokens with "
+                      "the checkpoint's MTP (NextN) layer and verifies them in one target forward "
+                      "(default: off)", choices=SPECULATIVE_ALGORITHMS),
+    )
+    speculative_num_steps: int | None = field(
+        default=None,
+        metadata=_opt("--speculative-num-steps", "draft steps per verify (default 3 with --speculative-algorithm)"),
+    )
+    speculative_eagle_topk: int | None = field(
+        default=None,
+        metadata=_opt("--speculative-eagle-topk", "draft candidates per step (only 1, a chain, is supported; "
+                      "default 1)"),
+    )
+    speculative_num_draft_tokens: int | None = field(
+        default=None,
+        metadata=_opt("--speculative-num-draft-tokens", "tokens per verify, the last accepted one included "
+                      "(with top-k 1: --speculative-num-steps + 1, the default)"),
+    )
     indexer_backend: str = field(
         default=AUTO, metadata=_opt("--indexer-backend", "lightning-indexer backend")
     )
@@ -192,6 +213,9 @@ class EngineConfig:
             "chunked_prefill_size",
             "max_running_requests",
             "cuda_graph_max_bs",
+            "speculative_num_steps",
+            "speculative_eagle_topk",
+            "speculative_num_draft_tokens",
         ):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
@@ -201,12 +225,48 @@ class EngineConfig:
             if not sizes or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in sizes):
                 raise ConfigError(f"--cuda-graph-bs must be integers >= 1, got {self.cuda_graph_bs!r}")
             self.cuda_graph_bs = sorted(set(sizes))
+        self._check_speculative()
         try:
             self.parallel()
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         if not 0.0 < float(self.mem_fraction_static) <= 1.0:
             raise ConfigError(f"--mem-fraction-static must be in (0, 1], got {self.mem_fraction_static!r}")
+
+    def _check_speculative(self) -> None:
+        """Fill the speculative defaults (3 steps, top-k 1, steps + 1 draft tokens) and reject what is unsupported."""
+        given = [flag_of(n) for n in ("speculative_num_steps", "speculative_eagle_topk",
+                                      "speculative_num_draft_tokens") if getattr(self, n) is not None]
+        if self.speculative_algorithm is None:
+            if given:
+                raise ConfigError(f"{given[0]} needs --speculative-algorithm EAGLE (or NEXTN)")
+            return
+        algo = str(self.speculative_algorithm).upper()
+        if algo not in SPECULATIVE_ALGORITHMS:
+            raise ConfigError(f"--speculative-algorithm must be one of {', '.join(SPECULATIVE_ALGORITHMS)}, "
+                              f"got {self.speculative_algorithm!r}")
+        self.speculative_algorithm = "EAGLE"  # NEXTN is SGLang's alias: the same MTP drafting
+        if self.speculative_num_steps is None:
+            self.speculative_num_steps = 3
+        if self.speculative_eagle_topk is None:
+            self.speculative_eagle_topk = 1
+        if self.speculative_eagle_topk != 1:
+            raise ConfigError(f"--speculative-eagle-topk {self.speculative_eagle_topk}: only 1 (chain drafting) is "
+                              "supported; tree drafts are not implemented")
+        if self.speculative_num_draft_tokens is None:
+            self.speculative_num_draft_tokens = self.speculative_num_steps + 1
+        if self.speculative_num_draft_tokens != self.speculative_num_steps + 1:
+            raise ConfigError(f"--speculative-num-draft-tokens must be --speculative-num-steps + 1 "
+                              f"({self.speculative_num_steps + 1}) with --speculative-eagle-topk 1, got "
+                              f"{self.speculative_num_draft_tokens}")
+        if self.tp > 1:
+            raise ConfigError("--speculative-algorithm with --tp > 1 is not supported yet (the NextN layer is not "
+                              "sharded); run it on one rank")
+
+    @property
+    def speculative(self) -> bool:
+        """Whether MTP speculative decoding is on."""
+        return self.speculative_algorithm is not None
 
     def parallel(self) -> Any:
         """The :class:`~dsa_runtime.distributed.ParallelConfig` of ``--tp`` / ``--dp`` / the node flags."""
@@ -225,6 +285,19 @@ class EngineConfig:
         from dsa_runtime.model.decode_graph import default_batch_sizes
 
         return default_batch_sizes(self.cuda_graph_max_bs or min(self.max_running_requests, 256))
+
+    def graph_row_sizes(self) -> list[int]:
+        """Row buckets of the target and draft decode graphs: the batch sizes, and with speculation up to
+        ``speculative_num_steps + 1`` rows per request (a verify's rows; a draft extend's at most as many)."""
+        sizes = self.graph_batch_sizes()
+        if not sizes or not self.speculative:
+            return sizes
+        per = self.speculative_num_steps + 1
+        if self.cuda_graph_bs is not None:
+            return sorted(set(sizes) | {s * per for s in sizes})
+        from dsa_runtime.model.decode_graph import default_batch_sizes
+
+        return default_batch_sizes(max(sizes) * per)
 
     @property
     def kv_layout(self) -> str:

@@ -28,6 +28,7 @@ from dsa_runtime.engine.params import SamplingParams
 from dsa_runtime.engine.request import Request, Status
 from dsa_runtime.engine.sampler import PendingSample, sample_async
 from dsa_runtime.engine.scheduler import Scheduler
+from dsa_runtime.engine.speculative import Speculator
 from dsa_runtime.engine.stop import find_stop
 from dsa_runtime.engine.structured import GrammarBackend, GrammarState
 from dsa_runtime.model.batch import pack_in_order
@@ -112,6 +113,13 @@ class Engine:
             on_release=self._release_slot if self._slots is not None else None,
             prefix_cache=self.prefix_cache,
         )
+        # MTP speculative decoding: decode steps draft and verify several tokens (speculative.py), synchronously.
+        self._spec: Speculator | None = None
+        if self.config.speculative:
+            self._spec = Speculator(self, self.config.speculative_num_steps)
+            self._overlap = False
+            self.scheduler.lookahead = self.config.speculative_num_steps
+            self.scheduler.max_model_len = self.max_model_len
         self._seeds = random.Random(self.config.seed)
         self._requests: dict[str, Request] = {}
         self._pending: list[RequestOutput] = []
@@ -176,6 +184,9 @@ class Engine:
         dropped).
         """
         outputs, self._pending = self._pending, []
+        if self._spec is not None:
+            plan = self.scheduler.schedule()
+            return outputs + (self._spec.step(plan) if plan else [])
         if self._inflight is not None and not self._can_overlap():
             outputs += self._resolve()
         plan = self.scheduler.schedule()
@@ -333,6 +344,7 @@ class Engine:
         if request.slot >= 0:
             self._slots.release(request.slot)
             request.slot = -1
+        request.draft_ready = False
 
     def _append(self, request: Request, token: int, logprob: TokenLogprob | None) -> None:
         """Add a sampled token, update the text and decide whether the request is finished."""
@@ -436,4 +448,8 @@ class Engine:
             pages_cached=cached,
             prefix_cache_queries_total=cache.query_tokens if cache is not None else 0,
             prefix_cache_hits_total=cache.hit_tokens if cache is not None else 0,
+            spec_verifies_total=self._spec.counters.verifies if self._spec is not None else 0,
+            spec_draft_tokens_total=self._spec.counters.drafted if self._spec is not None else 0,
+            spec_accepted_tokens_total=self._spec.counters.accepted if self._spec is not None else 0,
+            spec_emitted_tokens_total=self._spec.counters.emitted if self._spec is not None else 0,
         )

@@ -78,3 +78,12 @@ class EngineStats:
     pages_cached: int = 0  # prefix-cache pages nobody references (evictable; not in pages_used)
     prefix_cache_queries_total: int = 0  # prompt tokens looked up in the prefix cache
     prefix_cache_hits_total: int = 0  # of them, tokens found cached
+    spec_verifies_total: int = 0  # MTP: verifies of a request with at least one draft token
+    spec_draft_tokens_total: int = 0  # draft tokens verified
+    spec_accepted_tokens_total: int = 0  # of them, accepted
+    spec_emitted_tokens_total: int = 0  # tokens those verifies produced (accepted + the target's own)
+
+    @property
+    def spec_accept_length(self) -> float:
+        """Mean tokens per verify (0 without speculation)."""
+        return self.spec_emitted_tokens_total / self.spec_verifies_total if self.spec_verifies_total else 0.0

@@ -53,6 +53,9 @@ class Request:
     cache_nodes: list = field(default_factory=list)  # prefix-cache nodes this request references
     num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache at admission (not computed)
     grammar: GrammarState | None = None  # the matcher of a structured-output request
+    # MTP speculation: whether its slot holds a first draft token and chain state (set by a draft extend,
+    # cleared when the slot is released).
+    draft_ready: bool = False
 
     @property
     def prompt_token_ids(self) -> list[int]:

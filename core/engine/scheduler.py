@@ -76,6 +76,10 @@ class Scheduler:
         self.num_preemptions = 0
         self.on_release = on_release
         self.cache = prefix_cache
+        # MTP speculation: a decoding request also gets pages for this many draft tokens when they are free
+        # (never by preempting another request; without them it drafts fewer).
+        self.lookahead = 0
+        self.max_model_len: int | None = None  # caps the lookahead (the block table ends there)
 
     # --- queue management ------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -103,6 +107,8 @@ class Scheduler:
                 break
             if request.status is not Status.RUNNING:
                 continue  # preempted earlier in this loop
+            if self.lookahead:
+                self._grow(request, min(request.num_computed + 1 + self.lookahead, self.max_model_len or 1 << 62))
             while not self._grow(request, request.num_computed + 1):
                 victim = self._victim(request, planned)
                 self._preempt(victim or request)

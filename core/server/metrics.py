@@ -66,6 +66,13 @@ class ServerMetrics:
               lambda s: s.prefix_cache_hits_total)
         gauge("dsa:prefix_cache_hit_rate", "Prefix-cache hits over lookups, in tokens (0..1).",
               lambda s: s.prefix_cache_hits_total / s.prefix_cache_queries_total if s.prefix_cache_queries_total else 0.0)
+        # MTP speculative decoding (zero without --speculative-algorithm); SGLang reports the accept length.
+        gauge("dsa:spec_verify_total", "Speculative verifies (of a request with at least one draft token).",
+              lambda s: s.spec_verifies_total)
+        gauge("dsa:spec_draft_tokens_total", "Draft tokens verified.", lambda s: s.spec_draft_tokens_total)
+        gauge("dsa:spec_accepted_tokens_total", "Draft tokens accepted.", lambda s: s.spec_accepted_tokens_total)
+        gauge("dsa:spec_accept_length", "Mean tokens per speculative verify (accepted drafts + 1).",
+              lambda s: s.spec_accept_length)
 
     def finished(self, reason: str) -> None:
         self._success.labels(self._model_name, reason).inc()
