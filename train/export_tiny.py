@@ -1,5 +1,6 @@
 """Export a training run's bf16 state (``state-*.safetensors`` + ``tokenizer.json``) as the embedded FP8
-checkpoint: ``python train/export_tiny.py RUN_DIR [core/loader/data/tiny-chat]``."""
+checkpoint: ``python train/export_tiny.py RUN_DIR [core/loader/data/tiny-chat]``. A main-model run (no MTP
+tensors) is written with ``num_nextn_predict_layers`` 0; ``train/train_nextn.py`` then adds the MTP layer."""
 
 from __future__ import annotations
 
@@ -22,7 +23,10 @@ def main(argv: list[str]) -> int:
     tok_json = (run / "tokenizer.json").read_text(encoding="utf-8")
     if target.exists():
         shutil.rmtree(target)
-    write_checkpoint(target, preset_config("tiny-chat"), state, tok_json, num_shards=2)
+    raw = preset_config("tiny-chat")
+    if not any(k.startswith(f"model.layers.{raw['num_hidden_layers']}.") for k in state):
+        raw["num_nextn_predict_layers"] = 0
+    write_checkpoint(target, raw, state, tok_json, num_shards=2)
     size = sum(f.stat().st_size for f in target.iterdir())
     print(f"wrote {target} ({size / 2**20:.1f} MiB)")
     return 0

@@ -166,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     raw = preset_config(PRESET)
+    raw["num_nextn_predict_layers"] = 0  # the main model only: train_nextn.py adds the MTP layer afterwards
     cfg = parse_hf_config(raw)
     t0 = time.time()
     tok_json = train_chat_tokenizer(cfg.vocab_size).to_str(pretty=True) + "\n"

@@ -110,13 +110,15 @@ _TINY_V3: dict[str, Any] = {
 }
 
 # The trained embedded chat model (issue 13, docs/tiny-model.md): the tiny-v32 widths with 5 layers, larger
-# experts, no MTP layer, a 3072-id tokenizer and index_topk 128, well below the 1024-token training context.
+# experts, a 3072-id tokenizer and index_topk 128, well below the 1024-token training context, and one MTP layer
+# (issue 22: trained after the main model by train/train_nextn.py; it ships without the MTP copies of the
+# embedding and head).
 _TINY_CHAT: dict[str, Any] = {
     **_TINY_V32,
     "num_hidden_layers": 5,
     "intermediate_size": 768,
     "moe_intermediate_size": 256,
-    "num_nextn_predict_layers": 0,
+    "num_nextn_predict_layers": 1,
     "index_topk": 128,
     "vocab_size": 3072,
 }

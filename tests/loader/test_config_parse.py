@@ -82,7 +82,7 @@ def test_presets_parse_with_real_kernel_widths(name):
 def test_tiny_chat_preset_is_v32_with_sparsity_well_below_the_training_context():
     cfg = parse_hf_config(preset_config("tiny-chat"))
     assert (cfg.kv_lora_rank, cfg.qk_rope_head_dim, cfg.index_head_dim) == (512, 64, 128)
-    assert cfg.is_dsa and cfg.scale_fmt == "ue8m0" and cfg.num_nextn_predict_layers == 0
+    assert cfg.is_dsa and cfg.scale_fmt == "ue8m0" and cfg.num_nextn_predict_layers == 1
     assert [cfg.is_moe_layer(layer) for layer in range(cfg.num_hidden_layers)] == [False] + [True] * 4
     assert cfg.index_topk * 8 <= 1024  # the training context (train/train_tiny.py --ctx)
 
