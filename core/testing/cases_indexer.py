@@ -192,8 +192,9 @@ def cases() -> list[Case]:
             _ragged_case(32, 4, 1024, "empty", "full")]
     out += [
         _paged_case(*spec, "quick")
-        for spec in [(16, 1, 64, 3, 150), (64, 2, 64, 3, 150), (64, 2, 16, 4, 70), (32, 1, 16, 3, 40), (1, 2, 1, 3, 9)]
+        for spec in [(16, 1, 64, 3, 150), (64, 2, 64, 3, 150), (64, 2, 16, 4, 70), (32, 1, 16, 3, 40), (1, 2, 1, 3, 9),
+                     (64, 4, 64, 3, 150), (16, 4, 16, 3, 70)]  # 4 queries: an MTP verify of 3 drafts
     ]
     out += [_paged_case(64, 2, 64, 32, 32768, "full"), _paged_case(64, 1, 64, 128, 8192, "full"),
-            _paged_case(32, 2, 64, 16, 4096, "full")]
+            _paged_case(32, 2, 64, 16, 4096, "full"), _paged_case(64, 4, 64, 16, 8192, "full")]
     return out

@@ -44,13 +44,13 @@ def test_ids_unique_stable_and_tiered():
         "topk/topk/r12/l100/k64/short", "/empty/", "ragged_batch", "/ties", "neginf", "k2048",
         "topk/page_table_transform/", "topk/topk_transform/",
         # sparse attention: head counts needing padding, MTP, page sizes, both layouts, both scale rules
-        "sparse_attn/prefill/h1/", "/h16/", "/h20/", "/h96/", "/h128/", "/q2/", "/p16/", "/p1/",
+        "sparse_attn/prefill/h1/", "/h16/", "/h20/", "/h96/", "/h128/", "/q2/", "/q4/", "/p16/", "/p1/",
         "decode/bf16/", "decode/fp8_656/", "empty_query",
         # KV quant: layouts, scale rules, FP8 edge values, page sizes, index-K pages
         "quantize_mla/fp8_656/ue8m0", "/edge", "store_mla/bf16/p16",
         "store_index_k/p16", "gather_index_k/p64",
         # indexer
-        "quantize_q/h64", "quantize_q/h1/", "quantize_k/", "logits_ragged/", "logits_paged/h64/q2",
+        "quantize_q/h64", "quantize_q/h1/", "quantize_k/", "logits_ragged/", "logits_paged/h64/q2", "logits_paged/h64/q4",
         # MoE: routing at E = 256, ties, bf16 / FP8 experts with partial blocks, -1 ids, shared on/off
         "moe/route/e256/g8x4/k8", "moe/route/e48/g8x4/k8/t12/renorm/s2.5/ties", "experts/bf16/", "experts/fp8/",
         "d320/i96", "/shared/", "/noshared/", "all_neg",
