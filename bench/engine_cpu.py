@@ -152,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
         help="torch threads for both engines (process-wide; default: the engine's --cpu-threads default)",
     )  # fmt: skip
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
+    parser.add_argument("--speculative", action="store_true",
+                        help="also tokens/s with and without MTP speculation on the embedded model at --batches "
+                             "(bench/spec_decode.py: held-out chat prompts, 3 draft steps)")
     parser.add_argument("--json", default="bench/results/engine_cpu.json", help="where to write the results")
     args = parser.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(",")]
@@ -178,6 +181,12 @@ def main(argv: list[str] | None = None) -> int:
                      "backend": "auto (torch on CPU)"},
         "rows": rows,
     }  # fmt: skip
+    if args.speculative:
+        from spec_decode import device_name, measure, print_table
+
+        spec_rows = measure(args.batches, 200, 3, "cpu")
+        print_table(spec_rows, device_name("cpu"))
+        result["speculative"] = spec_rows
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp_file = out.with_suffix(out.suffix + ".tmp")

@@ -132,6 +132,10 @@ def main() -> None:
                     help="also time two fresh processes from start to first token (the second finds the kernel caches)")
     ap.add_argument("--cprofile", metavar="MODE",
                     help="instead of the table: cProfile 16 decode steps at batch 1 in MODE, top 25 by own time")
+    ap.add_argument("--speculative", action="store_true",
+                    help="also tokens/s with and without MTP speculation at --spec-batches (bench/spec_decode.py: "
+                         "held-out chat prompts to completion, 3 draft steps)")
+    ap.add_argument("--spec-batches", default="1,8,32")
     ap.add_argument("--json", default="bench/results/engine_gpu.json")
     args = ap.parse_args()
     import torch
@@ -172,6 +176,15 @@ def main() -> None:
            "device": torch.cuda.get_device_name(), "torch": torch.__version__, "python": platform.python_version(),
            "settings": vars(args), "engine_start_s": starts, "process_start_to_first_token_s": cold,
            "rows": rows}
+    if args.speculative:
+        import sys
+
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from spec_decode import measure, print_table
+
+        spec_rows = measure([int(b) for b in args.spec_batches.split(",")], 200, 3, "cuda")
+        print_table(spec_rows, torch.cuda.get_device_name())
+        out["speculative"] = spec_rows
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=2))
     print(f"wrote {args.json}")

@@ -8,9 +8,11 @@ V3.2 encoder, generated greedily by :class:`dsa_runtime.LLM` and read back by th
 * ``arith`` / ``convert`` / ``fact``: the expected value is the last number (or the word) of the answer;
 * ``agree``: the same prompts on the same weights with ``index_topk`` >= the context (dense attention):
   share of prompts whose greedy token ids are identical;
-* ``latency``: seconds per reply (one request at a time) on this machine.
+* ``latency``: seconds per reply (one request at a time) on this machine;
+* ``accept length`` (with ``--speculative-algorithm EAGLE``): mean tokens per MTP verify over the batch run
+  (the greedy outputs, and so every score, are those of plain decoding).
 
-``python bench/tiny_eval.py [--model DIR] [--n 40] [--no-dense] [--json OUT]``
+``python bench/tiny_eval.py [--model DIR] [--n 40] [--no-dense] [--speculative-algorithm EAGLE] [--json OUT]``
 """
 
 from __future__ import annotations
@@ -103,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", choices=sorted(KINDS), default=None, help="evaluate one kind only (n prompts)")
     ap.add_argument("--latency", type=int, default=6, help="single requests timed per kind")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--speculative-algorithm", choices=("EAGLE", "NEXTN"), default=None,
+                    help="decode with MTP speculation and report the mean accept length")
+    ap.add_argument("--speculative-num-steps", type=int, default=None)
     ap.add_argument("--split", choices=("heldout", "train"), default="heldout",
                     help="entities of the held-out lists (default) or of the training lists (fresh draws)")
     args = ap.parse_args(argv)
@@ -113,11 +118,21 @@ def main(argv: list[str] | None = None) -> int:
 
     model = Path(args.model) if args.model else default_model_path()
     items = held_out(args.n, args.seed, args.split == "heldout", args.only)
-    llm = LLM(model=str(model))
+    spec = {}
+    if args.speculative_algorithm:
+        spec = {"speculative_algorithm": args.speculative_algorithm,
+                "speculative_num_steps": args.speculative_num_steps}
+    llm = LLM(model=str(model), **spec)
     t0 = time.time()
     sparse = run(llm, items, args.max_tokens)
     report = {"model": str(model), "split": args.split, "prompts": len(items), "threads": torch.get_num_threads(),
               "batch_seconds": round(time.time() - t0, 1), "scores": score(items, sparse)}
+    if spec:
+        st = llm.engine.stats()
+        report["speculative"] = {
+            "num_steps": llm.engine.config.speculative_num_steps, "accept_length": round(st.spec_accept_length, 3),
+            "verifies": st.spec_verifies_total, "draft_tokens": st.spec_draft_tokens_total,
+            "accepted_tokens": st.spec_accepted_tokens_total}
     lat: list[float] = []
     per_kind: dict[str, list[tuple[float, int, int]]] = {}
     if args.latency:
@@ -152,6 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     if "agree" in report:
         a = report["agree"]
         print(f"{'agree':10} {a['same']:6d} {a['total']:6d} {a['share']:7.1%}")
+    if "speculative" in report:
+        sp = report["speculative"]
+        print(f"accept length {sp['accept_length']:.2f} with {sp['num_steps']} draft steps "
+              f"({sp['accepted_tokens']} of {sp['draft_tokens']} draft tokens accepted over {sp['verifies']} verifies)")
     for k, v in report.get("latency_by_kind", {}).items():
         print(f"latency {k:8} median {v['median_s']} s, max {v['max_s']} s ({v['prompt_tokens']} prompt, "
               f"{v['generated_tokens']} generated tokens)")
