@@ -117,6 +117,11 @@ ALLOWED: dict[tuple[str, str], str] = {
      "--shares 0.5,0.05,0.45 --dense-every 3 --invent 0.5 --no-checkpoint"):
         "training: minutes on a GPU, resumes run4",
     ("docs/tiny-model.md", "python train/export_tiny.py run5"): "exports run5, the output of the training above",
+    ("docs/tiny-model.md", "python train/train_nextn.py --out nextn1 --time-budget 210 --device cuda"):
+        "training the NextN layer: minutes on a GPU",
+    ("docs/tiny-model.md", "cp nextn1/checkpoint/{config.json,model-0000*-of-00002.safetensors,"
+                           "model.safetensors.index.json} core/loader/data/tiny-chat/"):
+        "installs nextn1, the output of the training above",
 }
 
 # (file, command) -> module it needs: run when importable, else skipped with that reason (CI installs triton).
