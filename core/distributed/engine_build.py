@@ -35,7 +35,7 @@ def _spec(config: Any, path: Path, kernels: Any, num_pages: int, page_size: int,
     threads = config.cpu_threads or (1 if hidden <= 1024 else None)
     return RankSpec(model_path=str(path), dtype=config.dtype, device_type=device_type,
                     kernel_config=config.kernel_config(), num_pages=num_pages, page_size=page_size,
-                    cpu_threads=threads if device_type == "cpu" else None)
+                    cpu_threads=threads if device_type == "cpu" else None, nextn=config.speculative)
 
 
 def _kernels(config: Any, model_config: Any) -> Any:
@@ -76,7 +76,8 @@ def _num_pages(config: Any, model_config: Any, kernels: Any, page_size: int) -> 
     plan = plan_capacity(config=model_config, page_size=page_size, kv_layout=kernels.kv_layout,
                          chunked_prefill_size=config.chunked_prefill_size, max_running=config.max_running_requests,
                          dtype=getattr(torch, config.dtype), max_context=model_config.max_position_embeddings,
-                         max_total_tokens=config.max_total_tokens or DEFAULT_TOKENS)
+                         max_total_tokens=config.max_total_tokens or DEFAULT_TOKENS,
+                         draft_layers=1 if config.speculative else 0)
     return plan.num_pages
 
 
@@ -90,6 +91,11 @@ def build_distributed_parts(config: Any, path: Path, extra_eos: set[int]) -> Any
 
     layout = inspect_layout(path)
     model_config = layout.config
+    if config.speculative and not layout.has_mtp:
+        from dsa_runtime.errors import ConfigError
+
+        raise ConfigError("--speculative-algorithm needs the checkpoint's MTP (NextN) layer, and this one has none "
+                          f"(num_nextn_predict_layers {model_config.num_nextn_predict_layers})")
     kernels = _kernels(config, model_config)
     page_size = config.page_size or kernels.defaults.page_size
     num_pages = _num_pages(config, model_config, kernels, page_size)

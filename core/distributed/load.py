@@ -32,8 +32,10 @@ class RankCheckpoint:
     extras: dict[str, Any] = field(default_factory=dict)
 
 
-def load_rank_checkpoint(path: str | Path, info: RankInfo, *, with_tokenizer: bool = True) -> RankCheckpoint:
-    """Validate ``path`` and read this rank's slices. Raises the loader's one-line ``LoadError``."""
+def load_rank_checkpoint(path: str | Path, info: RankInfo, *, with_tokenizer: bool = True,
+                         mtp: bool = False) -> RankCheckpoint:
+    """Validate ``path`` and read this rank's slices (``mtp``: the MTP layer's too). Raises the loader's one-line
+    ``LoadError``."""
     from safetensors import safe_open
 
     from dsa_runtime.loader.errors import LoadError
@@ -56,7 +58,7 @@ def load_rank_checkpoint(path: str | Path, info: RankInfo, *, with_tokenizer: bo
                 raise LoadError(f"{layout.location[name]}: cannot read tensor {name}: {str(exc).splitlines()[0]}") from None
 
         reader = Reader(list(entries), lambda n: tuple(entries[n].shape), lambda n: entries[n].dtype == "F8_E4M3", read)
-        tensors = shard_state(reader, info, layout.config.num_hidden_layers)
+        tensors = shard_state(reader, info, layout.config.num_hidden_layers, mtp=mtp)
     tokenizer = None
     if with_tokenizer and (layout.folder / "tokenizer.json").is_file():
         from dsa_runtime.loader.tokenizer import load_tokenizer

@@ -50,6 +50,8 @@ class RankSpec:
         mha_max_keys, cpu_threads: as for the single-process runner.
         setup: ``"module:function"`` names called as ``fn()`` on every rank before anything is built
             (tests register extra backends this way); hooks: called as ``fn(runner)`` once it is built.
+        nextn: every rank also builds its slice of the MTP layer and a draft cache layer (speculative
+            decoding; ``model_path`` or ``tensors`` only).
     """
 
     model_path: str | None = None
@@ -65,6 +67,7 @@ class RankSpec:
     cpu_threads: int | None = 1
     setup: list[str] = field(default_factory=list)
     hooks: list[str] = field(default_factory=list)
+    nextn: bool = False
 
 
 def free_port() -> int:
@@ -91,13 +94,15 @@ def build_rank_runner(spec: RankSpec, tp: Any) -> Any:
         load_object(name)()  # type: ignore[operator]
     info = tp.info
     if spec.model_path is not None:
-        part = load_rank_checkpoint(spec.model_path, info, with_tokenizer=False)
+        part = load_rank_checkpoint(spec.model_path, info, with_tokenizer=False, mtp=spec.nextn)
         config, tensors, loaded = part.config, part.tensors, part.bytes_read
     elif spec.tensors is not None:
         config = spec.config
-        tensors = shard_tensors(spec.tensors, info, config.num_hidden_layers)
+        tensors = shard_tensors(spec.tensors, info, config.num_hidden_layers, mtp=spec.nextn)
         loaded = tensor_bytes(tensors)
     else:
+        if spec.nextn:
+            raise ValueError("random TP weights have no MTP layer: speculative decoding needs model_path or tensors")
         from dsa_runtime.distributed.random_weights import rank_random_state
 
         config = spec.config
@@ -106,9 +111,10 @@ def build_rank_runner(spec: RankSpec, tp: Any) -> Any:
     kcfg = spec.kernel_config or KernelConfig(platform="cpu" if spec.device_type == "cpu" else "auto")
     needs = kernel_needs(config, spec.page_size, attn_tp=info.attn_size)
     kernels = resolve_kernels(kcfg, needs=needs)
-    cache = KVCache(config, spec.num_pages, spec.page_size, kernels.kv_layout, tp.device, getattr(torch, spec.dtype))
+    cache = KVCache(config, spec.num_pages, spec.page_size, kernels.kv_layout, tp.device, getattr(torch, spec.dtype),
+                    draft_layers=int(spec.nextn))
     runner = ModelRunner(config, tensors, kernels=kernels, cache=cache, dtype=spec.dtype, device=tp.device,
-                         mha_max_keys=spec.mha_max_keys, tp=tp)
+                         mha_max_keys=spec.mha_max_keys, tp=tp, nextn=spec.nextn)
     runner.bytes_loaded = loaded  # type: ignore[attr-defined]
     del tensors
     for hook in spec.hooks:
@@ -167,6 +173,10 @@ def worker_main(local_rank: int, parallel: ParallelConfig, spec: RankSpec, metho
                 from dsa_runtime.backend import load_object
 
                 dist.gather_object(load_object(payload)(runner), None, dst=0, group=tp.ctrl_group)
+                continue
+            if kind == "draft":  # the NextN layer (speculative decoding; no DP attention)
+                batch, prev = payload
+                runner.draft_forward(batch, prev.to(device))
                 continue
             try:
                 result = run_step(runner, tp, payload)
@@ -254,8 +264,40 @@ class DistributedRunner:
 
         dist.broadcast_object_list([msg], src=0, group=self.tp.ctrl_group)
 
-    def forward(self, batch: Any) -> list[Any]:
-        """One step on every rank; logits per sequence as :meth:`ModelRunner.forward` returns them."""
+    @property
+    def nextn(self) -> bool:
+        """Whether every rank runs the MTP layer (speculative decoding through :meth:`draft_forward`)."""
+        return self.spec.nextn
+
+    @property
+    def dtype(self) -> Any:
+        return self.runner.dtype
+
+    @property
+    def device(self) -> Any:
+        return self.runner.device
+
+    def draft_forward(self, batch: Any, prev_hidden: Any) -> tuple[list[Any], Any]:
+        """:meth:`ModelRunner.draft_forward` on every rank (``prev_hidden`` is sent to the workers): the NextN
+        layer's logits per sequence and its hidden states, on rank 0."""
+        from dsa_runtime.model.batch import build_step
+
+        if self._closed:
+            raise WorkerDiedError("the tensor-parallel runtime was shut down")
+        self.check_workers()
+        build_step(batch, page_size=self.spec.page_size, num_pages=self.spec.num_pages,
+                   vocab_size=self.runner.config.vocab_size, device="cpu")
+        try:
+            self._broadcast(("draft", (batch, prev_hidden.cpu())))
+            return self.runner.draft_forward(batch, prev_hidden)
+        except Exception as exc:
+            self._closed = True
+            self._kill()
+            raise self._died(exc) from exc
+
+    def forward(self, batch: Any, *, hidden: bool = False) -> list[Any] | tuple[list[Any], list[Any]]:
+        """One step on every rank; logits per sequence as :meth:`ModelRunner.forward` returns them (with
+        ``hidden``, rank 0's hidden states too; only without DP attention)."""
         import torch.distributed as dist
 
         from dsa_runtime.model.batch import build_step
@@ -267,8 +309,12 @@ class DistributedRunner:
         # Validate before any rank starts, so a bad batch is one clear error and nobody waits.
         build_step(batch, page_size=self.spec.page_size, num_pages=self.spec.num_pages,
                    vocab_size=cfg.vocab_size, device="cpu")
+        if hidden and self.parallel.dp > 1:
+            raise ValueError("hidden states are not gathered under DP attention")
         try:
             self._broadcast(("step", batch))
+            if hidden:
+                return self.runner.forward(batch, hidden=True)
             result = run_step(self.runner, self.tp, batch)
             if self.parallel.dp > 1:
                 parts: list[Any] = [None] * self.parallel.tp

@@ -123,12 +123,15 @@ def _slice_fp8(reader: Reader, name: str, dim: int, start: int, end: int, out: d
     out[name] = (w.float() * expanded).to(torch.bfloat16)
 
 
-def shard_state(reader: Reader, info: RankInfo, num_hidden_layers: int) -> dict[str, Tensor]:
-    """This rank's tensors (HF names; MTP layers dropped), reading only its slices through ``reader``."""
+def shard_state(reader: Reader, info: RankInfo, num_hidden_layers: int, *, mtp: bool = False) -> dict[str, Tensor]:
+    """This rank's tensors (HF names), reading only its slices through ``reader``. MTP layers are dropped unless
+    ``mtp`` (speculative decoding): their decoder layer then splits like any other, ``eh_proj`` and the norms
+    are replicated, and their copies of the embedding and head are dropped (the main ones serve)."""
     out: dict[str, Tensor] = {}
     names = set(reader.names)
     for name in reader.names:
-        if name.endswith(SCALE_SUFFIX) or is_mtp(name, num_hidden_layers):
+        if name.endswith(SCALE_SUFFIX) or (is_mtp(name, num_hidden_layers) and (
+                not mtp or name.endswith((".embed_tokens.weight", ".shared_head.head.weight")))):
             continue
         rule = shard_rule(name)
         scale_name = f"{name}{SCALE_SUFFIX}"
@@ -146,9 +149,10 @@ def shard_state(reader: Reader, info: RankInfo, num_hidden_layers: int) -> dict[
     return out
 
 
-def shard_tensors(tensors: dict[str, Tensor], info: RankInfo, num_hidden_layers: int) -> dict[str, Tensor]:
+def shard_tensors(tensors: dict[str, Tensor], info: RankInfo, num_hidden_layers: int, *,
+                  mtp: bool = False) -> dict[str, Tensor]:
     """:func:`shard_state` over an in-memory dict (tests, random models built in memory)."""
-    return shard_state(dict_reader(tensors), info, num_hidden_layers)
+    return shard_state(dict_reader(tensors), info, num_hidden_layers, mtp=mtp)
 
 
 def tensor_bytes(tensors: dict[str, Tensor]) -> int:

@@ -259,9 +259,9 @@ class EngineConfig:
             raise ConfigError(f"--speculative-num-draft-tokens must be --speculative-num-steps + 1 "
                               f"({self.speculative_num_steps + 1}) with --speculative-eagle-topk 1, got "
                               f"{self.speculative_num_draft_tokens}")
-        if self.tp > 1:
-            raise ConfigError("--speculative-algorithm with --tp > 1 is not supported yet (the NextN layer is not "
-                              "sharded); run it on one rank")
+        if self.enable_dp_attention:
+            raise ConfigError("--speculative-algorithm with --enable-dp-attention is not supported yet (the draft "
+                              "and verify rows are not split over attention groups); use --tp alone")
 
     @property
     def speculative(self) -> bool:

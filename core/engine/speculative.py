@@ -37,6 +37,7 @@ and draft rows use the runner's decode path (CUDA graphs of both when captured).
 from __future__ import annotations
 
 import itertools
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -89,17 +90,21 @@ class Speculator:
 
     def __init__(self, engine: Engine, num_steps: int) -> None:
         runner = engine.runner
-        if not getattr(runner, "nextn", False) or getattr(runner, "request_slots", None) is None:
-            raise ValueError("speculative decoding needs a ModelRunner built with its NextN layer (nextn=True) "
-                             "and setup_decode()")
+        if not getattr(runner, "nextn", False):
+            raise ValueError("speculative decoding needs a model runner built with its NextN layer (nextn=True)")
         self.engine = engine
         self.runner = runner
-        self.slots = runner.request_slots
+        self.slots = getattr(runner, "request_slots", None)
+        # Without request slots (the TP runner) every forward goes through ForwardBatch: drafts visit the host
+        # after each draft step, and each request's draft state is kept here instead of in slot buffers.
+        self.rows_mode = self.slots is not None
         self.num_steps = num_steps
         self.counters = SpecCounters()
-        n, device = self.slots.max_requests + 1, self.slots.device
-        self.first_draft = torch.zeros(n, dtype=torch.int64, device=device)
-        self.chain_hidden = torch.zeros(n, runner.config.hidden_size, dtype=runner.dtype, device=device)
+        self._state: weakref.WeakKeyDictionary[Request, tuple[int, torch.Tensor]] = weakref.WeakKeyDictionary()
+        if self.rows_mode:
+            n, device = self.slots.max_requests + 1, self.slots.device
+            self.first_draft = torch.zeros(n, dtype=torch.int64, device=device)
+            self.chain_hidden = torch.zeros(n, runner.config.hidden_size, dtype=runner.dtype, device=device)
 
     # --- the step ------------------------------------------------------------------------------------------------
     def step(self, plan: list[ScheduledSeq]) -> list[RequestOutput]:
@@ -109,17 +114,24 @@ class Speculator:
         chunks = [item for item, v in zip(plan, is_verify, strict=True) if not v]
         specs, drafts = self._draft(verifies)
 
-        # Target forward: prefill chunks eagerly (with hidden states), verify rows on the decode path.
+        # Target forward: prefill chunks eagerly (with hidden states), verify rows on the decode path (or, without
+        # request slots, as sequences of the same forward).
         chunk_logits: list[torch.Tensor | None] = []
         chunk_hidden: list[torch.Tensor] = []
-        if chunks:
-            batch = ForwardBatch([ForwardSeq(item.request.token_ids[item.start:item.start + item.num_tokens],
-                                             item.start, item.request.pages, "last" if item.sample else "none")
-                                  for item in chunks])
-            chunk_logits, chunk_hidden = self.runner.forward(batch, hidden=True)
+        seqs = [ForwardSeq(item.request.token_ids[item.start:item.start + item.num_tokens], item.start,
+                           item.request.pages, "last" if item.sample else "none") for item in chunks]
+        if not self.rows_mode:
+            seqs += [ForwardSeq([s.request.token_ids[-1], *drafts[i]], len(s.request.token_ids) - 1, s.request.pages,
+                                "all") for i, s in enumerate(specs)]
+        if seqs:
+            chunk_logits, chunk_hidden = self.runner.forward(ForwardBatch(seqs), hidden=True)
         verify_logits = verify_hidden = None
         drafts_host = None
-        if specs:
+        if specs and not self.rows_mode:
+            n = len(chunks)
+            verify_logits, verify_hidden = torch.cat(chunk_logits[n:]), torch.cat(chunk_hidden[n:])
+            chunk_logits, chunk_hidden = chunk_logits[:n], chunk_hidden[:n]
+        elif specs:
             rows = self._rows([(s.request, [s.request.token_ids[-1]] + [0] * s.budget, len(s.request.token_ids) - 1)
                                for s in specs])
             cols = [(i, s.row0 + 1 + j) for i, s in enumerate(specs) for j in range(s.budget)]
@@ -155,7 +167,10 @@ class Speculator:
                 eng._grammar.mask(logits, [r.grammar for r in row_requests])
             tokens, logprobs = sample_async(logits, [r.params for r in row_requests], [r.seed for r in row_requests],
                                             offsets).result()
-        draft_ids = drafts_host.tolist() if drafts_host is not None else []
+        if self.rows_mode:
+            draft_ids = drafts_host.tolist() if drafts_host is not None else []
+        else:
+            draft_ids = drafts
 
         eng._counters["steps"] += 1
         outputs: list[RequestOutput] = []
@@ -223,7 +238,7 @@ class Speculator:
         """Draft tokens this request can verify now: at most ``num_steps``, leaving room for the target's own
         token under ``max_tokens`` and ``max_model_len``, within its pages; none for a grammar or before the
         request has a first draft."""
-        if request.grammar is not None or not request.draft_ready or request.slot < 0:
+        if request.grammar is not None or not request.draft_ready or (self.rows_mode and request.slot < 0):
             return 0
         n = len(request.token_ids)
         eng = self.engine
@@ -242,7 +257,9 @@ class Speculator:
             specs.append(_Verify(request, k, row))
             row += k + 1
         if not any(s.budget for s in specs):
-            return specs, None
+            return specs, None if self.rows_mode else [[] for _ in specs]
+        if not self.rows_mode:
+            return specs, self._draft_forward(specs)
         device = self.slots.device
         rows = self._rows([(s.request, [0], len(s.request.token_ids) - 1) for s in specs])
         slot_ids = rows.rows[0]
@@ -253,6 +270,23 @@ class Speculator:
         budget = torch.tensor([s.budget for s in specs], dtype=torch.int64).to(device, non_blocking=True)
         chain = self.runner.draft_chain(rows, self.chain_hidden[slot_ids], budget)
         return specs, torch.cat([first[:, None], chain], dim=1)
+
+    def _draft_forward(self, specs: list[_Verify]) -> list[list[int]]:
+        """The draft chains through ``draft_forward`` (runners without request slots): host lists of drafts."""
+        drafts = [[self._state[s.request][0]] if s.budget else [] for s in specs]
+        hidden = {i: self._state[s.request][1] for i, s in enumerate(specs) if s.budget}
+        for step in range(1, self.num_steps):
+            active = [i for i, s in enumerate(specs) if s.budget > step]
+            if not active:
+                break
+            batch = ForwardBatch([ForwardSeq([drafts[i][-1]], len(specs[i].request.token_ids) - 2 + step,
+                                             specs[i].request.pages, "last") for i in active])
+            per_seq, g = self.runner.draft_forward(batch, torch.stack([hidden[i] for i in active]))
+            nxt = torch.stack(per_seq).argmax(dim=-1).tolist()
+            for j, i in enumerate(active):
+                drafts[i].append(int(nxt[j]))
+                hidden[i] = g[j]
+        return drafts
 
     def _extend(self, items: list[tuple[Request, list[int], int]], hidden: torch.Tensor | None) -> None:
         """The NextN layer over the target's new hidden states ``[sum of lengths, D]`` (in ``items`` order),
@@ -274,13 +308,13 @@ class Speculator:
                 continue
             for i in group:
                 request = items[i][0]
-                if request.slot < 0:
+                if self.rows_mode and request.slot < 0:
                     request.slot = self.slots.acquire()
             rows_of = [r for i in group for r in range(offsets[i], offsets[i + 1])]
             prev = hidden.index_select(0, torch.tensor(rows_of, dtype=torch.int64).to(device, non_blocking=True))
             ends = list(itertools.accumulate(len(items[i][1]) for i in group))
             last = torch.tensor([e - 1 for e in ends], dtype=torch.int64).to(device, non_blocking=True)
-            if rows_path:
+            if rows_path and self.rows_mode:
                 logits, g = self.runner.draft_decode(self._rows([items[i] for i in group]), prev)
                 logits = logits.index_select(0, last)
             else:
@@ -288,9 +322,15 @@ class Speculator:
                                       for i in group])
                 per_seq, g = self.runner.draft_forward(batch, prev)
                 logits = torch.stack(per_seq)
-            slot_ids = torch.tensor([items[i][0].slot for i in group], dtype=torch.int64).to(device, non_blocking=True)
-            self.first_draft[slot_ids] = logits.argmax(dim=-1)
-            self.chain_hidden[slot_ids] = g.index_select(0, last).to(self.chain_hidden.dtype)
+            if self.rows_mode:
+                slot_ids = torch.tensor([items[i][0].slot for i in group], dtype=torch.int64).to(device, non_blocking=True)
+                self.first_draft[slot_ids] = logits.argmax(dim=-1)
+                self.chain_hidden[slot_ids] = g.index_select(0, last).to(self.chain_hidden.dtype)
+            else:
+                firsts = logits.argmax(dim=-1).tolist()
+                g_last = g.index_select(0, last)
+                for j, i in enumerate(group):
+                    self._state[items[i][0]] = (int(firsts[j]), g_last[j])
             for i in group:
                 items[i][0].draft_ready = True
 

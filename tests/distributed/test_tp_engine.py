@@ -85,3 +85,20 @@ def test_tp2_with_the_prefix_cache_generates_the_uncached_tp1_tokens():
         assert stats.pages_used == 0 and stats.pages_cached == llm.engine.prefix_cache.num_nodes > 0
     finally:
         llm.engine.runner.shutdown()
+
+
+def test_tp2_speculative_decoding_generates_the_tp1_tokens():
+    """MTP under --tp 2: every rank holds its slice of the NextN layer and a draft cache layer; the embedded
+    model's greedy output equals plain tp 1 decoding, and most drafts are accepted."""
+    from dsa_runtime import LLM
+    from dsa_runtime.engine import SamplingParams
+
+    prompts = ["<｜User｜>What is 47 + 38?<｜Assistant｜><think>", "<｜User｜>Hello!<｜Assistant｜><think>"]
+    params = SamplingParams(max_tokens=40, temperature=0)
+    want = [o.token_ids for o in LLM(dtype="float32", device="cpu").generate(prompts, params)]
+    llm = LLM(dtype="float32", device="cpu", tp=2, speculative_algorithm="EAGLE")
+    try:
+        assert [o.token_ids for o in llm.generate(prompts, params)] == want
+        assert llm.engine.stats().spec_accept_length >= 2.5
+    finally:
+        llm.engine.runner.shutdown()
