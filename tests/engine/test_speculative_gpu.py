@@ -1,5 +1,5 @@
-"""MTP speculation on a GPU with CUDA graphs (bf16, the default engine): the draft and verify steps replay
-graphs, greedy output matches plain decoding (up to bf16 verify-vs-decode rounding: at most one request in
+"""MTP speculation on a GPU with CUDA graphs (bf16 model, bf16 and FP8 KV caches): the draft and verify steps
+replay graphs, greedy output matches plain decoding (up to bf16 verify-vs-decode rounding: at most one request in
 eight may differ), most drafts of the trained NextN layer are accepted, and an abort inside a run frees
 everything."""
 
@@ -24,9 +24,11 @@ def _outputs(engine: Engine, max_tokens: int = 120) -> dict[str, list[int]]:
     return {rid: outs[-1].token_ids for rid, outs in run_all(engine).items()}
 
 
-def test_graphed_speculation_matches_plain_decoding_and_accepts_most_drafts():
-    plain = _outputs(Engine(EngineConfig(max_running_requests=16)))
-    engine = Engine(EngineConfig(max_running_requests=16, speculative_algorithm="EAGLE"))
+@pytest.mark.parametrize("kv_cache_dtype", ["bf16", "fp8_e4m3"])
+def test_graphed_speculation_matches_plain_decoding_and_accepts_most_drafts(kv_cache_dtype):
+    plain = _outputs(Engine(EngineConfig(max_running_requests=16, kv_cache_dtype=kv_cache_dtype)))
+    engine = Engine(EngineConfig(max_running_requests=16, kv_cache_dtype=kv_cache_dtype,
+                                 speculative_algorithm="EAGLE"))
     assert engine.runner.graphs is not None and engine.runner.draft_graphs is not None
     spec = _outputs(engine)
     differing = [rid for rid in plain if plain[rid] != spec[rid]]
