@@ -166,6 +166,9 @@ def main() -> None:
             print(f"  batch {batch:4d}: {row['wall_ms']:.3f} ms/step wall, {row['kernel_ms']:.3f} ms kernels, "
                   f"ratio {row['ratio']:.2f}, {row['tokens_per_s']:.0f} tok/s", flush=True)
         del engine
+        import gc
+
+        gc.collect()  # the engine's cache and graph pools must be gone before the next engine sizes its cache
         torch.cuda.empty_cache()
     print(f"\n| mode | batch | wall ms/step | GPU kernel ms/step | wall/kernel | tokens/s |  ({torch.cuda.get_device_name()})")
     print("|---|---:|---:|---:|---:|---:|")

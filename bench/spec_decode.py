@@ -43,6 +43,17 @@ def _sync(engine: Any) -> None:
         torch.cuda.synchronize()
 
 
+def _free_device_memory() -> None:
+    """Give a finished engine's cache and graph pools back before the next engine sizes its cache."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def run_batch(engine: Any, prompts: list[list[int]], max_tokens: int, tag: str) -> dict[str, Any]:
     """All prompts to completion; the decode window's tokens/s, steps and each request's tokens."""
     from dsa_runtime.engine import SamplingParams
@@ -94,6 +105,7 @@ def measure(batches: list[int], max_tokens: int, num_steps: int, device: str = "
             print(f"{mode:5} batch {b:3d}: {res['tokens_per_s']:8.0f} tok/s, {res['steps']} steps"
                   + (f", accept length {res['accept_length']:.2f}" if res["accept_length"] else ""), flush=True)
         del engine
+        _free_device_memory()
     for b in batches:
         plain, spec = results[("plain", b)], results[("spec", b)]
         differ = sum(x != y for x, y in zip(plain["outputs"], spec["outputs"], strict=True))

@@ -5,6 +5,8 @@ everything."""
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -17,6 +19,11 @@ CHATS = ["What is 47 + 38?", "Hello!", "What is the capital of France?", "Conver
          "What is 12 * 9?", "What is 305 - 17?", "Hi, who are you?", "Convert 3 kg to grams."]
 
 
+# A bounded KV cache: the GPU suite runs tests in parallel workers beside the conformance kit, and an engine's
+# default --mem-fraction-static would take most of the GPU.
+SMALL = {"max_running_requests": 16, "max_total_tokens": 16384}
+
+
 def _outputs(engine: Engine, max_tokens: int = 120) -> dict[str, list[int]]:
     for i, c in enumerate(CHATS):
         engine.add_request(f"q{i}", engine.tokenizer.encode(f"<｜User｜>{c}<｜Assistant｜><think>"),
@@ -26,9 +33,12 @@ def _outputs(engine: Engine, max_tokens: int = 120) -> dict[str, list[int]]:
 
 @pytest.mark.parametrize("kv_cache_dtype", ["bf16", "fp8_e4m3"])
 def test_graphed_speculation_matches_plain_decoding_and_accepts_most_drafts(kv_cache_dtype):
-    plain = _outputs(Engine(EngineConfig(max_running_requests=16, kv_cache_dtype=kv_cache_dtype)))
-    engine = Engine(EngineConfig(max_running_requests=16, kv_cache_dtype=kv_cache_dtype,
-                                 speculative_algorithm="EAGLE"))
+    base = Engine(EngineConfig(**SMALL, kv_cache_dtype=kv_cache_dtype))
+    plain = _outputs(base)
+    del base
+    gc.collect()
+    torch.cuda.empty_cache()
+    engine = Engine(EngineConfig(**SMALL, kv_cache_dtype=kv_cache_dtype, speculative_algorithm="EAGLE"))
     assert engine.runner.graphs is not None and engine.runner.draft_graphs is not None
     spec = _outputs(engine)
     differing = [rid for rid in plain if plain[rid] != spec[rid]]
@@ -42,3 +52,6 @@ def test_graphed_speculation_matches_plain_decoding_and_accepts_most_drafts(kv_c
     engine.abort("a")
     assert run_all(engine)["a"][-1].finish_reason == "abort"
     assert engine.stats().pages_used == 0
+    del engine
+    gc.collect()
+    torch.cuda.empty_cache()
