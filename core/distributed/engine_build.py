@@ -35,7 +35,8 @@ def _spec(config: Any, path: Path, kernels: Any, num_pages: int, page_size: int,
     threads = config.cpu_threads or (1 if hidden <= 1024 else None)
     return RankSpec(model_path=str(path), dtype=config.dtype, device_type=device_type,
                     kernel_config=config.kernel_config(), num_pages=num_pages, page_size=page_size,
-                    cpu_threads=threads if device_type == "cpu" else None, nextn=config.speculative)
+                    cpu_threads=threads if device_type == "cpu" else None, nextn=config.speculative,
+                    config_overrides=config.model_overrides())
 
 
 def _kernels(config: Any, model_config: Any) -> Any:
@@ -58,9 +59,11 @@ def _kernels(config: Any, model_config: Any) -> Any:
 def run_worker_node(config: Any, path: Path) -> int:
     """``--node-rank`` > 0: run this node's ranks until node 0 stops them."""
     from dsa_runtime.distributed.runtime import serve_worker_node
+    from dsa_runtime.loader.overrides import override_config
     from dsa_runtime.loader.validate import inspect_layout
 
-    model_config = inspect_layout(path).config
+    layout = inspect_layout(path)
+    model_config = override_config(layout.config, layout.raw_config, config.model_overrides())
     kernels = _kernels(config, model_config)
     page_size = config.page_size or kernels.defaults.page_size
     num_pages = _num_pages(config, model_config, kernels, page_size)
@@ -86,11 +89,12 @@ def build_distributed_parts(config: Any, path: Path, extra_eos: set[int]) -> Any
     from dsa_runtime.cache import PageAllocator
     from dsa_runtime.distributed.runtime import DistributedRunner
     from dsa_runtime.engine.engine import EngineParts
+    from dsa_runtime.loader.overrides import override_config
     from dsa_runtime.loader.tokenizer import load_tokenizer
     from dsa_runtime.loader.validate import inspect_layout
 
     layout = inspect_layout(path)
-    model_config = layout.config
+    model_config = override_config(layout.config, layout.raw_config, config.model_overrides())
     if config.speculative and not layout.has_mtp:
         from dsa_runtime.errors import ConfigError
 

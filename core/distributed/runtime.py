@@ -52,6 +52,7 @@ class RankSpec:
             (tests register extra backends this way); hooks: called as ``fn(runner)`` once it is built.
         nextn: every rank also builds its slice of the MTP layer and a draft cache layer (speculative
             decoding; ``model_path`` or ``tensors`` only).
+        config_overrides: ``--json-model-override-args`` of a ``model_path`` checkpoint.
     """
 
     model_path: str | None = None
@@ -68,6 +69,7 @@ class RankSpec:
     setup: list[str] = field(default_factory=list)
     hooks: list[str] = field(default_factory=list)
     nextn: bool = False
+    config_overrides: dict[str, Any] = field(default_factory=dict)
 
 
 def free_port() -> int:
@@ -94,8 +96,11 @@ def build_rank_runner(spec: RankSpec, tp: Any) -> Any:
         load_object(name)()  # type: ignore[operator]
     info = tp.info
     if spec.model_path is not None:
+        from dsa_runtime.loader.overrides import override_checkpoint_config
+
         part = load_rank_checkpoint(spec.model_path, info, with_tokenizer=False, mtp=spec.nextn)
         config, tensors, loaded = part.config, part.tensors, part.bytes_read
+        config = override_checkpoint_config(spec.model_path, config, spec.config_overrides)
     elif spec.tensors is not None:
         config = spec.config
         tensors = shard_tensors(spec.tensors, info, config.num_hidden_layers, mtp=spec.nextn)

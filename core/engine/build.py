@@ -36,9 +36,12 @@ def build_parts(config: EngineConfig) -> EngineParts:
         if config.node_rank > 0:  # this node only runs ranks; node 0 owns the scheduler
             raise SystemExit(run_worker_node(config, path))
         return build_distributed_parts(config, path, _eos_ids(path))
+    from dsa_runtime.loader.overrides import override_config
+
     checkpoint = load_checkpoint(path, device="cpu", progress=True)
+    model_config = override_config(checkpoint.config, checkpoint.raw_config, config.model_overrides())
     parts = build_parts_from_weights(
-        config, checkpoint.config, _all_tensors(checkpoint), checkpoint.tokenizer, _eos_ids(path)
+        config, model_config, _all_tensors(checkpoint), checkpoint.tokenizer, _eos_ids(path)
     )
     parts.extras["path"] = path
     return parts

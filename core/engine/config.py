@@ -171,6 +171,12 @@ class EngineConfig:
                       "fp32 (tp N equals tp 1 up to fp32 summation order; 2x all-reduce bytes) or bf16",
                       choices=("fp32", "bf16")),
     )
+    json_model_override_args: str | None = field(
+        default=None,
+        metadata=_opt("--json-model-override-args", "a JSON object merged into the checkpoint's config.json, e.g. "
+                      "'{\"index_topk_freq\": 4}' (IndexCache: 3 of 4 layers reuse the top-k of the layer before); "
+                      "keys that would change the checkpoint's tensors are refused"),
+    )
     speculative_algorithm: str | None = field(
         default=None,
         metadata=_opt("--speculative-algorithm", "speculative decoding: EAGLE (NEXTN is an alias) drafts tokens with "
@@ -226,6 +232,7 @@ class EngineConfig:
                 raise ConfigError(f"--cuda-graph-bs must be integers >= 1, got {self.cuda_graph_bs!r}")
             self.cuda_graph_bs = sorted(set(sizes))
         self._check_speculative()
+        self.model_overrides()  # a ConfigError now for anything but a JSON object
         try:
             self.parallel()
         except ValueError as exc:
@@ -262,6 +269,12 @@ class EngineConfig:
         if self.enable_dp_attention:
             raise ConfigError("--speculative-algorithm with --enable-dp-attention is not supported yet (the draft "
                               "and verify rows are not split over attention groups); use --tp alone")
+
+    def model_overrides(self) -> dict[str, Any]:
+        """``--json-model-override-args`` as a dict (empty when not given)."""
+        from dsa_runtime.loader.overrides import parse_overrides
+
+        return parse_overrides(self.json_model_override_args)
 
     @property
     def speculative(self) -> bool:

@@ -18,6 +18,7 @@ bf16 dequantisation exact) and agree with each other.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -87,7 +88,23 @@ class AttnContext:
 
     def __post_init__(self) -> None:
         # Per-step tables shared by every layer (decode index tables, MHA groups): built on first use.
-        self.memo: dict[str, object] = {}
+        self.memo: dict[object, object] = {}
+        self.reuse_topk = False  # set by each layer: IndexCache "S" layers reuse the indices of the last "F"
+
+    def shared_topk(self, site: object, compute: Callable[[], Tensor]) -> Tensor:
+        """IndexCache: the top-k indices of one selection ``site`` of the step (decode rows, a prefill group):
+        a Full layer computes them (``compute()``) and keeps them for the layers after it, a Shared layer
+        (:attr:`reuse_topk`) takes the last Full layer's. Indices are slots or step-local positions, the same
+        for every layer of the step."""
+        key = ("topk", site)
+        if self.reuse_topk:
+            got = self.memo.get(key)
+            if got is None:
+                raise RuntimeError(f"IndexCache: no earlier Full layer selected for {site!r} this step")
+            return got  # type: ignore[return-value]
+        got = compute()
+        self.memo[key] = got
+        return got
 
 
 def _decode_plan(ctx: AttnContext, seqs: list[SeqMeta], device) -> dict:
@@ -139,12 +156,15 @@ def decode_attention(ctx: AttnContext, seqs: list[SeqMeta], q: Tensor, kv_cache:
     plan = _decode_plan(ctx, seqs, device)
     indices = plan.get("dense_idx")
     if "tok" in plan:
-        tok = plan["tok"]
-        q8 = iq.q8[tok].unsqueeze(1)  # [Bs, 1, n, 128]
-        logits = kernels.indexer.logits_paged(q8, iq.weights[tok], index_cache, plan["lens"], plan["table"],
-                                              plan["longest"])
-        picked = kernels.topk.topk_transform(logits, plan["starts"], plan["lens"], ctx.index_topk,
-                                             plan["table"], plan["rows"], ctx.step.page_size)
+        def select() -> Tensor:
+            tok = plan["tok"]
+            q8 = iq.q8[tok].unsqueeze(1)  # [Bs, 1, n, 128]
+            logits = kernels.indexer.logits_paged(q8, iq.weights[tok], index_cache, plan["lens"], plan["table"],
+                                                  plan["longest"])
+            return kernels.topk.topk_transform(logits, plan["starts"], plan["lens"], ctx.index_topk,
+                                               plan["table"], plan["rows"], ctx.step.page_size)
+
+        picked = ctx.shared_topk(("decode", plan["key"]), select)
         if indices is None:
             indices = picked.to(torch.int32)
         else:
@@ -168,8 +188,12 @@ def decode_attention_tables(ctx: AttnContext, q: Tensor, kv_cache: Tensor, index
     t = ctx.decode
     kernels, ps = ctx.kernels, ctx.step.page_size
     if ctx.index_topk is not None:
-        logits = kernels.indexer.logits_paged(iq.q8.unsqueeze(1), iq.weights, index_cache, t.lens, t.table, t.width)
-        indices = kernels.topk.topk_transform(logits, t.starts, t.lens, ctx.index_topk, t.table, t.rows, ps)
+        def select() -> Tensor:
+            logits = kernels.indexer.logits_paged(iq.q8.unsqueeze(1), iq.weights, index_cache, t.lens, t.table,
+                                                  t.width)
+            return kernels.topk.topk_transform(logits, t.starts, t.lens, ctx.index_topk, t.table, t.rows, ps)
+
+        indices = ctx.shared_topk("decode_tables", select)
     else:
         width = -(-t.width // DENSE_WIDTH_MULTIPLE) * DENSE_WIDTH_MULTIPLE
         pos = torch.arange(width, device=q.device)
@@ -235,7 +259,7 @@ def prefill_absorbed(ctx: AttnContext, seqs: list[SeqMeta], q: Tensor, kv_cache:
     kernels = ctx.kernels
     flat = kv_cache.reshape(-1, kv_cache.shape[-1])
     results = []
-    for g in _prefill_groups(ctx, seqs, q.device):
+    for gi, g in enumerate(_prefill_groups(ctx, seqs, q.device)):
         rows, base, ends, sparse = g["rows"], g["base"], g["ends"], g["sparse"]
         kv = kernels.kv_quant.dequantize_mla(flat.index_select(0, g["slots"]), layout=ctx.kv_layout)
         indices = None
@@ -244,15 +268,21 @@ def prefill_absorbed(ctx: AttnContext, seqs: list[SeqMeta], q: Tensor, kv_cache:
             indices = torch.where(cols[None, :] < (ends - base)[:, None], base[:, None] + cols[None, :], -1)
             indices = indices.to(torch.int32)
         if sparse is not None:
-            k8, k_scale = kernels.kv_quant.gather_index_k(index_cache, g["slots"])
-            pick = rows if g["all_sparse"] else rows[sparse]
             ks = base if g["all_sparse"] else base[sparse]
-            ke = ends if g["all_sparse"] else ends[sparse]
-            # Logits and top-k in row chunks within the budget (never a full [rows, keys] matrix of a long
-            # chunk); positions come back relative to each row's chunk start, hence + ks.
-            rel = select_topk_ragged(kernels, iq.q8[pick], iq.weights[pick], k8, k_scale, ks.to(torch.int32), ke,
-                                     ctx.index_topk, budget_bytes=ctx.index_budget_bytes or default_budget(q.device))
-            picked = torch.where(rel >= 0, rel + ks[:, None].to(rel.dtype), -1).to(torch.int32)
+
+            def select(g=g, sparse=sparse, ks=ks) -> Tensor:
+                k8, k_scale = kernels.kv_quant.gather_index_k(index_cache, g["slots"])
+                rows, ends = g["rows"], g["ends"]
+                pick = rows if g["all_sparse"] else rows[sparse]
+                ke = ends if g["all_sparse"] else ends[sparse]
+                # Logits and top-k in row chunks within the budget (never a full [rows, keys] matrix of a long
+                # chunk); positions come back relative to each row's chunk start, hence + ks.
+                rel = select_topk_ragged(kernels, iq.q8[pick], iq.weights[pick], k8, k_scale, ks.to(torch.int32),
+                                         ke, ctx.index_topk,
+                                         budget_bytes=ctx.index_budget_bytes or default_budget(q.device))
+                return torch.where(rel >= 0, rel + ks[:, None].to(rel.dtype), -1).to(torch.int32)
+
+            picked = ctx.shared_topk(("absorbed", tuple(s.index for s in seqs), gi), select)
             if indices is None:
                 indices = picked
             else:
@@ -344,7 +374,9 @@ def prefill_mha(ctx: AttnContext, group: list[SeqMeta], q_nope: Tensor, q_pe: Te
     if ctx.is_dense(group[0]):
         hidden = torch.arange(end, device=device)[None, :] > pos[:, None]  # [len, end]: row t sees keys <= pos[t]
     else:  # the top-k lies inside each row's causal window
-        hidden = ~_selected(ctx, group, rows, slots, index_cache, iq)[:, None]  # [G, 1, len, end]
+        selected = ctx.shared_topk(("mha", group[0].index),
+                                   lambda: _selected(ctx, group, rows, slots, index_cache, iq))
+        hidden = ~selected[:, None]  # [G, 1, len, end]
     probs = torch.softmax(scores.masked_fill_(hidden, float("-inf")), dim=-1)
     out = torch.bmm(probs.view(n_seq * heads, length, end), values).view(n_seq, heads, length, v_dim)
     return flat_rows, out.transpose(1, 2).reshape(n_seq * length, heads, v_dim)

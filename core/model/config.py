@@ -78,6 +78,9 @@ class ModelConfig:
     index_n_heads: int | None = None
     index_head_dim: int | None = None
     index_topk: int | None = None
+    # IndexCache: per main layer, True when it reuses the previous Full layer's top-k ("S"); all False by
+    # default (config keys index_topk_freq / index_topk_pattern / index_skip_topk_offset).
+    index_reuse: tuple[bool, ...] = ()
     num_nextn_predict_layers: int = 0
     bos_token_id: int = 0
     eos_token_id: int = 1
@@ -99,6 +102,10 @@ class ModelConfig:
     def scale_fmt(self) -> str:
         """Activation / FP8 scale rule of the checkpoint (``float`` when not quantized or V3/R1)."""
         return self.quantization.scale_fmt if self.quantization else "float"
+
+    def reuses_topk(self, layer: int) -> bool:
+        """IndexCache: whether main layer ``layer`` skips its indexer and reuses the last Full layer's top-k."""
+        return layer < len(self.index_reuse) and self.index_reuse[layer]
 
     def is_moe_layer(self, layer: int) -> bool:
         return self.n_routed_experts > 0 and layer >= self.first_k_dense_replace

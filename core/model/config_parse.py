@@ -26,7 +26,36 @@ _KNOWN = {
     "num_experts_per_tok", "n_group", "topk_group", "routed_scaling_factor", "norm_topk_prob", "scoring_func",
     "topk_method", "rope_theta", "rope_scaling", "max_position_embeddings", "rms_norm_eps", "num_nextn_predict_layers",
     "bos_token_id", "eos_token_id", "tie_word_embeddings", "quantization_config", *INDEX_KEYS,
+    "index_topk_freq", "index_topk_pattern", "index_skip_topk_offset",
 }
+
+
+def _index_reuse(raw: dict[str, Any], layers: int, is_dsa: bool) -> tuple[bool, ...]:
+    """IndexCache (SGLang / vLLM ``index_topk_freq``, ``index_topk_pattern``, ``index_skip_topk_offset``): per
+    main layer, True when it reuses the previous Full layer's top-k instead of running its indexer ("S").
+
+    A pattern string of ``F`` / ``S`` per layer wins; else with ``index_topk_freq`` N > 1 layer L is Shared iff
+    ``max(L - offset + 1, 0) % N != 0`` (offset default 2: layers 0 and 1 stay Full). Layer 0 is always Full.
+    """
+    pattern, freq = raw.get("index_topk_pattern"), raw.get("index_topk_freq")
+    offset = raw.get("index_skip_topk_offset")
+    if pattern is None and freq is None and offset is None:
+        return (False,) * layers
+    if not is_dsa:
+        raise _err("index_topk_pattern" if pattern is not None else "index_topk_freq",
+                   "IndexCache needs a DSA model (index_topk)")
+    if pattern is not None:
+        if not isinstance(pattern, str) or len(pattern) != layers or set(pattern) - {"F", "S"}:
+            raise _err("index_topk_pattern", f"must be a string of {layers} letters F (full) / S (shared), "
+                       f"got {pattern!r}")
+        if pattern[0] != "F":
+            raise _err("index_topk_pattern", "layer 0 must be F (it has no earlier layer to share from)")
+        return tuple(c == "S" for c in pattern)
+    freq = _int(raw, "index_topk_freq", default=1)
+    offset = _int(raw, "index_skip_topk_offset", default=2)
+    if freq <= 1:
+        return (False,) * layers
+    return tuple(layer > 0 and max(layer - offset + 1, 0) % freq != 0 for layer in range(layers))
 
 
 def _err(field: str, msg: str) -> ConfigError:
@@ -262,6 +291,7 @@ def parse_hf_config(raw: dict[str, Any]) -> ModelConfig:
         index_n_heads=idx_heads,
         index_head_dim=idx_dim,
         index_topk=idx_topk,
+        index_reuse=_index_reuse(raw, layers, idx_topk is not None),
         num_nextn_predict_layers=_int(raw, "num_nextn_predict_layers", minimum=0, default=0),
         bos_token_id=bos,
         eos_token_id=eos,

@@ -84,6 +84,9 @@ class MLA:
         self.w_uv = kv_b[:, self.nope:].contiguous()
         self.wo = ws.linear(f"{prefix}.o_proj")
         self.indexer: Indexer | None = None
+        # IndexCache: this layer skips its indexer queries and top-k and reuses the last Full layer's indices
+        # (its index keys are still written: cheap, and any layer's cache stays complete).
+        self.reuse_topk = False
         if config.is_dsa:
             if config.q_lora_rank is None:
                 raise ValueError("a DSA model needs q_lora_rank (the indexer reads the q_norm output)")
@@ -108,9 +111,10 @@ class MLA:
         slots = ctx.step.slots
         store_mla(ctx.kernels, kv_cache, slots, c, k_pe, ctx.kv_layout)
         iq = None
+        ctx.reuse_topk = self.reuse_topk
         if self.indexer is not None:
             self.indexer.write_keys(x, cos, sin, ctx.kernels, index_cache, slots, ctx.index_scale_fmt)
-            if ctx.needs_index_queries():
+            if ctx.needs_index_queries() and not self.reuse_topk:
                 iq = self.indexer.queries(x, qr, cos, sin, ctx.kernels, ctx.index_scale_fmt)
         seqs = ctx.step.seqs
         groups = mha_groups(ctx)
