@@ -70,7 +70,8 @@ def test_greedy_equals_plain_decode_on_the_embedded_model(plain, spec):
     assert after.steps_total - before.steps_total < plain.stats().steps_total  # fewer steps for the same tokens
 
 
-def test_greedy_equals_plain_decode_on_a_random_tiny_v32_with_a_random_nextn_layer(tmp_path):
+@pytest.mark.parametrize("num_steps", [1, 2, 4])
+def test_greedy_equals_plain_decode_on_a_random_tiny_v32_with_a_random_nextn_layer(tmp_path, num_steps):
     from dsa_runtime.loader.make_checkpoint import make_checkpoint
 
     path = make_checkpoint(tmp_path / "tiny-v32", "tiny-v32", seed=0)
@@ -81,7 +82,7 @@ def test_greedy_equals_plain_decode_on_a_random_tiny_v32_with_a_random_nextn_lay
     params = [SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)] * len(prompts)
     cfg = {"model": str(path), "dtype": "float32", "chunked_prefill_size": 16}
     a = _final(Engine(EngineConfig(**cfg)), prompts, params)
-    engine = Engine(EngineConfig(**cfg, speculative_algorithm="EAGLE", speculative_num_steps=2))
+    engine = Engine(EngineConfig(**cfg, speculative_algorithm="EAGLE", speculative_num_steps=num_steps))
     b = _final(engine, prompts, params)
     assert {k: v.token_ids for k, v in b.items()} == {k: v.token_ids for k, v in a.items()}
     assert engine.stats().spec_draft_tokens_total > 0
