@@ -11,6 +11,7 @@ worker exits when rank 0's process is gone.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import socket
@@ -127,22 +128,48 @@ def build_rank_runner(spec: RankSpec, tp: Any) -> Any:
     return runner
 
 
-def run_step(runner: Any, tp: Any, batch: Any) -> dict[int, Any]:
-    """One step on this rank; returns ``{batch index: logits}`` of the sequences its group served."""
+def run_step(runner: Any, tp: Any, batch: Any, *, hidden: bool = False, draft: Any = None) -> dict[int, Any]:
+    """One step on this rank; returns ``{batch index: result}`` of the sequences its group served: logits, or
+    with ``hidden`` ``(logits, hidden rows)`` of the main model, or with ``draft`` (the previous hidden states
+    ``[T, D]`` of the whole batch, speculative decoding) ``(logits, hidden rows)`` of the NextN layer."""
     from dsa_runtime.model.batch import ForwardBatch
+
+    def call(sub: Any, prev: Any) -> list[Any]:
+        if draft is not None:
+            logits, g = runner.draft_forward(sub, prev)
+            return list(zip(logits, g.split([len(s.token_ids) for s in sub.seqs]), strict=True))
+        if hidden:
+            return list(zip(*runner.forward(sub, hidden=True), strict=True))
+        return runner.forward(sub)
 
     info = tp.info
     if info.dp == 1:
-        return dict(enumerate(runner.forward(batch)))
+        return dict(enumerate(call(batch, draft)))
     groups = split_batch(batch, info.dp)
     tp.group_tokens = [sum(len(batch.seqs[i].token_ids) for i in g) for g in groups]
     mine = groups[info.dp_rank]
     if not mine:
         with torch.inference_mode():
-            runner.model.idle_layers(runner.kernels)
+            runner.model.idle_layers(runner.kernels, draft=draft is not None)
         return {}
-    out = runner.forward(ForwardBatch([batch.seqs[i] for i in mine]))
+    prev = None
+    if draft is not None:  # this group's rows of the previous hidden states
+        starts = [0, *itertools.accumulate(len(s.token_ids) for s in batch.seqs)]
+        prev = torch.cat([draft[starts[i]:starts[i + 1]] for i in mine])
+    out = call(ForwardBatch([batch.seqs[i] for i in mine]), prev)
     return dict(zip(mine, out, strict=True))
+
+
+def _to_device(value: Any, device: Any) -> Any:
+    if isinstance(value, tuple):
+        return tuple(_to_device(v, device) for v in value)
+    return value.to(device) if value is not None else None
+
+
+def _to_cpu(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return tuple(_to_cpu(v) for v in value)
+    return value.cpu() if value is not None else None
 
 
 def _watch_parent(parent: int) -> None:
@@ -179,16 +206,16 @@ def worker_main(local_rank: int, parallel: ParallelConfig, spec: RankSpec, metho
 
                 dist.gather_object(load_object(payload)(runner), None, dst=0, group=tp.ctrl_group)
                 continue
-            if kind == "draft":  # the NextN layer (speculative decoding; no DP attention)
-                batch, prev = payload
-                runner.draft_forward(batch, prev.to(device))
-                continue
             try:
-                result = run_step(runner, tp, payload)
+                if kind == "draft":  # the NextN layer (speculative decoding)
+                    batch, prev = payload
+                    result = run_step(runner, tp, batch, draft=prev.to(device))
+                else:
+                    result = run_step(runner, tp, payload, hidden=kind == "step_hidden")
             except ValueError:
                 continue  # a malformed batch: rank 0 raises the same one-line error before any collective
             if parallel.dp > 1:
-                mine = {i: (t.cpu() if t is not None else None) for i, t in result.items()}
+                mine = {i: _to_cpu(v) for i, v in result.items()}
                 dist.gather_object(mine if tp.info.attn_rank == 0 else None, None, dst=0, group=tp.ctrl_group)
         dist.destroy_process_group()
     except Exception:
@@ -283,26 +310,22 @@ class DistributedRunner:
         return self.runner.device
 
     def draft_forward(self, batch: Any, prev_hidden: Any) -> tuple[list[Any], Any]:
-        """:meth:`ModelRunner.draft_forward` on every rank (``prev_hidden`` is sent to the workers): the NextN
-        layer's logits per sequence and its hidden states, on rank 0."""
-        from dsa_runtime.model.batch import build_step
-
-        if self._closed:
-            raise WorkerDiedError("the tensor-parallel runtime was shut down")
-        self.check_workers()
-        build_step(batch, page_size=self.spec.page_size, num_pages=self.spec.num_pages,
-                   vocab_size=self.runner.config.vocab_size, device="cpu")
-        try:
-            self._broadcast(("draft", (batch, prev_hidden.cpu())))
-            return self.runner.draft_forward(batch, prev_hidden)
-        except Exception as exc:
-            self._closed = True
-            self._kill()
-            raise self._died(exc) from exc
+        """:meth:`ModelRunner.draft_forward` on every rank (``prev_hidden`` is sent to the workers; under DP
+        attention each group runs its sequences' rows): the NextN layer's logits per sequence and its hidden
+        states ``[T, D]``, on rank 0."""
+        results = self._step(("draft", (batch, prev_hidden.cpu())), batch, draft=prev_hidden)
+        return [r[0] for r in results], torch.cat([r[1] for r in results])
 
     def forward(self, batch: Any, *, hidden: bool = False) -> list[Any] | tuple[list[Any], list[Any]]:
         """One step on every rank; logits per sequence as :meth:`ModelRunner.forward` returns them (with
-        ``hidden``, rank 0's hidden states too; only without DP attention)."""
+        ``hidden``, also each sequence's hidden states, as ``(logits, hiddens)``)."""
+        results = self._step(("step_hidden" if hidden else "step", batch), batch, hidden=hidden)
+        if not hidden:
+            return results
+        return [r[0] for r in results], [r[1] for r in results]
+
+    def _step(self, msg: Any, batch: Any, *, hidden: bool = False, draft: Any = None) -> list[Any]:
+        """Broadcast ``msg``, run this rank's part, gather the groups' results (DP attention): one per sequence."""
         import torch.distributed as dist
 
         from dsa_runtime.model.batch import build_step
@@ -314,20 +337,16 @@ class DistributedRunner:
         # Validate before any rank starts, so a bad batch is one clear error and nobody waits.
         build_step(batch, page_size=self.spec.page_size, num_pages=self.spec.num_pages,
                    vocab_size=cfg.vocab_size, device="cpu")
-        if hidden and self.parallel.dp > 1:
-            raise ValueError("hidden states are not gathered under DP attention")
         try:
-            self._broadcast(("step", batch))
-            if hidden:
-                return self.runner.forward(batch, hidden=True)
-            result = run_step(self.runner, self.tp, batch)
+            self._broadcast(msg)
+            result = run_step(self.runner, self.tp, batch, hidden=hidden, draft=draft)
             if self.parallel.dp > 1:
                 parts: list[Any] = [None] * self.parallel.tp
                 mine = result if self.tp.info.attn_rank == 0 else None
                 dist.gather_object(mine, parts, dst=0, group=self.tp.ctrl_group)
                 for part in parts:
-                    for i, t in (part or {}).items():
-                        result[i] = t.to(self.tp.device) if t is not None else None
+                    for i, v in (part or {}).items():
+                        result[i] = _to_device(v, self.tp.device)
         except Exception as exc:
             self._closed = True
             self._kill()

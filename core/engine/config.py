@@ -266,9 +266,6 @@ class EngineConfig:
             raise ConfigError(f"--speculative-num-draft-tokens must be --speculative-num-steps + 1 "
                               f"({self.speculative_num_steps + 1}) with --speculative-eagle-topk 1, got "
                               f"{self.speculative_num_draft_tokens}")
-        if self.enable_dp_attention:
-            raise ConfigError("--speculative-algorithm with --enable-dp-attention is not supported yet (the draft "
-                              "and verify rows are not split over attention groups); use --tp alone")
 
     def model_overrides(self) -> dict[str, Any]:
         """``--json-model-override-args`` as a dict (empty when not given)."""

@@ -104,11 +104,12 @@ class DeepseekModel:
         h = self.embed[local.clamp(0, max(self.embed.shape[0] - 1, 0))] * mine[:, None].to(self.embed.dtype)
         return self.tp.all_reduce_attn(h)
 
-    def idle_layers(self, kernels) -> None:
-        """An attention group with no tokens this step: join each layer's FFN collectives with zero rows."""
+    def idle_layers(self, kernels, draft: bool = False) -> None:
+        """An attention group with no tokens this step: join each layer's FFN collectives with zero rows (with
+        ``draft``, the NextN layer's: a draft step of speculative decoding)."""
         h = torch.zeros(0, self.config.hidden_size, dtype=self.dtype, device=self.device)
         ctx = SimpleNamespace(kernels=kernels)
-        for layer in self.layers:
+        for layer in [self.nextn.block] if draft else self.layers:
             layer(h, None, None, ctx, None, None)  # type: ignore[arg-type]
 
     def hidden_states(self, ctx: AttnContext, kv_pools: list[Tensor], index_pools: list[Tensor]) -> Tensor:

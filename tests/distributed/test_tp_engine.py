@@ -87,16 +87,19 @@ def test_tp2_with_the_prefix_cache_generates_the_uncached_tp1_tokens():
         llm.engine.runner.shutdown()
 
 
-def test_tp2_speculative_decoding_generates_the_tp1_tokens():
-    """MTP under --tp 2: every rank holds its slice of the NextN layer and a draft cache layer; the embedded
-    model's greedy output equals plain tp 1 decoding, and most drafts are accepted."""
+@pytest.mark.parametrize("layout", [{"tp": 2}, {"tp": 4, "dp": 2, "enable_dp_attention": True}])
+def test_speculative_decoding_under_tp_generates_the_tp1_tokens(layout):
+    """MTP under --tp 2 and under DP attention (tp 4, dp 2): every rank holds its slice of the NextN layer and
+    a draft cache layer, each attention group runs its requests' verify and draft rows; the embedded model's
+    greedy output equals plain tp 1 decoding, and most drafts are accepted."""
     from dsa_runtime import LLM
     from dsa_runtime.engine import SamplingParams
 
-    prompts = ["<｜User｜>What is 47 + 38?<｜Assistant｜><think>", "<｜User｜>Hello!<｜Assistant｜><think>"]
+    prompts = ["<｜User｜>What is 47 + 38?<｜Assistant｜><think>", "<｜User｜>Hello!<｜Assistant｜><think>",
+               "<｜User｜>Convert 5 km to meters.<｜Assistant｜><think>"]
     params = SamplingParams(max_tokens=40, temperature=0)
     want = [o.token_ids for o in LLM(dtype="float32", device="cpu").generate(prompts, params)]
-    llm = LLM(dtype="float32", device="cpu", tp=2, speculative_algorithm="EAGLE")
+    llm = LLM(dtype="float32", device="cpu", speculative_algorithm="EAGLE", **layout)
     try:
         assert [o.token_ids for o in llm.generate(prompts, params)] == want
         assert llm.engine.stats().spec_accept_length >= 2.5

@@ -244,7 +244,6 @@ def test_structured_requests_verify_without_drafts_beside_speculating_ones(spec)
      r"must be --speculative-num-steps \+ 1"),
     ({"speculative_num_steps": 2}, "needs --speculative-algorithm"),
     ({"speculative_algorithm": "MEDUSA"}, "must be one of"),
-    ({"speculative_algorithm": "EAGLE", "tp": 2, "dp": 2, "enable_dp_attention": True}, "enable-dp-attention"),
 ])
 def test_flags_are_checked(kwargs, message):
     with pytest.raises(ConfigError, match=message):
