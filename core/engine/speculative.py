@@ -108,6 +108,8 @@ class Speculator:
 
     # --- the step ------------------------------------------------------------------------------------------------
     def step(self, plan: list[ScheduledSeq]) -> list[RequestOutput]:
+        """Run one scheduled step (prefill chunks and decoding requests) with speculation, synchronously; the
+        outputs of the requests that produced tokens (several per verify) or finished."""
         eng = self.engine
         is_verify = [item.num_tokens == 1 and item.sample and item.request.is_decoding for item in plan]
         verifies = [item.request for item, v in zip(plan, is_verify, strict=True) if v]
