@@ -271,6 +271,19 @@ class DistributedRunner:
     def kernels(self) -> Any:
         return self.runner.kernels
 
+    @property
+    def dtype(self) -> Any:
+        return self.runner.dtype
+
+    @property
+    def device(self) -> Any:
+        return self.runner.device
+
+    @property
+    def nextn(self) -> bool:
+        """Whether every rank runs the MTP layer (speculative decoding through :meth:`draft_forward`)."""
+        return self.spec.nextn
+
     def check_workers(self) -> None:
         """Raise :class:`WorkerDiedError` when a worker of this node has exited."""
         for local, p in enumerate(self.procs, start=1):
@@ -295,19 +308,6 @@ class DistributedRunner:
         import torch.distributed as dist
 
         dist.broadcast_object_list([msg], src=0, group=self.tp.ctrl_group)
-
-    @property
-    def nextn(self) -> bool:
-        """Whether every rank runs the MTP layer (speculative decoding through :meth:`draft_forward`)."""
-        return self.spec.nextn
-
-    @property
-    def dtype(self) -> Any:
-        return self.runner.dtype
-
-    @property
-    def device(self) -> Any:
-        return self.runner.device
 
     def draft_forward(self, batch: Any, prev_hidden: Any) -> tuple[list[Any], Any]:
         """:meth:`ModelRunner.draft_forward` on every rank (``prev_hidden`` is sent to the workers; under DP
