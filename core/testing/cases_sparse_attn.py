@@ -166,8 +166,9 @@ def cases() -> list[Case]:
                 (64, 2, 16, 64, 2, 120, "partial_pages"),
                 (2, 1, 16, 32, 2, 80, "partial_pages"),  # per-rank heads under TP (tiny on tp 2, 128 on tp 4)
                 (32, 1, 64, 64, 2, 150, "partial_pages"),
-                # MTP verify with 3 draft tokens: 4 queries per request (issue 22)
+                # MTP verify with 3 draft tokens: 4 queries per request (issue 22), also at 8 heads (TP 16)
                 (16, 4, 64, 64, 3, 200, "partial_pages"),
+                (8, 4, 64, 64, 3, 200, "partial_pages"),
                 (128, 4, 64, 64, 2, 150, "short"),
             ]
         ]
