@@ -95,11 +95,7 @@ def build_distributed_parts(config: Any, path: Path, extra_eos: set[int]) -> Any
 
     layout = inspect_layout(path)
     model_config = override_config(layout.config, layout.raw_config, config.model_overrides())
-    if config.speculative and not layout.has_mtp:
-        from dsa_runtime.errors import ConfigError
-
-        raise ConfigError("--speculative-algorithm needs the checkpoint's MTP (NextN) layer, and this one has none "
-                          f"(num_nextn_predict_layers {model_config.num_nextn_predict_layers})")
+    config.check_draft_model(model_config, layout.has_mtp)
     kernels = _kernels(config, model_config)
     page_size = config.page_size or kernels.defaults.page_size
     num_pages = _num_pages(config, model_config, kernels, page_size)

@@ -81,12 +81,9 @@ def build_parts_from_weights(
     from dsa_runtime.resolve import resolve_kernels
 
     draft_layers = 1 if config.speculative else 0
-    if draft_layers and not (model_config.num_nextn_predict_layers and any(
-            k.startswith(f"model.layers.{model_config.num_hidden_layers}.") for k in tensors)):
-        from dsa_runtime.errors import ConfigError
-
-        raise ConfigError("--speculative-algorithm needs the checkpoint's MTP (NextN) layer, and this one has none "
-                          f"(num_nextn_predict_layers {model_config.num_nextn_predict_layers})")
+    if draft_layers:
+        mtp_prefix = f"model.layers.{model_config.num_hidden_layers}."
+        config.check_draft_model(model_config, any(k.startswith(mtp_prefix) for k in tensors))
     # A verify's tokens are decode rows of their own (each its own query and length), so MTP asks the decode
     # kernels for nothing more than one query per row.
     needs = kernel_needs(model_config, config.page_size or 1)

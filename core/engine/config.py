@@ -273,6 +273,12 @@ class EngineConfig:
 
         return parse_overrides(self.json_model_override_args)
 
+    def check_draft_model(self, model_config: Any, has_mtp: bool) -> None:
+        """``ConfigError`` when speculation is asked for and the checkpoint has no MTP (NextN) layer."""
+        if self.speculative and not (has_mtp and model_config.num_nextn_predict_layers):
+            raise ConfigError("--speculative-algorithm needs the checkpoint's MTP (NextN) layer, and this one has "
+                              f"none (num_nextn_predict_layers {model_config.num_nextn_predict_layers})")
+
     @property
     def speculative(self) -> bool:
         """Whether MTP speculative decoding is on."""
