@@ -86,9 +86,15 @@ def cache_pool(context: int, layout: str, gen: torch.Generator) -> torch.Tensor:
     ``fp8_656`` rows: e4m3 ``c``, four power-of-two scales (what our cache stores), bf16 ``k_pe``.
     """
     rows = max(1, min(128, POOL_ROWS // context)) * context
-    dev = "cuda"
     if layout == "bf16":
-        return torch.randn(rows // PAGE, PAGE, D_QK, device=dev, generator=gen, dtype=torch.bfloat16)
+        return torch.randn(rows // PAGE, PAGE, D_QK, device="cuda", generator=gen, dtype=torch.bfloat16)
+    return fp8_cache(rows, gen)
+
+
+def fp8_cache(rows: int, gen: torch.Generator) -> torch.Tensor:
+    """``[rows / 64, 64, 656]`` random ``fp8_656`` rows on CUDA: e4m3 latent, four power-of-two scales (what our
+    cache stores), bf16 rope part."""
+    dev = "cuda"
     c8 = torch.randn(rows, 512, device=dev, generator=gen, dtype=torch.bfloat16).mul_(64).to(torch.float8_e4m3fn)
     scales = torch.exp2(torch.randint(-10, -4, (rows, 4), device=dev, generator=gen).float())
     k_pe = torch.randn(rows, 64, device=dev, generator=gen, dtype=torch.bfloat16)

@@ -25,24 +25,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from attention_setup import D_QK, PAGE, SM_SCALE, fp8_cache  # noqa: E402
 from common import copy_ceiling_gbs, device_info, graph_ms, write_json  # noqa: E402
 from selection_setup import decode_inputs as index_inputs  # noqa: E402
 
-from dsa_runtime.families import D_QK  # noqa: E402
 from dsa_runtime.resolve import KernelConfig, resolve_kernels  # noqa: E402
 
-PAGE, HEADS, INDEX_HEADS, TOPK = 64, 128, 64, 2048
-SM_SCALE = 0.135234
-
-
-def fp8_cache(rows: int, gen: torch.Generator) -> torch.Tensor:
-    """``[rows / 64, 64, 656]`` fp8_656 rows: e4m3 latent, four power-of-two scales, bf16 rope part."""
-    dev = "cuda"
-    c8 = torch.randn(rows, 512, device=dev, generator=gen, dtype=torch.bfloat16).mul_(64).to(torch.float8_e4m3fn)
-    scales = torch.exp2(torch.randint(-10, -4, (rows, 4), device=dev, generator=gen).float())
-    k_pe = torch.randn(rows, 64, device=dev, generator=gen, dtype=torch.bfloat16)
-    row = torch.cat([c8.view(torch.uint8), scales.view(torch.uint8), k_pe.view(torch.uint8)], dim=1)
-    return row.reshape(rows // PAGE, PAGE, 656)
+HEADS, INDEX_HEADS, TOPK = 128, 64, 2048
 
 
 def main(argv: list[str] | None = None) -> int:
