@@ -179,6 +179,11 @@ def cases() -> list[Case]:
                 (64, 1, 64, 2048, 64, 16384, "partial_pages"),
                 (128, 1, 64, 2048, 16, 3000, "short"),
                 (20, 2, 64, 2048, 8, 8192, "empty_query"),
+                # V3.2 per rank under TP 16 / 8 / 4 at its k, with MTP verify queries (issue 24)
+                (8, 2, 64, 2048, 16, 16384, "partial_pages"),
+                (16, 4, 64, 2048, 16, 32768, "partial_pages"),
+                (32, 1, 64, 2048, 32, 32768, "partial_pages"),
+                (32, 4, 64, 2048, 4, 8192, "empty_query"),
             ]
         ]
     # FlashMLA's FP8 decode shapes: 64 / 128 heads, k a multiple of 64, page 64

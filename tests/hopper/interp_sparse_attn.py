@@ -1,7 +1,7 @@
 """Run TritonSparseAttn on CPU under ``TRITON_INTERPRET=1`` (a subprocess: the interpreter must be chosen before
-triton compiles anything): every quick sparse_attn kit case the triton claims cover (fp8_656 decode is
-``mla_fp8_decode``'s, named here as not run), then direct checks of heads, K, empty rows, duplicates, d_v,
-the head-split and value-split launch shapes and split-K decode. One line per check; exit 1 on a miss."""
+triton compiles anything): every quick sparse_attn kit case the triton claims cover (fp8_656 decode past 32
+heads is ``mla_fp8_decode``'s, named here as not run), then direct checks of heads, K, empty rows, duplicates,
+d_v, the head-split and value-split launch shapes, split-K decode and the few-head decode kernel. One line per check; exit 1 on a miss."""
 
 from __future__ import annotations
 
@@ -14,9 +14,19 @@ assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
 from dsa_runtime.backend import Backend  # noqa: E402
 from dsa_runtime.capabilities import Capabilities  # noqa: E402
-from dsa_runtime.plugins.cuda_hopper.triton.sparse_attn import SPARSE_ATTN_CLAIMS, TritonSparseAttn  # noqa: E402
+from dsa_runtime.plugins.cuda_hopper.triton.sparse_attn import (  # noqa: E402
+    FEWHEAD_MAX_HEADS,
+    SPARSE_ATTN_CLAIMS,
+    TritonSparseAttn,
+)
 from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_combine import combine_splits  # noqa: E402
 from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_decode_bf16 import plan_splits  # noqa: E402
+from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_decode_fewhead import (  # noqa: E402
+    _COUNTERS,
+    FewHeadConfig,
+    decode_fewhead,
+)
+from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_decode_fewhead import plan_splits as fewhead_splits  # noqa: E402
 from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_prefill import (  # noqa: E402
     AttnConfig,
     default_config,
@@ -25,6 +35,7 @@ from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_prefill import (  # noqa:
 from dsa_runtime.reference.plugin import reference_backend  # noqa: E402
 from dsa_runtime.reference.sparse_attn import ReferenceSparseAttn  # noqa: E402
 from dsa_runtime.testing.compare import out_and_lse  # noqa: E402
+from dsa_runtime.testing.fp8util import pack_mla_656  # noqa: E402
 from dsa_runtime.testing.registry import family_cases  # noqa: E402
 from dsa_runtime.testing.runner import RunContext, run_case  # noqa: E402
 from dsa_runtime.testing.tolerances import tolerance  # noqa: E402
@@ -43,8 +54,8 @@ def kit_cases() -> int:
     for case in family_cases("sparse_attn"):
         if case.tier != "quick":
             continue
-        if case.needs.get("kv_layout") == "fp8_656":
-            print(f"not_run {case.id} (fp8_656 decode is mla_fp8_decode.decode_fp8_656, another module)")
+        if case.needs.get("kv_layout") == "fp8_656" and case.needs.get("heads", 0) > FEWHEAD_MAX_HEADS:
+            print(f"not_run {case.id} (fp8_656 decode past {FEWHEAD_MAX_HEADS} heads is mla_fp8_decode's)")
             continue
         res = run_case(case, ctx)
         print(f"{res.status} {case.id} {res.duration_s:.2f}s {res.message[:300]}")
@@ -168,11 +179,61 @@ def decode_checks(gen: torch.Generator) -> int:
     return bad
 
 
+def fewhead_checks(gen: torch.Generator) -> int:
+    """decode_fewhead on both layouts: one slice, slices merged in the launch (tickets) or by a second launch,
+    short slices, d_v, a query whose later slices are empty, an empty query, the planner, the counters left zero."""
+    bad = 0
+    pages, page = 12, 16
+    rows = torch.randn(pages * page, 576, generator=gen).bfloat16()
+    caches = {"bf16": rows.clone(), "fp8_656": pack_mla_656(rows[:, :512], rows[:, 512:], "ue8m0")}
+    caches["bf16"][0] = float("nan")  # slot 0 is never selected: a dereferenced -1 would read a poisoned row
+    caches["fp8_656"][0, :512] = 0x7F  # e4m3 NaN
+    idx = torch.randint(1, pages * page, (3, 2, 200), generator=gen, dtype=torch.int32)
+    idx[0, 1, 70:] = -1  # later slices of this query see nothing
+    idx[2, 0] = -1  # an empty query: every slice empty
+    for heads in (8, 20, 32, 64):
+        q = torch.randn(3, 2, heads, 576, generator=gen).bfloat16()
+        for layout, flat in caches.items():
+            cache = flat.view(pages, page, -1)
+            want = REF.decode(q, cache, idx, SCALE, layout=layout)
+            for cfg in (FewHeadConfig(splits=1), FewHeadConfig(splits=3), FewHeadConfig(splits=3, fused=True),
+                        FewHeadConfig(block_n=16, splits=5), FewHeadConfig(variant="cols", splits=3, fused=True),
+                        FewHeadConfig(variant="fold", splits=1),
+                        FewHeadConfig(variant="fold", block_n=16, splits=4, fused=True)):
+                if heads not in (8, 32) and cfg.splits != 3:
+                    continue
+                got = decode_fewhead(q, cache, idx, SCALE, layout=layout, config=cfg)
+                bad += check(f"fewhead/{layout}/h{heads}/{cfg.label}", got, want)
+    q = torch.randn(3, 2, 16, 576, generator=gen).bfloat16()
+    for layout, flat in caches.items():
+        cache = flat.view(pages, page, -1)
+        for variant in ("one", "fold"):
+            bad += check(f"fewhead/{layout}/{variant}/d_v200",
+                         decode_fewhead(q, cache, idx, SCALE, 200, layout=layout,
+                                        config=FewHeadConfig(variant=variant)),
+                         REF.decode(q, cache, idx, SCALE, layout=layout, d_v=200))
+    big = q * 2.0**18  # past fp16's range: fold divides each head by a power of two, then scales its scores back
+    tiny = SCALE * 2.0**-18  # (a scale that keeps the softmax as well conditioned as at q's own size)
+    for layout, flat in caches.items():
+        cache = flat.view(pages, page, -1)
+        bad += check(f"fewhead/{layout}/fold_q_past_fp16",
+                     decode_fewhead(big, cache, idx, tiny, layout=layout, config=FewHeadConfig(variant="fold")),
+                     REF.decode(big, cache, idx, tiny, layout=layout))
+    zero = all(int(c.abs().sum()) == 0 for c in _COUNTERS.values())
+    plan = (fewhead_splits(64, 2048, 132, 2), fewhead_splits(1, 2048, 132, 2), fewhead_splits(4096, 2048, 132, 2),
+            fewhead_splits(64, 100, 132, 2), fewhead_splits(64, 2048, 132, 3))
+    ok = zero and bool(_COUNTERS) and plan == (4, 16, 1, 1, 6)
+    print(f"{'passed' if ok else 'failed'} direct/fewhead/counters_zero_and_plan ({zero}, {plan})")
+    bad += not ok
+    return bad
+
+
 def main() -> int:
     bad = kit_cases()
     gen = torch.Generator().manual_seed(7)
     bad += prefill_checks(gen)
     bad += decode_checks(gen)
+    bad += fewhead_checks(gen)
     return 1 if bad else 0
 
 

@@ -99,6 +99,36 @@ def test_triton_decode_path_replays_a_cuda_graph_on_new_data(step):
     assert not problems, "\n".join(problems)
 
 
+# Per-rank heads under TP 8 / 4: the few-head decode kernel (fold / cols at 16 heads, cols / one at 32).
+FEW_HEAD_STEPS = [s for h in (16, 32) for s in steps(Shape(heads=h)) if s.method == "sparse_attn.decode"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not SM90, reason="needs an SM90 (Hopper) CUDA device")
+@pytest.mark.parametrize("step", FEW_HEAD_STEPS, ids=lambda s: f"{s.name}-h{s.needs['heads']}")
+def test_triton_few_head_decode_replays_a_cuda_graph_on_new_data(step):
+    fn = _bound("triton", step, "cuda")
+    oracle = _bound("reference", step, "cuda")
+    problems = run_step(step, fn, oracle, torch.device("cuda"), cuda_graph_capture)
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not SM90, reason="needs an SM90 (Hopper) CUDA device")
+@pytest.mark.parametrize("step", [s for s in FEW_HEAD_STEPS if s.needs["heads"] == 16], ids=lambda s: s.name)
+def test_few_head_decode_merged_in_the_launch_replays_a_cuda_graph(step):
+    # The in-launch merge's ticket counters must be zero again after every replay, or the next one never merges.
+    from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_decode_fewhead import FewHeadConfig, decode_fewhead
+
+    cfg = FewHeadConfig(variant="fold", fused=True)
+
+    def fused(q, kv_cache, indices, sm_scale, *, layout, d_v=512):
+        return decode_fewhead(q, kv_cache, indices, sm_scale, d_v, layout=layout, config=cfg)
+
+    problems = run_step(step, fused, _bound("reference", step, "cuda"), torch.device("cuda"), cuda_graph_capture)
+    assert not problems, "\n".join(problems)
+
+
 def eager_capture(call: Callable[[], object]) -> tuple[object, Callable[[], None]]:
     """The CPU stand-in for a graph: the replay calls the kernel again and copies into the first result."""
     result = call()

@@ -1,6 +1,7 @@
 """The Triton sparse MLA kernels on CPU through Triton's interpreter: every quick bf16 sparse_attn kit case the
 triton claims cover, plus direct checks (head counts, K, empty rows, duplicates, d_v, launch shapes, split-K).
-The fp8_656 decode cases belong to ``mla_fp8_decode`` (another module): they are listed as not run."""
+fp8_656 decode past 32 heads belongs to ``mla_fp8_decode`` (another module): those cases are listed as not run;
+up to 32 heads both layouts run the few-head kernel (``sparse_mla_decode_fewhead``), with direct checks of its own."""
 
 from __future__ import annotations
 
@@ -29,9 +30,10 @@ def test_sparse_attn_cases_pass_under_the_triton_interpreter():
     assert len(kit) + len(direct) == len(lines), lines
     ran = [ln for ln in kit if not ln.startswith("not_run ")]
     # quick tier: 11 prefill + 11 bf16 decode (3 with 4 MTP queries); edges: 4 prefill + 4 bf16 decode (FlashMLA
-    # shapes), 3 + 3 edges
-    assert len(ran) == 11 + 11 + 4 + 4 + 3 + 3, ran
+    # shapes), 3 + 3 edges; fp8_656 decode up to 32 heads (the few-head kernel): 7 quick + 3 edges
+    assert len(ran) == 11 + 11 + 4 + 4 + 3 + 3 + 7 + 3, ran
     assert all(ln.startswith("passed ") for ln in ran), [ln for ln in ran if not ln.startswith("passed ")]
     skipped = [ln for ln in kit if ln.startswith("not_run ")]
-    assert skipped and all("/fp8_656/" in ln for ln in skipped), skipped
-    assert len(direct) >= 25 and all(ln.startswith("passed ") for ln in direct), direct
+    assert skipped and all("/fp8_656/" in ln and "past 32 heads" in ln for ln in skipped), skipped
+    assert len(direct) >= 50 and all(ln.startswith("passed ") for ln in direct), direct
+    assert sum("direct/fewhead/" in ln for ln in direct) == 47, direct

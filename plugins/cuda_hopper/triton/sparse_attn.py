@@ -1,7 +1,8 @@
 """The ``sparse_attn`` family of the ``triton`` backend: sparse MLA prefill and paged decode.
 
 * :meth:`TritonSparseAttn.prefill`: :func:`.sparse_mla_prefill.sparse_mla_forward` over the flat bf16 buffer.
-* :meth:`TritonSparseAttn.decode`: ``layout="bf16"`` -> :func:`.sparse_mla_decode_bf16.decode_bf16` (the
+* :meth:`TritonSparseAttn.decode`: up to :data:`FEWHEAD_MAX_HEADS` heads, both layouts ->
+  :func:`.sparse_mla_decode_fewhead.decode_fewhead`; more heads: ``layout="bf16"`` -> :func:`.sparse_mla_decode_bf16.decode_bf16` (the
   same kernel on the flat view of the cache, split-K for small batches); ``layout="fp8_656"`` ->
   ``mla_fp8_decode.decode_fp8_656`` (another module, imported on first use).
 
@@ -24,6 +25,10 @@ if TYPE_CHECKING:
 # Heads are tiled by 16/32/64 with the rest masked, so any count works; 1..128 is what V3.2 needs (128 heads,
 # or 128 / tp per rank). K is walked in masked blocks: any length. Decode reads slots of the flat cache view:
 # any page size, any number of queries per request.
+# Up to this many heads per query (V3.2 on TP >= 4) decode runs every head of a query in one program, the
+# selected rows sliced over several programs per SM (.sparse_mla_decode_fewhead); more heads use head blocks.
+FEWHEAD_MAX_HEADS = 32
+
 SPARSE_ATTN_CLAIMS: dict[str, MethodClaim] = {
     "sparse_attn.prefill": MethodClaim(heads=ValueSet.between(1, 128), kv_layouts=ValueSet.one_of("bf16")),
     "sparse_attn.decode": MethodClaim(heads=ValueSet.between(1, 128), kv_layouts=ValueSet.one_of("bf16", "fp8_656")),
@@ -64,6 +69,10 @@ class TritonSparseAttn:
     ) -> tuple[Tensor, Tensor]:
         """q ``[B, Q, H, 576]`` bf16, cache ``[pages, page_size, 576]`` bf16 or ``[..., 656]`` uint8, indices
         ``[B, Q, K]`` int32 slots -> out ``[B, Q, H, d_v]`` bf16, lse ``[B, Q, H]`` fp32."""
+        if q.shape[-2] <= FEWHEAD_MAX_HEADS and self.config is None and self.decode_splits is None:
+            from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_decode_fewhead import decode_fewhead
+
+            return decode_fewhead(q, kv_cache, indices, sm_scale, d_v, layout=layout)
         if layout == "bf16":
             from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_decode_bf16 import decode_bf16
 
