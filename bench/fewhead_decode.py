@@ -1,0 +1,163 @@
+"""Few-head sparse MLA decode (issue 24 item 1): 8 / 16 / 32 heads per rank, both cache layouts, 1 or 4 queries
+per request, against the head-blocked kernels and padded FlashMLA, as CUDA-graph replays in one run.
+
+    python bench/fewhead_decode.py [--quick] [--sweep] [--json PATH]
+
+Every subject is checked against the reference backend (on CUDA) on the bench inputs before it is timed. Inputs:
+k 2048 random slots of each request's own 32K context (pages of 64, ~1% ``-1``), random q. Bytes = the selected
+rows (656 B fp8_656, 1152 B bf16) + q, out, lse and indices; "% copy" = those bytes per second against a device
+copy measured in the same run (bytes read + written). Subjects:
+
+* ``fewhead``: :func:`...sparse_mla_decode_fewhead.decode_fewhead` (default, and with ``--sweep`` every
+  candidate of :data:`SWEEP`);
+* ``headblock``: the head-blocked kernels the backend ran before (``mla_fp8_decode`` / ``sparse_mla_decode_bf16``
+  with their default configs);
+* ``flashmla``: FlashMLA's FP8 decode through our ``flashmla_kv`` adapter (heads padded to 64), when built;
+* ``tilelang``: our TileLang sparse MLA decode (heads padded to 64), when TileLang is importable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from attention_setup import D_QK, PAGE, SM_SCALE, bound, cache_pool, decode_bytes  # noqa: E402
+from common import copy_ceiling_gbs, device_info, graph_ms, write_json  # noqa: E402
+
+from dsa_runtime.plugins.cuda_hopper.triton.mla_fp8_decode import decode_fp8_656  # noqa: E402
+from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_decode_bf16 import decode_bf16  # noqa: E402
+from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_decode_fewhead import (  # noqa: E402
+    FewHeadConfig,
+    decode_fewhead,
+    default_config,
+)
+from dsa_runtime.testing.compare import out_and_lse  # noqa: E402
+from dsa_runtime.testing.tolerances import tolerance  # noqa: E402
+
+K, CONTEXT = 2048, 32768
+F = FewHeadConfig
+SWEEP: tuple[FewHeadConfig, ...] = (
+    F(splits=4), F(fused=True),
+    F(variant="cols"), F(32, 4, 4, "cols"), F(32, 4, 2, "cols"), F(64, 4, 3, "cols"), F(64, 8, 3, "cols"),
+    F(16, 4, 4, "cols"), F(16, 4, 6, "cols"), F(variant="cols", splits=2), F(variant="cols", splits=6),
+    F(variant="cols", fused=True),
+    F(variant="fold"), F(32, 4, 4, "fold"), F(64, 4, 3, "fold"), F(16, 4, 4, "fold"), F(64, 8, 3, "fold"),
+)
+
+
+def inputs(cache: torch.Tensor, batch: int, n_q: int, heads: int, gen: torch.Generator) -> dict:
+    """k random slots of each request's own context (each query its own set), ~1% -1; random q."""
+    rows = cache.shape[0] * PAGE
+    base = (torch.arange(batch, device="cuda") * CONTEXT) % rows
+    idx = base[:, None, None] + torch.randint(0, CONTEXT, (batch, n_q, K), device="cuda", generator=gen)
+    idx = torch.where(torch.rand(batch, n_q, K, device="cuda", generator=gen) < 0.01, -1, idx).to(torch.int32)
+    q = torch.randn(batch, n_q, heads, D_QK, device="cuda", generator=gen, dtype=torch.bfloat16)
+    return {"q": q, "cache": cache, "indices": idx}
+
+
+def subjects(layout: str, heads: int, n_q: int, sweep: bool, merge: bool = False) -> dict:
+    out = {"fewhead": lambda a: decode_fewhead(a["q"], a["cache"], a["indices"], SM_SCALE, layout=layout)}
+    base = default_config(layout, heads)
+    for cfg in (SWEEP if sweep else ()) + ((replace(base, fused=not base.fused),) if merge else ()):
+        out[f"fewhead {cfg.label}"] = (lambda c: lambda a: decode_fewhead(
+            a["q"], a["cache"], a["indices"], SM_SCALE, layout=layout, config=c))(cfg)
+    needs = {"heads": heads, "k": K, "page_size": PAGE, "decode_queries": n_q}
+    fn_tl, note_tl = bound("tilelang", "sparse_attn.decode", layout, needs)
+    if fn_tl is not None:
+        out["tilelang (padded)"] = lambda a: fn_tl(a["q"], a["cache"], a["indices"], SM_SCALE, layout=layout)
+    else:
+        print(f"  tilelang: {note_tl[:150]}", flush=True)
+    if layout == "fp8_656":
+        out["headblock"] = lambda a: decode_fp8_656(a["q"], a["cache"], a["indices"], SM_SCALE)
+        fn, note = bound("flashmla_kv", "sparse_attn.decode", layout, needs)
+        if fn is not None:
+            out["flashmla (padded)"] = lambda a: fn(a["q"], a["cache"], a["indices"], SM_SCALE, layout=layout)
+        else:
+            print(f"  flashmla: {note}", flush=True)
+    else:
+        out["headblock"] = lambda a: decode_bf16(a["q"], a["cache"], a["indices"], SM_SCALE)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="batch 64 only")
+    ap.add_argument("--sweep", action="store_true", help=f"also every candidate of SWEEP ({len(SWEEP)})")
+    ap.add_argument("--merge", action="store_true",
+                    help="16 heads only, each default also with the other merge (in the launch / second launch)")
+    ap.add_argument("--json", default="bench/results/fewhead_decode.json")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("fewhead_decode.py needs a CUDA device")
+    info = device_info()
+    copy = copy_ceiling_gbs()
+    print(f"{info['gpu']}: copy {copy:.0f} GB/s", flush=True)
+    ref = {lay: bound("reference", "sparse_attn.decode", lay, {"heads": 16, "k": K, "page_size": PAGE})[0]
+           for lay in ("fp8_656", "bf16")}
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    shapes = [(h, 1, 64) for h in (8, 16, 32)] + [(16, 4, 64)]
+    if not args.quick:
+        shapes += [(16, 1, 1), (16, 1, 128)]
+    if args.merge:
+        shapes = [(16, 1, 1), (16, 1, 8), (16, 1, 64), (16, 4, 64), (16, 1, 128)]
+    rows = []
+    for layout in ("fp8_656", "bf16"):
+        cache = cache_pool(CONTEXT, layout, gen)
+        for heads, n_q, batch in shapes:
+            a = inputs(cache, batch, n_q, heads, gen)
+            want = ref[layout](a["q"], a["cache"], a["indices"], SM_SCALE, layout=layout)
+            nbytes = decode_bytes(batch * n_q, heads, K, layout)
+            floor_ms = nbytes / copy / 1e6
+            for name, fn in subjects(layout, heads, n_q, args.sweep, args.merge).items():
+                row = {"layout": layout, "heads": heads, "queries": n_q, "batch": batch, "subject": name,
+                       "floor_ms": floor_ms}
+                try:
+                    got = fn(a)
+                    bad = out_and_lse(got[0], got[1], want[0], want[1], tolerance("sparse_attn.out"),
+                                      tolerance("sparse_attn.lse"))
+                    row["ms"] = None if bad else graph_ms(lambda fn=fn, a=a: fn(a))
+                    row["note"] = f"WRONG: {bad[:120]}" if bad else ""
+                except Exception as exc:  # noqa: BLE001 - reported per subject; the others still run
+                    row["ms"], row["note"] = None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+                if row["ms"]:
+                    row["pct_copy"] = 100 * floor_ms / row["ms"]
+                rows.append(row)
+                ms = f"{row['ms']:.4f}" if row["ms"] else "-"
+                pct = f"{row.get('pct_copy', 0):.0f}%" if row["ms"] else ""
+                print(f"  {layout:8s} h{heads:<3d} q{n_q} b{batch:<4d} {name:38s} {ms:>8s} ms {pct:>5s} {row['note']}",
+                      flush=True)
+        del cache
+        torch.cuda.empty_cache()
+
+    print("\n| layout | heads | queries | batch | floor ms | best fewhead | ms | % copy | headblock ms | "
+          "FlashMLA padded ms | best vs FlashMLA | TileLang padded ms |")
+    print("|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|")
+    for layout in ("fp8_656", "bf16"):
+        for heads, n_q, batch in shapes:
+            grp = [r for r in rows if (r["layout"], r["heads"], r["queries"], r["batch"]) == (layout, heads, n_q, batch)]
+            few = [r for r in grp if r["subject"].startswith("fewhead") and r["ms"]]
+            best = min(few, key=lambda r: r["ms"]) if few else None
+            other = {r["subject"]: r["ms"] for r in grp}
+            fm = other.get("flashmla (padded)")
+            print(f"| {layout} | {heads} | {n_q} | {batch} | {grp[0]['floor_ms']:.4f} | "
+                  f"{best['subject'] if best else '-'} | {best['ms'] if best else 0:.4f} | "
+                  f"{best['pct_copy'] if best else 0:.0f}% | {other.get('headblock') or 0:.4f} | "
+                  f"{fm or 0:.4f} | {(fm / best['ms']) if (fm and best) else 0:.2f}x | "
+                  f"{other.get('tilelang (padded)') or 0:.4f} |")
+    from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_decode_fewhead import _RESIDENT
+
+    print("programs per SM by compiled kernel:", {str(k[1:]): v for k, v in _RESIDENT.items()})
+    write_json(args.json, {"device": info, "copy_gbs": copy, "k": K, "context": CONTEXT,
+                           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "rows": rows})
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
