@@ -61,6 +61,15 @@ def padded_needs(method: str, claim: MethodClaim | None, needs: Mapping[str, obj
     return out
 
 
+def head_padding(method: str, claim: MethodClaim | None, needs: Mapping[str, object]) -> float:
+    """How many times the heads ``claim`` makes the caller of ``method`` pad to (1.0: none, or nothing fits)."""
+    heads = needs.get("heads")
+    if not isinstance(heads, int) or isinstance(heads, bool) or heads <= 0:
+        return 1.0
+    target = padded_needs(method, claim, needs).get("heads", heads)
+    return float(target) / heads if isinstance(target, int) else 1.0
+
+
 def padding_note(method: str, claim: MethodClaim | None, needs: Mapping[str, object]) -> str:
     """``"pads heads 4 -> 64, k 32 -> 128"`` for what the caller pads, or ``""`` when nothing is."""
     padded = padded_needs(method, claim, needs)

@@ -24,12 +24,18 @@ from dsa_runtime.backend import Backend
 from dsa_runtime.errors import ConfigError, PluginError
 from dsa_runtime.families import FAMILIES, FAMILY_METHODS, METHODS, MLA_LAYOUTS
 from dsa_runtime.kernel_needs import NEED_KEYS, method_needs, why_not
-from dsa_runtime.padding import PaddedSparseAttn, needs_wrapper, padding_note
+from dsa_runtime.padding import PaddedSparseAttn, head_padding, needs_wrapper, padding_note
 from dsa_runtime.platform import Detection, Platform, PlatformDefaults
 from dsa_runtime.plugin_manager import DSAPluginManager, get_manager
 
 logger = logging.getLogger(__name__)
 AUTO = "auto"
+# Head padding ``auto`` accepts from an earlier preference instead of a later backend that runs the heads as they
+# are, by (method, KV layout). Measured on an H200 (bench/fewhead_decode.py, 2026-11-26, batch 64, 32K, k 2048):
+# fp8_656 decode at 32 heads, FlashMLA padded to 64 takes 0.091 ms, the triton few-head kernel 0.109 and TileLang
+# padded 0.111; at 16 heads (4x) FlashMLA 0.091 vs triton 0.089 and at 8 heads 0.091 vs 0.087. bf16 decode at 32
+# heads: triton 0.075, TileLang padded 0.084 (so none there).
+CHEAP_HEAD_PADDING: dict[tuple[str, str], float] = {("sparse_attn.decode", "fp8_656"): 2.0}
 # KernelConfig fields naming one method (the serve/generate flags --dsa-prefill-backend / --dsa-decode-backend).
 METHOD_FIELDS = {"sparse_attn_prefill": "sparse_attn.prefill", "sparse_attn_decode": "sparse_attn.decode"}
 
@@ -271,13 +277,20 @@ def _auto_choice(
         if problem is None:
             # A later preference that runs the shape as it is beats one that pads it: padding 16 heads to 64
             # does 4x the work (tilelang at 16 heads: 0.29 ms vs triton's 0.075 ms, H200, batch 64 at 32K).
-            pads = padding_note(method, backend.capabilities.claim(method),
-                                method_needs(method, device, kv_layout, needs))
-            if pads:
+            # Except where padding is measured to pay (CHEAP_HEAD_PADDING): then the padded backend is taken.
+            claim = backend.capabilities.claim(method)
+            full = method_needs(method, device, kv_layout, needs)
+            pads = padding_note(method, claim, full)
+            if pads and head_padding(method, claim, full) > CHEAP_HEAD_PADDING.get((method, kv_layout), 1.0):
                 padded = padded or name
                 passed_over.append((name, f"{name} would pad ({pads})"))
                 continue
-            return _preferred(platform, defaults, family, name, method, fallback, skipped, passed_over)
+            choice = _preferred(platform, defaults, family, name, method, fallback, skipped, passed_over)
+            if pads:  # (the note of what is padded is added by the caller)
+                limit = CHEAP_HEAD_PADDING[(method, kv_layout)]
+                choice = replace(choice, reason=f"{choice.reason}; padding up to {limit:g}x the heads is measured "
+                                                f"to beat the backends that run them as they are")
+            return choice
         skipped.append(problem)
         passed_over.append((name, problem))
     if padded is not None:
