@@ -18,7 +18,11 @@ preset's acceptance point (tp 2 next-token top-1 agreement and max |diff| vs tp 
 ``--tp-reduce-dtype fp32``, tp 1 with ``moe_fp32_sum``); the last lines print it per model.
 
 Usage: ``python bench/tp_decode.py [--models tiny,real] [--batch 32] [--prompt 256] [--steps 32]
-[--tp-reduce-dtype fp32] [--tp1-moe-fp32 1] [--out tp_decode.json]``.
+[--tp-reduce-dtype fp32] [--tp1-moe-fp32 1] [--profile] [--out tp_decode.json]``.
+
+``--profile`` records the timed decode steps of each tp degree with torch.profiler on rank 0 and prints, per step,
+the wall time beside the GPU's busy time (kernel time; NCCL's all-reduces separately), the kernels launched
+and what is left: time the GPU waits for the host.
 """
 
 from __future__ import annotations
@@ -77,8 +81,22 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def run(runner, seqs, steps: int) -> dict:
-    """Prefill, then ``steps`` decodes fed with tp-independent tokens; returns logits and timings."""
+def gpu_profile(prof, steps: int, wall_ms: float) -> dict:
+    """Per decode step on this process's GPU (rank 0): wall time, kernel time (kernels of one stream do not
+    overlap, so their sum is the busy time), NCCL's share of it, kernel launches, and the rest (host: Python,
+    launches, the step's dispatch to the other rank, waiting)."""
+    from torch.autograd import DeviceType
+
+    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    busy = sum(e.time_range.elapsed_us() for e in kernels) / 1e3 / steps
+    nccl = sum(e.time_range.elapsed_us() for e in kernels if "nccl" in e.name.lower()) / 1e3 / steps
+    return {"wall_ms": wall_ms, "gpu_busy_ms": busy, "nccl_ms": nccl, "compute_ms": busy - nccl,
+            "kernels_per_step": len(kernels) / steps, "not_gpu_ms": wall_ms - busy}
+
+
+def run(runner, seqs, steps: int, profile: bool = False) -> dict:
+    """Prefill, then ``steps`` decodes fed with tp-independent tokens; returns logits and timings (with
+    ``profile``, the :func:`gpu_profile` of the timed steps too)."""
     from dsa_runtime.model.runner import ForwardBatch, ForwardSeq
 
     sync()
@@ -90,7 +108,14 @@ def run(runner, seqs, steps: int) -> dict:
     feed = torch.Generator().manual_seed(99)
     first = None
     times = []
+    prof = None
     for step in range(steps):
+        if profile and step == 2:  # the same steps the timing counts, after two warm-up steps
+            from torch.profiler import ProfilerActivity
+            from torch.profiler import profile as torch_profile
+
+            prof = torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+            prof.__enter__()
         # Fixed random next tokens (not argmax): both tp degrees decode exactly the same sequence.
         nxt = torch.randint(0, pre[0].shape[-1], (len(seqs),), generator=feed).tolist()
         batch = [ForwardSeq([t], n, s.page_table, "last") for t, n, s in zip(nxt, lengths, seqs, strict=True)]
@@ -103,7 +128,12 @@ def run(runner, seqs, steps: int) -> dict:
             first = torch.stack([o.float().cpu() for o in out])
         lengths = [n + 1 for n in lengths]
     timed = times[2:] if len(times) > 4 else times  # first steps warm up kernels / caches
+    extra = {}
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        extra = {"profile": gpu_profile(prof, steps - 2, 1e3 * sum(times[2:]) / (steps - 2))}
     return {
+        **extra,
         "prefill": torch.stack([o.float().cpu() for o in pre]),
         "decode0": first,
         "prefill_s": t_pre,
@@ -156,7 +186,7 @@ def bench_model(name: str, args) -> dict:
     result["tp1_build_s"] = time.perf_counter() - t0
     result["tp1_gpu_bytes"] = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else None
     log(f"{name}: tp 1 built in {result['tp1_build_s']:.1f} s")
-    tp1 = run(runner, seqs, args.steps)
+    tp1 = run(runner, seqs, args.steps, args.profile)
     log(f"{name}: tp 1 ran: {tp1['decode_tok_s']:.1f} tok/s")
     del runner, cache
     gc.collect()
@@ -172,13 +202,13 @@ def bench_model(name: str, args) -> dict:
         result["tp2_rank_bytes"] = dist_runner.collect("dsa_runtime.distributed.runtime:loaded_bytes")
         result["tp2_kernels"] = {m: c.backend for m, c in dist_runner.kernels.choices.items()
                                  if m.startswith("sparse_attn")}
-        tp2 = run(dist_runner, seqs, args.steps)
+        tp2 = run(dist_runner, seqs, args.steps, args.profile)
         log(f"{name}: tp 2 ran: {tp2['decode_tok_s']:.1f} tok/s")
     finally:
         dist_runner.shutdown()
     result["compare"] = compare(tp1, tp2)
     for tag, r in (("tp1", tp1), ("tp2", tp2)):
-        result[tag] = {k: r[k] for k in ("prefill_s", "decode_step_ms", "decode_tok_s")}
+        result[tag] = {k: r[k] for k in ("prefill_s", "decode_step_ms", "decode_tok_s", "profile") if k in r}
     return result
 
 
@@ -194,6 +224,8 @@ def main() -> int:
     p.add_argument("--tp-reduce-dtype", default="fp32", choices=("fp32", "bf16"))
     p.add_argument("--tp1-moe-fp32", type=int, default=1, choices=(0, 1),
                    help="1: the tp 1 runner rounds the MoE's fp32 expert sum once (ModelRunner moe_fp32_sum)")
+    p.add_argument("--profile", action="store_true",
+                   help="torch.profiler over the timed decode steps on rank 0: GPU busy, NCCL and host time per step")
     p.add_argument("--out", default=None)
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a dry run of the script (gloo)")
     args = p.parse_args()
@@ -218,6 +250,15 @@ def main() -> int:
               f"prefill max|diff| {c['prefill']['max_abs_diff']:.4f} top1 {c['prefill']['top1_agree']:.3f}; "
               f"decode0 max|diff| {c['decode0']['max_abs_diff']:.4f} top1 {c['decode0']['top1_agree']:.3f} "
               f"(reduce {r['tp_reduce_dtype']}, prompts {args.prompt // 2}-{args.prompt} tokens)")
+    if args.profile:
+        print("\n| model | tp | step wall ms | GPU busy ms (rank 0) | of which NCCL | kernels / step | not on the GPU ms |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for r in results["models"]:
+            for tag in ("tp1", "tp2"):
+                f = r[tag].get("profile")
+                if f:
+                    print(f"| {r['model']} | {tag[2:]} | {f['wall_ms']:.2f} | {f['gpu_busy_ms']:.2f} | {f['nccl_ms']:.2f} | "
+                          f"{f['kernels_per_step']:.0f} | {f['not_gpu_ms']:.2f} |")
     return 0
 
 
