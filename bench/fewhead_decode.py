@@ -43,11 +43,10 @@ from dsa_runtime.testing.tolerances import tolerance  # noqa: E402
 K, CONTEXT = 2048, 32768
 F = FewHeadConfig
 SWEEP: tuple[FewHeadConfig, ...] = (
-    F(splits=4), F(fused=True),
-    F(variant="cols"), F(32, 4, 4, "cols"), F(32, 4, 2, "cols"), F(64, 4, 3, "cols"), F(64, 8, 3, "cols"),
-    F(16, 4, 4, "cols"), F(16, 4, 6, "cols"), F(variant="cols", splits=2), F(variant="cols", splits=6),
-    F(variant="cols", fused=True),
+    F(splits=2), F(splits=4), F(splits=6), F(fused=True), F(32, 4, 4), F(32, 4, 2), F(64, 4, 3), F(64, 8, 3),
+    F(16, 4, 4), F(16, 4, 6),
     F(variant="fold"), F(32, 4, 4, "fold"), F(64, 4, 3, "fold"), F(16, 4, 4, "fold"), F(64, 8, 3, "fold"),
+    F(variant="fold", fused=True),
 )
 
 

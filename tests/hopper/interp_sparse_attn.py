@@ -197,7 +197,7 @@ def fewhead_checks(gen: torch.Generator) -> int:
             cache = flat.view(pages, page, -1)
             want = REF.decode(q, cache, idx, SCALE, layout=layout)
             for cfg in (FewHeadConfig(splits=1), FewHeadConfig(splits=3), FewHeadConfig(splits=3, fused=True),
-                        FewHeadConfig(block_n=16, splits=5), FewHeadConfig(variant="cols", splits=3, fused=True),
+                        FewHeadConfig(block_n=16, splits=5), FewHeadConfig(64, 4, 2, splits=3, fused=True),
                         FewHeadConfig(variant="fold", splits=1),
                         FewHeadConfig(variant="fold", block_n=16, splits=4, fused=True)):
                 if heads not in (8, 32) and cfg.splits != 3:
@@ -207,7 +207,7 @@ def fewhead_checks(gen: torch.Generator) -> int:
     q = torch.randn(3, 2, 16, 576, generator=gen).bfloat16()
     for layout, flat in caches.items():
         cache = flat.view(pages, page, -1)
-        for variant in ("one", "fold"):
+        for variant in ("cols", "fold"):
             bad += check(f"fewhead/{layout}/{variant}/d_v200",
                          decode_fewhead(q, cache, idx, SCALE, 200, layout=layout,
                                         config=FewHeadConfig(variant=variant)),

@@ -8,10 +8,9 @@ and 16 heads they ran few programs, each walking hundreds of rows one dependent 
 Here one program holds *all* heads of a query (an MMA tile of 16, 32 or 64 rows, padding masked) and a slice of
 its selected rows. Slices are planned from the compiled kernel's residency (registers and shared memory: how many
 programs one SM holds) so that one wave covers the GPU and never spills into a second (:func:`plan_splits`).
-Kernels (:class:`FewHeadConfig` ``variant``):
+The latent is walked as four 128-column blocks. Kernels (:class:`FewHeadConfig` ``variant``):
 
-* ``one``: the latent as one 512-wide tile; ``fp8_656`` dequantized through a ``[N, 4, 128]`` reshape.
-* ``cols``: four 128-column blocks, each dequantized by its own scale column (exact in bf16).
+* ``cols``: each ``fp8_656`` block dequantized by its own scale column (exact in bf16); bf16 rows as they are.
 * ``fold`` (``fp8_656``): ``cols`` with fp16 MMAs on the raw e4m3 values (exact in fp16): the rows' power-of-two
   scales go into the scores and, relative to the block's largest, into fp16 probabilities. q runs in fp16, each
   head first divided by a power of two when it would leave fp16's range (:data:`Q_FP16_MAX`).
@@ -20,7 +19,9 @@ What made ``fp8_656`` fast: Triton 3.6 pipelines a gather into shared memory (``
 deep) only when its single use is a dot operand, conversions allowed on the way; a tile feeding both ``q c^T``
 and ``P c`` was loaded synchronously, every step waiting on its gathers. So ``cols`` / ``fold`` gather each e4m3
 tile once per use, the second read hitting L2 (:func:`_latent_cols`); bf16 tiles need no conversion and are
-pipelined either way.
+pipelined either way. (A first kernel kept the latent as one 512-wide tile, dequantized through a
+``[N, 4, 128]`` reshape: 0.110 ms at 16 heads against ``fold``'s 0.089, and within 3% of ``cols`` on bf16; it is
+gone.)
 
 Slices are merged by the log-sum-exp rule, by default in a second launch (:func:`.mla_fp8_decode._combine_kernel`,
 its programs narrowed to fewer heads when a small batch would leave SMs idle). ``fused=True`` merges in the same
@@ -48,7 +49,6 @@ from dsa_runtime.plugins.cuda_hopper.triton.mla_fp8_decode import (
     LOG2E,
     _combine_kernel,
     _dot,
-    attend_block,
     sm_count,
 )
 from dsa_runtime.plugins.cuda_hopper.triton.moe_quant import INTERPRET
@@ -62,15 +62,14 @@ Q_FP16_MAX = tl.constexpr(16384.0)
 
 @dataclass(frozen=True)
 class FewHeadConfig:
-    """Launch shape: rows per step, warps, pipeline stages, the kernel (``one``: a 512-wide latent tile;
-    ``cols``: four 128-column blocks; ``fold``: ``cols`` with ``fp8_656`` scales folded into scores and fp16
-    probabilities), fixed splits (0 = planned from the kernel's residency), fewest rows per slice, and whether
+    """Launch shape: rows per step, warps, pipeline stages, the kernel (``cols``: four 128-column blocks;
+    ``fold``: ``cols`` with ``fp8_656`` scales folded into scores and fp16 probabilities), fixed splits (0 = planned from the kernel's residency), fewest rows per slice, and whether
     slices merge in the same launch (ticket counters) rather than in a second one."""
 
     block_n: int = 32
     num_warps: int = 4
     num_stages: int = 3
-    variant: str = "one"
+    variant: str = "cols"
     splits: int = 0
     min_rows: int = 128
     fused: bool = False
@@ -83,17 +82,18 @@ class FewHeadConfig:
 
 
 DEFAULT = FewHeadConfig()
-VARIANTS = ("one", "cols", "fold")
+VARIANTS = ("cols", "fold")
 # By (layout, head tile), the fastest of bench/fewhead_decode.py --sweep / --merge on an H200 (2026-11-26, k 2048,
-# docs/benchmarks.md). At 16 heads, batch 64: fp8_656 fold 0.089 ms (cols 0.093, one 0.110, the head-blocked
-# kernel 0.139); bf16 cols in 64-row steps 0.059 (one 0.062, head-blocked 0.068). Slices are merged by a second
-# launch: at batch 64 it ties the in-launch merge (0.089 vs 0.091), at batch 1 it wins (0.027 vs 0.038 ms), and
-# at 32 heads (0.110 vs 0.122) one program merging 32 heads x 512 fp32 per slice was the tail.
+# docs/benchmarks.md). At 16 heads, batch 64: fp8_656 fold 0.089 ms (cols 0.093, the head-blocked kernel 0.139);
+# bf16 cols in 64-row steps 0.059 (head-blocked 0.068); at 32 heads fp8_656 cols 0.110, bf16 cols 0.078. Slices
+# are merged by a second launch: at batch 64 it ties the in-launch merge (0.089 vs 0.091), at batch 1 it wins
+# (0.027 vs 0.038 ms), and at 32 heads (0.110 vs 0.122) one program merging 32 heads x 512 fp32 per slice was the
+# tail.
 DEFAULTS: dict[tuple[str, int], FewHeadConfig] = {
     ("fp8_656", 16): FewHeadConfig(32, 4, 3, "fold", fused=False),
     ("fp8_656", 32): FewHeadConfig(32, 4, 3, "cols", fused=False),
     ("bf16", 16): FewHeadConfig(64, 4, 3, "cols", fused=False),
-    ("bf16", 32): FewHeadConfig(32, 4, 3, "one", fused=False),
+    ("bf16", 32): FewHeadConfig(64, 4, 3, "cols", fused=False),
 }
 
 
@@ -136,78 +136,6 @@ def resident_programs(kernel, args: tuple, constexprs: dict, device: torch.devic
         by_threads = props.max_threads_per_multi_processor // threads
         _RESIDENT[key] = max(1, min(by_regs, by_smem, by_threads, 32))
     return _RESIDENT[key]
-
-
-@triton.jit
-def _gather_rows(kv_ptr, slot, valid, FP8: tl.constexpr, UPCAST: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The latent ``[BLOCK_N, 512]`` and rope ``[BLOCK_N, 64]`` bf16 rows of ``slot`` (masked rows are zeros)."""
-    row = tl.where(valid, slot, 0).to(tl.int64)
-    dp = tl.arange(0, 64)
-    if FP8:
-        j = tl.arange(0, 4)
-        t = tl.arange(0, 128)
-        c8 = tl.load(kv_ptr.to(tl.pointer_type(tl.float8e4nv)) + row[:, None, None] * 656 + j[None, :, None] * 128
-                     + t[None, None, :], mask=valid[:, None, None], other=0.0)
-        sc = tl.load(kv_ptr.to(tl.pointer_type(tl.float32)) + row[:, None] * 164 + 128 + j[None, :],
-                     mask=valid[:, None], other=0.0)
-        if UPCAST:  # the interpreter cannot multiply bf16: the same exact product through fp32
-            c = tl.reshape((c8.to(tl.float32) * sc[:, :, None]).to(tl.bfloat16), (BLOCK_N, 512))
-        else:
-            c = tl.reshape(c8.to(tl.bfloat16) * sc.to(tl.bfloat16)[:, :, None], (BLOCK_N, 512))
-        pe = tl.load(kv_ptr.to(tl.pointer_type(tl.bfloat16)) + row[:, None] * 328 + 264 + dp[None, :],
-                     mask=valid[:, None], other=0.0)
-    else:
-        d = tl.arange(0, 512)
-        base = kv_ptr.to(tl.pointer_type(tl.bfloat16)) + row[:, None] * 576
-        c = tl.load(base + d[None, :], mask=valid[:, None], other=0.0)
-        pe = tl.load(base + 512 + dp[None, :], mask=valid[:, None], other=0.0)
-    return c, pe
-
-
-@triton.jit
-def _fewhead_kernel(q_ptr, kv_ptr, idx_ptr, part_ptr, plse_ptr, out_ptr, lse_ptr, count_ptr,
-                    H, K, K_PER_SPLIT, SPLITS, qk_scale,
-                    stride_qm, stride_qh, stride_im, stride_pm, stride_ps, stride_ph, stride_lm, stride_ls,
-                    stride_om, stride_oh, stride_fm,
-                    FP8: tl.constexpr, D_OUT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_S: tl.constexpr, FUSED: tl.constexpr, UPCAST: tl.constexpr):
-    sp = tl.program_id(0)  # the slices of one query are neighbours: their merge waits on the fewest programs
-    m = tl.program_id(1).to(tl.int64)
-    h = tl.arange(0, BLOCK_H)
-    hmask = h < H
-    d = tl.arange(0, 512)
-    dp = tl.arange(0, 64)
-    q_row = q_ptr + m * stride_qm + h[:, None] * stride_qh
-    q_c = tl.load(q_row + d[None, :], mask=hmask[:, None], other=0.0)
-    q_pe = tl.load(q_row + 512 + dp[None, :], mask=hmask[:, None], other=0.0)
-
-    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, 512], tl.float32)
-    lo = sp * K_PER_SPLIT
-    hi = tl.minimum(lo + K_PER_SPLIT, K)
-    offs_n = tl.arange(0, BLOCK_N)
-    idx_row = idx_ptr + m * stride_im
-    slot_next = tl.load(idx_row + lo + offs_n, mask=lo + offs_n < hi, other=-1)
-    for n0 in range(lo, hi, BLOCK_N):
-        slot = slot_next
-        nxt = n0 + BLOCK_N + offs_n
-        slot_next = tl.load(idx_row + nxt, mask=nxt < hi, other=-1)  # issued before this step's gathers
-        valid = slot >= 0
-        c, pe = _gather_rows(kv_ptr, slot, valid, FP8, UPCAST, BLOCK_N)
-        m_i, l_i, acc = attend_block(q_c, q_pe, c, pe, valid, qk_scale, m_i, l_i, acc, UPCAST)
-
-    empty = l_i == 0.0
-    lse2 = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))  # base 2
-    inv = 1.0 / tl.where(empty, 1.0, l_i)
-    _store_cols(acc * inv[:, None], 0, m, sp, h, hmask, lse2, empty, part_ptr, plse_ptr, out_ptr, lse_ptr,
-                stride_pm, stride_ps, stride_ph, stride_lm, stride_ls, stride_om, stride_oh, stride_fm, SPLITS, D_OUT,
-                True)
-    if SPLITS > 1:  # noqa: SIM102 - a runtime and a constexpr condition, kept apart for the JIT
-        if FUSED:
-            _merge_if_last(m, h, hmask, part_ptr, plse_ptr, out_ptr, lse_ptr, count_ptr, SPLITS,
-                           stride_pm, stride_ps, stride_ph, stride_lm, stride_ls, stride_om, stride_oh, stride_fm,
-                           D_OUT, BLOCK_H, BLOCK_S)
 
 
 @triton.jit
@@ -332,8 +260,9 @@ def _fewhead_cols_kernel(q_ptr, kv_ptr, idx_ptr, part_ptr, plse_ptr, out_ptr, ls
                          stride_om, stride_oh, stride_fm,
                          FP8: tl.constexpr, D_OUT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_S: tl.constexpr, FUSED: tl.constexpr, FOLD: tl.constexpr, UPCAST: tl.constexpr):
-    """The kernel above with the latent in four 128-column blocks: no ``[N, 4, 128] -> [N, 512]`` reshape, each
-    block dequantized by its own scale column (or, with ``FOLD``, fp16 MMAs on the raw e4m3 values)."""
+    """One program: every head of query ``m`` (program axis 1) over slice ``sp`` (axis 0) of its selected rows,
+    the latent in four 128-column blocks, each ``fp8_656`` block dequantized by its own scale column (or, with
+    ``FOLD``, fp16 MMAs on the raw e4m3 values); writes the output (one slice) or its slice's partial."""
     sp = tl.program_id(0)
     m = tl.program_id(1).to(tl.int64)
     h = tl.arange(0, BLOCK_H)
@@ -481,12 +410,10 @@ def decode_fewhead(q: Tensor, kv_cache: Tensor, indices: Tensor, sm_scale: float
     rows = kv_cache.contiguous().view(-1, width)
     if cfg.variant not in VARIANTS:
         raise ValueError(f"unknown few-head variant {cfg.variant!r}; valid: {', '.join(VARIANTS)}")
-    kernel = _fewhead_kernel if cfg.variant == "one" else _fewhead_cols_kernel
+    kernel = _fewhead_cols_kernel
     block_h = 16 if heads <= 16 else 32 if heads <= 32 else 64
     consts = {"FP8": fp8, "D_OUT": d_v, "BLOCK_H": block_h, "BLOCK_N": cfg.block_n, "UPCAST": INTERPRET,
-              "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-    if cfg.variant != "one":
-        consts["FOLD"] = fp8 and cfg.variant == "fold"
+              "FOLD": fp8 and cfg.variant == "fold", "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
 
     def launch(grid, part, plse, count, splits, per_split, fused, block_s):
         args = (qf, rows, idx, part, plse, out, lse, count, heads, top_k, per_split, splits,
