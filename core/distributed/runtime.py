@@ -42,8 +42,9 @@ class RankSpec:
     Attributes:
         model_path: checkpoint folder (each rank reads only its slices), or None with ``tensors``.
         tensors: full HF-named tensors in memory (each rank keeps only its slices); ``config`` with them.
-        random_seed: with ``config`` and neither of the above: random bf16 weights drawn on each rank's
-            device, slices only (:mod:`dsa_runtime.distributed.random_weights`; benchmarks at real sizes).
+        random_seed: with ``config`` and neither of the above: random weights drawn on each rank's
+            device, slices only (:mod:`dsa_runtime.distributed.random_weights`; benchmarks at real sizes);
+            ``random_fp8``: their linears block-scaled FP8 as the released checkpoints store them, else bf16.
         dtype: model dtype name; device_type: ``cpu`` or ``cuda`` (rank i -> ``cuda:<local rank>``).
         kernel_config: :class:`~dsa_runtime.resolve.KernelConfig` (resolved on every rank with the per-rank
             head count, so head padding applies to the sharded shape).
@@ -60,6 +61,7 @@ class RankSpec:
     tensors: dict[str, Any] | None = None
     config: Any = None
     random_seed: int | None = None
+    random_fp8: bool = False
     dtype: str = "bfloat16"
     device_type: str = "cpu"
     kernel_config: Any = None
@@ -112,7 +114,7 @@ def build_rank_runner(spec: RankSpec, tp: Any) -> Any:
         from dsa_runtime.distributed.random_weights import rank_random_state
 
         config = spec.config
-        tensors = rank_random_state(config, info, tp.device, spec.random_seed or 0)
+        tensors = rank_random_state(config, info, tp.device, spec.random_seed or 0, fp8=spec.random_fp8)
         loaded = tensor_bytes(tensors)
     kcfg = spec.kernel_config or KernelConfig(platform="cpu" if spec.device_type == "cpu" else "auto")
     needs = kernel_needs(config, spec.page_size, attn_tp=info.attn_size)
@@ -411,3 +413,14 @@ def serve_worker_node(parallel: ParallelConfig, spec: RankSpec) -> int:
 def loaded_bytes(runner: Any) -> int:
     """Bytes of weights this rank loaded (for ``DistributedRunner.collect``)."""
     return int(getattr(runner, "bytes_loaded", 0))
+
+
+def memory_stats(runner: Any) -> dict[str, int]:
+    """This rank's device memory in bytes (for ``DistributedRunner.collect``): weights loaded, KV cache, and on
+    CUDA the allocator's allocated / peak allocated / reserved bytes and the device's total."""
+    out = {"weights": loaded_bytes(runner), "kv_cache": int(getattr(runner.cache, "total_bytes", 0))}
+    dev = torch.device(runner.device)
+    if dev.type == "cuda":
+        out.update(allocated=torch.cuda.memory_allocated(dev), peak=torch.cuda.max_memory_allocated(dev),
+                   reserved=torch.cuda.memory_reserved(dev), total=torch.cuda.get_device_properties(dev).total_memory)
+    return out

@@ -1,0 +1,452 @@
+"""The full-size V3.2 architecture served on N GPUs (issue 25): ``--tp N`` and ``--tp N --dp N --enable-dp-attention``.
+
+The model is DeepSeek-V3.2 at its real dimensions (hidden 7168, 128 heads, MLA 1536 / 512, indexer 64 x 128,
+top-k 2048, vocab 129280; 3 dense layers of 18432, then MoE layers of 256 routed experts of 2048, top 8, one
+shared expert) with **random weights in FP8 blocks** as the released checkpoint stores them, drawn on each
+rank's GPU for that rank's slices only (``RankSpec(random_seed=..., random_fp8=True)``). ``--layers 61`` is the
+real depth (about 690 GB of weights: 8 H200s); ``--layers auto`` takes as many as fit the GPUs at hand (the
+2-GPU rehearsal).
+
+Per topology the engine (the same ``Engine`` the server runs, no HTTP) serves:
+
+* the load: ``--requests`` random prompts of ``--input-len`` tokens arriving at once, ``--output-len`` tokens
+  each (EOS ignored): output tokens/s, TTFT and TPOT p50 / p99 (TPOT: a request's decode time over its output
+  tokens after the first), the median wall time of full-batch decode steps;
+* batch 1: one request, ``--batch1-output`` tokens: TPOT.
+
+Beside them: GPU memory per rank (weights, KV pool, peak), the KV capacity in tokens, the experts a decode
+step touches (counted on rank 0 from the router's choices; random weights route almost uniformly, real V3.2
+routes with per-expert bias balancing but skewed per batch), and the decode step's roofline per rank: weight
+bytes touched (every non-expert weight + the touched routed experts) plus KV bytes read (indexer keys over
+the whole context + 2048 selected rows per layer and request), at the copy bandwidth measured in this run.
+The public 8 x H200 anchors print beside them (same 1k / 2k / 100-concurrent load).
+
+    python bench/full_size.py --gpus 8 --layers 61 --out docs/bench/full_size_8gpu.json
+    python bench/full_size.py --gpus 2 --layers auto --output-len 256 --out docs/bench/full_size_2gpu.json
+    python bench/full_size.py --device cpu --model tiny --gpus 2     # a dry run of the script (gloo)
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+# GPUStack's published lab numbers, 8 x H200, 1k in / 2k out, 100 prompts, 100 concurrent.
+ANCHORS = (
+    ("SGLang v0.5.6.post2, TP8 DP8 + DP attention, 8 x H200", 2469.0, 39.45),
+    ("vLLM v0.13.0, TP8, 8 x H200", 2075.0, 45.72),
+)
+FP8_QUANT = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+             "weight_block_size": [128, 128], "scale_fmt": "ue8m0"}
+GIB = 2**30
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def model_config(model: str, layers: int, dense: int) -> Any:
+    """V3.2's config at ``layers`` layers (the first ``dense`` dense), FP8 linears, no MTP layer."""
+    from dsa_runtime.model.config import ModelConfig
+
+    if model == "tiny":
+        from dsa_runtime.loader.presets import preset_config
+
+        raw = preset_config("tiny-v32")
+    else:
+        from tests.loader.real_configs import v32_671b
+
+        raw = copy.deepcopy(v32_671b())
+    raw["num_hidden_layers"] = layers
+    raw["first_k_dense_replace"] = min(dense, layers)
+    raw["num_nextn_predict_layers"] = 0
+    raw["quantization_config"] = dict(FP8_QUANT)
+    return ModelConfig.from_hf(raw)
+
+
+@dataclass
+class Topology:
+    name: str
+    tp: int
+    dp: int
+
+    def parallel(self, timeout_s: float) -> Any:
+        from dsa_runtime.distributed import ParallelConfig
+
+        return ParallelConfig(tp=self.tp, dp=self.dp, enable_dp_attention=self.dp > 1, timeout_s=timeout_s,
+                              reduce_dtype="bf16")
+
+
+def topologies(gpus: int, names: str) -> list[Topology]:
+    table = {"tp": Topology(f"tp{gpus}", gpus, 1), "dp": Topology(f"tp{gpus}-dp{gpus}", gpus, gpus)}
+    return [table[n] for n in names.split(",")]
+
+
+# --- memory: what one rank holds ----------------------------------------------------------------------------
+def _is_routed_or_shared_expert(name: str) -> bool:
+    return ".experts." in name or ".shared_experts." in name
+
+
+def rank_weight_bytes(config: Any, info: Any) -> dict[str, int]:
+    """Bytes rank ``info`` holds once built, from its slices' shapes (meta tensors, nothing allocated): routed
+    and shared experts stay FP8 (+ scales), other FP8 linears are dequantised to bf16 at load; per part."""
+    from dsa_runtime.distributed.sharding import SCALE_SUFFIX, Reader, is_mtp, shard_state
+    from dsa_runtime.loader.spec import expected_tensors
+
+    specs = {n: s for n, s in expected_tensors(config, fp8=True).items() if not is_mtp(n, config.num_hidden_layers)}
+    dtypes = {"fp8": torch.float8_e4m3fn, "fp32": torch.float32, "bf16": torch.bfloat16, "norm": torch.bfloat16}
+
+    def read(name: str, dim: int | None, start: int, end: int) -> torch.Tensor:
+        shape = list(specs[name].shape)
+        if dim is not None:
+            shape[dim] = end - start
+        return torch.empty(shape, dtype=dtypes[specs[name].kind], device="meta")
+
+    reader = Reader(list(specs), lambda n: tuple(specs[n].shape), lambda n: specs[n].kind == "fp8", read)
+    parts = {"routed_experts": 0, "other": 0}
+    for name, t in shard_state(reader, info, config.num_hidden_layers).items():
+        if name.endswith(SCALE_SUFFIX):
+            keep = _is_routed_or_shared_expert(name)
+            nbytes = t.numel() * 4 if keep else 0
+        elif t.dtype == torch.float8_e4m3fn:
+            nbytes = t.numel() * (1 if _is_routed_or_shared_expert(name) else 2)
+        else:
+            nbytes = t.numel() * t.element_size()
+        parts["routed_experts" if ".mlp.experts." in name else "other"] += nbytes
+    parts["total"] = parts["routed_experts"] + parts["other"]
+    return parts
+
+
+def max_rank_bytes(config: Any, topo: Topology) -> int:
+    par = topo.parallel(60.0)
+    return max(rank_weight_bytes(config, par.rank_info(r))["total"] for r in range(topo.tp))
+
+
+def auto_layers(model: str, dense: int, topos: list[Topology], budget: int, kv_tokens: int) -> int:
+    """The most layers (>= dense + 1) whose weights plus ``kv_tokens`` of KV fit ``budget`` bytes on every rank of
+    every topology."""
+    from dsa_runtime.cache.kv_cache import mla_bytes_per_token
+    from dsa_runtime.families import INDEX_K_ROW_BYTES
+
+    kv_per_layer = kv_tokens * (mla_bytes_per_token("fp8_656") + INDEX_K_ROW_BYTES)
+
+    def need(layers: int) -> int:
+        cfg = model_config(model, layers, dense)
+        return max(max_rank_bytes(cfg, t) for t in topos) + layers * kv_per_layer
+
+    small, big = need(dense + 1), need(dense + 2)
+    per_moe = big - small
+    layers = dense + 1 + max(0, (budget - small) // per_moe)
+    while layers > dense + 1 and need(layers) > budget:
+        layers -= 1
+    if need(layers) > budget:
+        raise SystemExit(f"even {layers} layers need {need(layers) / GIB:.1f} GiB per rank, over the "
+                         f"{budget / GIB:.1f} GiB budget")
+    return int(min(layers, 61))
+
+
+# --- the load ---------------------------------------------------------------------------------------------
+class NullTokenizer:
+    """Token ids only: the load is synthetic, nothing is turned into text."""
+
+    eos_id = None
+
+    def decode(self, ids: Any, skip_special_tokens: bool = True) -> str:
+        return ""
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))]
+
+
+class RouteCounter:
+    """Wraps rank 0's ``kernels.moe.route``: distinct experts chosen per call (one MoE layer of one step)."""
+
+    def __init__(self, kernels: Any) -> None:
+        self.kernels, self.calls, self.on = kernels, [], False
+        self.inner = kernels.moe.route
+
+        def route(*args: Any, **kw: Any) -> Any:
+            weights, ids = self.inner(*args, **kw)
+            if self.on:  # kept on the device: counting now would sync every MoE layer of a timed step
+                self.calls.append(ids.detach().clone())
+            return weights, ids
+
+        try:
+            kernels.moe.route = route
+            self.installed = True
+        except (AttributeError, TypeError):  # a frozen family: fall back to the uniform-routing expectation
+            self.installed = False
+
+
+def serve(engine: Any, prompts: list[list[int]], output_len: int, counter: RouteCounter | None,
+          tag: str) -> dict[str, Any]:
+    """Every prompt arrives now; steps the engine to the end. Per-request TTFT / TPOT, per-step wall times."""
+    from dsa_runtime.engine import SamplingParams
+
+    params = SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=0.0)
+    t0 = time.monotonic()
+    for i, p in enumerate(prompts):
+        engine.add_request(f"{tag}-{i}", p, params)
+    done: dict[str, Any] = {}
+    steps: list[tuple[float, int, int]] = []  # (wall s, requests running, tokens produced)
+    last_report = t0
+    while engine.has_unfinished():
+        s0 = time.perf_counter()
+        running = engine.stats().num_running
+        full_decode = running == len(prompts) and engine.stats().num_waiting == 0
+        if counter is not None:
+            counter.on = full_decode and len(prompts) > 1
+        outs = engine.step()
+        steps.append((time.perf_counter() - s0, running if full_decode else -1, sum(len(o.new_token_ids) for o in outs)))
+        for o in outs:
+            if o.finished:
+                done[o.request_id] = o
+        if time.monotonic() - last_report > 30:
+            last_report = time.monotonic()
+            log(f"{tag}: {len(done)}/{len(prompts)} done, {sum(s[2] for s in steps)} tokens out")
+    wall = time.monotonic() - t0
+    if counter is not None:
+        counter.on = False
+    ttft, tpot, out_tokens = [], [], 0
+    for o in done.values():
+        m, n = o.metrics, len(o.token_ids)
+        out_tokens += n
+        ttft.append(m.first_token - m.arrival)
+        if n > 1:
+            tpot.append((m.finished - m.first_token) / (n - 1))
+    decode_steps = [s[0] for s in steps if s[1] == len(prompts)]
+    return {
+        "requests": len(prompts), "input_len": len(prompts[0]), "output_len": output_len, "wall_s": wall,
+        "output_tokens": out_tokens, "output_tok_s": out_tokens / wall,
+        "ttft_ms_p50": 1e3 * percentile(ttft, 50), "ttft_ms_p99": 1e3 * percentile(ttft, 99),
+        "tpot_ms_p50": 1e3 * percentile(tpot, 50), "tpot_ms_p99": 1e3 * percentile(tpot, 99),
+        "tpot_ms_mean": 1e3 * statistics.fmean(tpot) if tpot else float("nan"),
+        "full_batch_decode_step_ms_p50": 1e3 * percentile(decode_steps, 50) if decode_steps else None,
+        "steps": len(steps),
+    }
+
+
+# --- the roofline ------------------------------------------------------------------------------------------
+def decode_roofline(config: Any, topo: Topology, batch: int, context: int, experts_touched: float,
+                    copy_gbs: float) -> dict[str, float]:
+    """A full-batch decode step's bytes on the busiest rank, and their time at ``copy_gbs`` (GB/s, read+write
+    counted as by ``common.copy_ceiling_gbs``; a read-only stream runs at about that figure)."""
+    from dsa_runtime.cache.kv_cache import mla_bytes_per_token
+    from dsa_runtime.families import INDEX_K_ROW_BYTES
+
+    par = topo.parallel(60.0)
+    info = par.rank_info(0)
+    parts = rank_weight_bytes(config, info)
+    moe_layers = config.num_hidden_layers - config.first_k_dense_replace
+    per_expert = parts["routed_experts"] / max(1, moe_layers * config.n_routed_experts)
+    weights = parts["other"] + moe_layers * experts_touched * per_expert
+    per_rank_batch = batch // topo.dp if topo.dp > 1 else batch
+    k = min(context, config.index_topk or context)
+    kv = config.num_hidden_layers * per_rank_batch * (context * INDEX_K_ROW_BYTES + k * mla_bytes_per_token("fp8_656"))
+    total = weights + kv
+    return {"weight_bytes": weights, "kv_bytes": kv, "bytes": total, "copy_gbs": copy_gbs,
+            "roofline_ms": total / (copy_gbs * 1e9) * 1e3 if copy_gbs else float("nan")}
+
+
+def uniform_touched(tokens: int, experts: int, top_k: int) -> float:
+    """Expected distinct experts ``tokens`` tokens choose when each picks ``top_k`` of ``experts`` uniformly."""
+    return experts * (1.0 - (1.0 - top_k / experts) ** tokens)
+
+
+# --- one topology ------------------------------------------------------------------------------------------
+def run_topology(config: Any, topo: Topology, args: argparse.Namespace, num_pages: int, page: int,
+                 copy_gbs: float) -> dict[str, Any]:
+    from dsa_runtime.cache import PageAllocator
+    from dsa_runtime.distributed.runtime import DistributedRunner, RankSpec
+    from dsa_runtime.engine import Engine, EngineConfig
+    from dsa_runtime.engine.engine import EngineParts
+    from dsa_runtime.resolve import KernelConfig
+
+    kcfg = KernelConfig() if args.device == "cuda" else KernelConfig(platform="cpu")
+    spec = RankSpec(config=config, random_seed=args.seed, random_fp8=True, dtype="bfloat16",
+                    device_type=args.device, kernel_config=kcfg, num_pages=num_pages, page_size=page,
+                    cpu_threads=1 if args.device == "cpu" else None)
+    t0 = time.perf_counter()
+    runner = DistributedRunner(topo.parallel(args.timeout), spec)
+    out: dict[str, Any] = {"topology": topo.name, "tp": topo.tp, "dp": topo.dp}
+    try:
+        out["build_s"] = time.perf_counter() - t0
+        log(f"{topo.name}: built in {out['build_s']:.0f} s")
+        out["kernels"] = {m: c.backend for m, c in runner.kernels.choices.items()}
+        out["memory_per_rank"] = runner.collect("dsa_runtime.distributed.runtime:memory_stats")
+        parts = EngineParts(runner=runner, tokenizer=NullTokenizer(), allocator=PageAllocator(num_pages),
+                            page_size=page, max_model_len=args.input_len + args.output_len + 16,
+                            vocab_size=config.vocab_size, eos_token_ids=frozenset(), model_config=config)
+        engine = Engine(EngineConfig(max_running_requests=max(args.requests, 1), disable_radix_cache=True,
+                                     chunked_prefill_size=args.chunked_prefill_size), parts=parts)
+        out["kv_capacity_tokens"] = (num_pages - 1) * page
+        counter = RouteCounter(runner.kernels)
+        rng = random.Random(args.seed)
+
+        def prompts(n: int) -> list[list[int]]:
+            return [[rng.randrange(2, config.vocab_size) for _ in range(args.input_len)] for _ in range(n)]
+
+        log(f"{topo.name}: warm-up")
+        serve(engine, prompts(2), 4, None, f"{topo.name}-warm")
+        log(f"{topo.name}: {args.requests} requests x {args.input_len} in / {args.output_len} out")
+        out["load"] = serve(engine, prompts(args.requests), args.output_len, counter, f"{topo.name}-load")
+        log(f"{topo.name}: load {out['load']['output_tok_s']:.0f} tok/s; batch 1")
+        out["batch1"] = serve(engine, prompts(1), args.batch1_output, None, f"{topo.name}-b1")
+        out["memory_per_rank_after"] = runner.collect("dsa_runtime.distributed.runtime:memory_stats")
+        tokens_per_step = args.requests  # every rank's MoE sees every group's tokens
+        counts = [int(torch.unique(ids).numel()) for ids in counter.calls if ids.shape[0] == tokens_per_step]
+        if counter.installed and counts:
+            touched = statistics.fmean(counts)
+            out["experts_touched_source"] = f"measured on rank 0 ({len(counts)} MoE layer calls of full-batch decode)"
+        else:
+            touched = uniform_touched(tokens_per_step, config.n_routed_experts, config.num_experts_per_tok)
+            out["experts_touched_source"] = "uniform-routing expectation"
+        out["experts_touched_per_moe_layer"] = touched
+        out["experts_touched_uniform"] = uniform_touched(tokens_per_step, config.n_routed_experts,
+                                                         config.num_experts_per_tok)
+        context = args.input_len + args.output_len // 2
+        out["roofline"] = decode_roofline(config, topo, args.requests, context, touched, copy_gbs)
+        step = out["load"]["full_batch_decode_step_ms_p50"]
+        if step:
+            out["roofline"]["measured_over_roofline"] = step / out["roofline"]["roofline_ms"]
+    finally:
+        runner.shutdown()
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--gpus", type=int, default=8, help="ranks (one per GPU)")
+    p.add_argument("--layers", default="61", help="an int, or auto: as many as fit (first --dense dense)")
+    p.add_argument("--dense", type=int, default=3, help="leading dense layers (V3.2: 3)")
+    p.add_argument("--topologies", default="tp,dp", help="tp: --tp N; dp: --tp N --dp N --enable-dp-attention")
+    p.add_argument("--requests", type=int, default=100)
+    p.add_argument("--input-len", type=int, default=1000)
+    p.add_argument("--output-len", type=int, default=2000)
+    p.add_argument("--batch1-output", type=int, default=256)
+    p.add_argument("--chunked-prefill-size", type=int, default=8192)
+    p.add_argument("--mem-fraction-static", type=float, default=0.85,
+                   help="share of each GPU for weights + KV + workspaces (SGLang's flag)")
+    p.add_argument("--page-size", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=600.0, help="collective timeout, s")
+    p.add_argument("--model", default="v32", choices=("v32", "tiny"), help="tiny: the tiny preset (dry runs)")
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    if args.device == "cuda" and torch.cuda.device_count() < args.gpus:
+        print(f"bench/full_size.py: --gpus {args.gpus} needs {args.gpus} CUDA devices, "
+              f"torch sees {torch.cuda.device_count()}", file=sys.stderr)
+        return 2
+    from dsa_runtime.cache import plan_capacity
+
+    topos = topologies(args.gpus, args.topologies)
+    load_tokens = args.requests * (args.input_len + args.output_len) + 2 * (args.input_len + 8)
+    page = args.page_size
+    if args.device == "cuda":
+        from common import copy_ceiling_gbs, device_info
+
+        info = device_info()
+        copy_gbs = copy_ceiling_gbs()
+        torch.cuda.empty_cache()
+        total = torch.cuda.get_device_properties(0).total_memory
+        budget = int(total * args.mem_fraction_static)
+    else:
+        info, copy_gbs, budget = {"gpu": "cpu"}, 0.0, 8 * GIB
+    if args.layers == "auto":
+        headroom = 6 * GIB if args.device == "cuda" else 0  # step workspaces, allocator slack, NCCL buffers
+        layers = auto_layers(args.model, args.dense, topos, budget - headroom, load_tokens)
+    else:
+        layers = int(args.layers)
+    config = model_config(args.model, layers, args.dense)
+    weights = max(max_rank_bytes(config, t) for t in topos)
+    if args.device == "cuda":
+        plan = plan_capacity(config, page, "fp8_656", budget_bytes=budget - weights,
+                             chunked_prefill_size=args.chunked_prefill_size, max_running=max(args.requests, 1),
+                             dtype=torch.bfloat16, max_context=args.input_len + args.output_len + 16)
+        num_pages = plan.num_pages
+    else:
+        num_pages = -(-load_tokens // page) + 8
+    if (num_pages - 1) * page < load_tokens:
+        print(f"bench/full_size.py: {layers} layers leave KV for {(num_pages - 1) * page} tokens, the load needs "
+              f"{load_tokens}; lower --layers or the load", file=sys.stderr)
+        return 2
+    log(f"{info.get('gpu')}: {layers} layers ({config.first_k_dense_replace} dense), weights up to "
+        f"{weights / GIB:.1f} GiB per rank, KV {num_pages} pages x {page}, copy {copy_gbs:.0f} GB/s")
+    results: dict[str, Any] = {
+        "device": info, "gpus": args.gpus, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "layers": layers, "dense_layers": config.first_k_dense_replace, "model": args.model,
+        "weights_fp8_all_layers_gb": checkpoint_bytes(config) / 1e9,
+        "copy_gbs": copy_gbs, "args": vars(args), "anchors": [
+            {"name": n, "output_tok_s": t, "tpot_ms_mean": m} for n, t, m in ANCHORS], "runs": []}
+    for topo in topos:
+        res = run_topology(config, topo, args, num_pages, page, copy_gbs)
+        results["runs"].append(res)
+        print(json.dumps(res, indent=1), flush=True)
+        if args.out:  # after every topology: a run cut short keeps what it measured
+            from common import write_json
+
+            write_json(args.out, results)
+        gc.collect()
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+    print_table(results)
+    return 0
+
+
+def checkpoint_bytes(config: Any) -> int:
+    """Bytes of the whole FP8 checkpoint of ``config`` (main stack), as stored."""
+    from dsa_runtime.distributed.sharding import is_mtp
+    from dsa_runtime.loader.spec import expected_tensors
+
+    size = {"fp8": 1, "fp32": 4, "bf16": 2, "norm": 2}
+    return sum(math.prod(s.shape) * size[s.kind] for n, s in expected_tensors(config, fp8=True).items()
+               if not is_mtp(n, config.num_hidden_layers))
+
+
+def print_table(results: dict[str, Any]) -> None:
+    gpu, n = results["device"].get("gpu"), results["gpus"]
+    print(f"\n{n} x {gpu}, {results['layers']} layers ({results['dense_layers']} dense), "
+          f"{results['weights_fp8_all_layers_gb']:.0f} GB of weights in all, copy {results['copy_gbs']:.0f} GB/s")
+    print("| topology | load | out tok/s | TPOT p50 / p99 ms | TTFT p50 / p99 ms | full-batch step ms | roofline ms "
+          "| step / roofline | b1 TPOT ms | experts touched / layer | GiB / rank (weights, KV, peak) | KV tokens |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in results["runs"]:
+        ld, b1, rf = r["load"], r["batch1"], r["roofline"]
+        mem = r["memory_per_rank_after"]
+        peak = max(m.get("peak", 0) for m in mem) / GIB
+        w = max(m["weights"] for m in mem) / GIB
+        kv = max(m["kv_cache"] for m in mem) / GIB
+        step = ld["full_batch_decode_step_ms_p50"]
+        print(f"| {r['topology']} | {ld['requests']} x {ld['input_len']}/{ld['output_len']} | {ld['output_tok_s']:.0f} "
+              f"| {ld['tpot_ms_p50']:.1f} / {ld['tpot_ms_p99']:.1f} | {ld['ttft_ms_p50']:.0f} / {ld['ttft_ms_p99']:.0f} "
+              f"| {step if step is None else f'{step:.1f}'} | {rf['roofline_ms']:.2f} "
+              f"| {rf.get('measured_over_roofline', float('nan')):.1f}x | {b1['tpot_ms_p50']:.1f} "
+              f"| {r['experts_touched_per_moe_layer']:.0f} (uniform {r['experts_touched_uniform']:.0f}) "
+              f"| {w:.1f}, {kv:.1f}, {peak:.1f} | {r['kv_capacity_tokens']} |")
+    for a in results["anchors"]:
+        print(f"| anchor: {a['name']} | 100 x 1000/2000 | {a['output_tok_s']:.0f} | mean {a['tpot_ms_mean']:.2f} "
+              "| | | | | | | | |")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
