@@ -137,22 +137,28 @@ def max_rank_bytes(config: Any, topo: Topology) -> int:
     return max(rank_weight_bytes(config, par.rank_info(r))["total"] for r in range(topo.tp))
 
 
-def auto_layers(model: str, dense: int, topos: list[Topology], budget: int, kv_tokens: int) -> int:
-    """The most layers (>= dense + 1) whose weights plus ``kv_tokens`` of KV fit ``budget`` bytes on every rank of
-    every topology."""
-    from dsa_runtime.cache.kv_cache import mla_bytes_per_token
-    from dsa_runtime.families import INDEX_K_ROW_BYTES
+def plan_kv(config: Any, args: argparse.Namespace, *, tokens: int | None = None, budget: int | None = None) -> Any:
+    """``cache.plan_capacity`` for the load: KV pages for ``tokens`` or within ``budget`` bytes, after the step
+    workspaces (the indexer logits of a prefill chunk over the longest context dominate them)."""
+    from dsa_runtime.cache import plan_capacity
 
-    kv_per_layer = kv_tokens * (mla_bytes_per_token("fp8_656") + INDEX_K_ROW_BYTES)
+    return plan_capacity(config, args.page_size, "fp8_656", budget_bytes=budget, max_total_tokens=tokens,
+                         chunked_prefill_size=args.chunked_prefill_size, max_running=max(args.requests, 1),
+                         dtype=torch.bfloat16, max_context=args.input_len + args.output_len + 16)
+
+
+def auto_layers(args: argparse.Namespace, topos: list[Topology], budget: int, kv_tokens: int) -> int:
+    """The most layers (>= dense + 1) whose weights, step workspaces and ``kv_tokens`` of KV fit ``budget`` bytes
+    on every rank of every topology."""
 
     def need(layers: int) -> int:
-        cfg = model_config(model, layers, dense)
-        return max(max_rank_bytes(cfg, t) for t in topos) + layers * kv_per_layer
+        cfg = model_config(args.model, layers, args.dense)
+        plan = plan_kv(cfg, args, tokens=kv_tokens)
+        return max(max_rank_bytes(cfg, t) for t in topos) + plan.cache_bytes + plan.workspace_bytes
 
-    small, big = need(dense + 1), need(dense + 2)
-    per_moe = big - small
-    layers = dense + 1 + max(0, (budget - small) // per_moe)
-    while layers > dense + 1 and need(layers) > budget:
+    small, big = need(args.dense + 1), need(args.dense + 2)
+    layers = args.dense + 1 + max(0, (budget - small) // (big - small))
+    while layers > args.dense + 1 and need(layers) > budget:
         layers -= 1
     if need(layers) > budget:
         raise SystemExit(f"even {layers} layers need {need(layers) / GIB:.1f} GiB per rank, over the "
@@ -357,8 +363,6 @@ def main() -> int:
         print(f"bench/full_size.py: --gpus {args.gpus} needs {args.gpus} CUDA devices, "
               f"torch sees {torch.cuda.device_count()}", file=sys.stderr)
         return 2
-    from dsa_runtime.cache import plan_capacity
-
     topos = topologies(args.gpus, args.topologies)
     load_tokens = args.requests * (args.input_len + args.output_len) + 2 * (args.input_len + 8)
     page = args.page_size
@@ -374,16 +378,16 @@ def main() -> int:
         info, copy_gbs, budget = {"gpu": "cpu"}, 0.0, 8 * GIB
     if args.layers == "auto":
         headroom = 6 * GIB if args.device == "cuda" else 0  # step workspaces, allocator slack, NCCL buffers
-        layers = auto_layers(args.model, args.dense, topos, budget - headroom, load_tokens)
+        layers = auto_layers(args, topos, budget - headroom, load_tokens)
     else:
         layers = int(args.layers)
     config = model_config(args.model, layers, args.dense)
     weights = max(max_rank_bytes(config, t) for t in topos)
     if args.device == "cuda":
-        plan = plan_capacity(config, page, "fp8_656", budget_bytes=budget - weights,
-                             chunked_prefill_size=args.chunked_prefill_size, max_running=max(args.requests, 1),
-                             dtype=torch.bfloat16, max_context=args.input_len + args.output_len + 16)
+        plan = plan_kv(config, args, budget=budget - weights)
         num_pages = plan.num_pages
+        log(f"KV plan: {plan.max_total_tokens} tokens, workspaces {plan.workspace_bytes / GIB:.1f} GiB "
+            f"({', '.join(f'{k} {v / GIB:.1f}' for k, v in plan.workspace.items())})")
     else:
         num_pages = -(-load_tokens // page) + 8
     if (num_pages - 1) * page < load_tokens:

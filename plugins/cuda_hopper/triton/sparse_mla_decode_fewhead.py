@@ -37,6 +37,7 @@ A query with no valid slot gets zeros and ``lse = +inf``; a slot ``-1`` is never
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -116,26 +117,30 @@ def plan_splits(queries: int, top_k: int, sms: int, resident: int, cfg: FewHeadC
 _RESIDENT: dict[tuple, int] = {}
 
 
-def resident_programs(kernel, args: tuple, constexprs: dict, device: torch.device) -> int:
-    """Programs of ``kernel`` one SM holds at once, from its compiled registers and shared memory (compiled on
-    first use, host only: safe while a graph captures); 4 under the interpreter."""
+def resident_programs(kernel, make_args: Callable[[], tuple], constexprs: dict, device: torch.device) -> int:
+    """Programs of ``kernel`` one SM holds at once, from its compiled registers and shared memory; 4 under the
+    interpreter. Looked up by (device, kernel, constexprs) before anything else: only the first call of a key
+    runs ``make_args()`` (the launch's arguments, a probe workspace among them) and compiles (host only: safe
+    while a graph captures), so a warm eager decode step allocates nothing here."""
     if INTERPRET or device.type != "cuda":
         return 4
     key = (device.index, kernel.fn.__name__ if hasattr(kernel, "fn") else id(kernel), tuple(sorted(constexprs.items())))
-    if key not in _RESIDENT:
-        compiled = kernel.warmup(*args, grid=(1,), **constexprs)
-        compiled = compiled.result() if hasattr(compiled, "result") else compiled
-        compiled._init_handles()
-        props = torch.cuda.get_device_properties(device)
-        threads = 32 * constexprs["num_warps"]
-        regs = max(1, compiled.n_regs) * threads
-        regs = -(-regs // 2048) * 2048  # per-warp allocation granularity, rounded up per block
-        smem = compiled.metadata.shared + 1024  # the driver's reserved shared memory per block
-        by_regs = props.regs_per_multiprocessor // regs
-        by_smem = props.shared_memory_per_multiprocessor // smem
-        by_threads = props.max_threads_per_multi_processor // threads
-        _RESIDENT[key] = max(1, min(by_regs, by_smem, by_threads, 32))
-    return _RESIDENT[key]
+    resident = _RESIDENT.get(key)
+    if resident is not None:
+        return resident
+    compiled = kernel.warmup(*make_args(), grid=(1,), **constexprs)
+    compiled = compiled.result() if hasattr(compiled, "result") else compiled
+    compiled._init_handles()
+    props = torch.cuda.get_device_properties(device)
+    threads = 32 * constexprs["num_warps"]
+    regs = max(1, compiled.n_regs) * threads
+    regs = -(-regs // 2048) * 2048  # per-warp allocation granularity, rounded up per block
+    smem = compiled.metadata.shared + 1024  # the driver's reserved shared memory per block
+    by_regs = props.regs_per_multiprocessor // regs
+    by_smem = props.shared_memory_per_multiprocessor // smem
+    by_threads = props.max_threads_per_multi_processor // threads
+    resident = _RESIDENT[key] = max(1, min(by_regs, by_smem, by_threads, 32))
+    return resident
 
 
 @triton.jit
@@ -415,32 +420,32 @@ def decode_fewhead(q: Tensor, kv_cache: Tensor, indices: Tensor, sm_scale: float
     consts = {"FP8": fp8, "D_OUT": d_v, "BLOCK_H": block_h, "BLOCK_N": cfg.block_n, "UPCAST": INTERPRET,
               "FOLD": fp8 and cfg.variant == "fold", "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
 
-    def launch(grid, part, plse, count, splits, per_split, fused, block_s):
-        args = (qf, rows, idx, part, plse, out, lse, count, heads, top_k, per_split, splits,
+    def args(part, plse, count, splits, per_split):
+        return (qf, rows, idx, part, plse, out, lse, count, heads, top_k, per_split, splits,
                 float(sm_scale) * LOG2E, qf.stride(0), qf.stride(1), idx.stride(0),
                 part.stride(0), part.stride(1), part.stride(2), plse.stride(0), plse.stride(1),
                 out.stride(0), out.stride(1), lse.stride(0))
-        if grid is None:
-            return resident_programs(kernel, args, {**consts, "FUSED": fused, "BLOCK_S": block_s}, q.device)
-        kernel[grid](*args, FUSED=fused, BLOCK_S=block_s, **consts)
-        return 0
+
+    def probe_args():  # only when the residency of this launch shape is not cached yet
+        probe = torch.empty(1, 2, heads, D_LATENT, dtype=torch.float32, device=q.device)
+        return args(probe, probe[:, :, :, 0], lse, 2, top_k)
 
     if cfg.splits:
         splits = plan_splits(mq, top_k, 0, 0, cfg)
     else:  # residency of the split kernel (its registers and shared memory set how many programs fit an SM)
-        probe = torch.empty(1, 2, heads, D_LATENT, dtype=torch.float32, device=q.device)
-        resident = launch(None, probe, probe[:, :, :, 0], lse, 2, top_k, cfg.fused, 2)
+        resident = resident_programs(kernel, probe_args, {**consts, "FUSED": cfg.fused, "BLOCK_S": 2}, q.device)
         splits = plan_splits(mq, top_k, sm_count(q.device), resident, cfg)
     per_split = triton.cdiv(triton.cdiv(max(top_k, 1), splits), cfg.block_n) * cfg.block_n
     splits = triton.cdiv(max(top_k, 1), per_split)  # no slice left without rows
     if splits == 1:
-        launch((1, mq), out.view(mq, 1, heads, d_v), lse.view(mq, 1, heads), lse, 1, per_split, False, 2)
+        kernel[(1, mq)](*args(out.view(mq, 1, heads, d_v), lse.view(mq, 1, heads), lse, 1, per_split),
+                        FUSED=False, BLOCK_S=2, **consts)
         return out.reshape(batch, n_q, heads, d_v), lse.reshape(batch, n_q, heads)
     part = torch.empty(mq, splits, heads, D_LATENT, dtype=torch.float32, device=q.device)
     plse = torch.empty(mq, splits, heads, dtype=torch.float32, device=q.device)
     count = _counters(q.device, mq) if cfg.fused else plse  # (unread without the fused merge)
     block_s = max(triton.next_power_of_2(splits), 2)
-    launch((splits, mq), part, plse, count, splits, per_split, cfg.fused, block_s)
+    kernel[(splits, mq)](*args(part, plse, count, splits, per_split), FUSED=cfg.fused, BLOCK_S=block_s, **consts)
     if not cfg.fused:
         cb_h = 16  # heads per merge program; fewer when that leaves SMs idle (small batches: the merge is the tail)
         while cb_h > 1 and mq * triton.cdiv(heads, cb_h) < sm_count(q.device):
