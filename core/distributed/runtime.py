@@ -121,8 +121,10 @@ def build_rank_runner(spec: RankSpec, tp: Any) -> Any:
     kernels = resolve_kernels(kcfg, needs=needs)
     cache = KVCache(config, spec.num_pages, spec.page_size, kernels.kv_layout, tp.device, getattr(torch, spec.dtype),
                     draft_layers=int(spec.nextn))
+    # release_tensors: this rank's slices are freed as the model is built from them, so building peaks at the
+    # model plus one layer (random full-size weights are drawn on the GPU; a checkpoint's slices sit in host RAM).
     runner = ModelRunner(config, tensors, kernels=kernels, cache=cache, dtype=spec.dtype, device=tp.device,
-                         mha_max_keys=spec.mha_max_keys, tp=tp, nextn=spec.nextn)
+                         mha_max_keys=spec.mha_max_keys, tp=tp, nextn=spec.nextn, release_tensors=True)
     runner.bytes_loaded = loaded  # type: ignore[attr-defined]
     del tensors
     for hook in spec.hooks:

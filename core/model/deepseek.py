@@ -55,16 +55,20 @@ class DeepseekModel:
     ``moe_fp32_sum``: the MoE rounds its experts' fp32 sum once (see :class:`MoE`), the single-process
     counterpart of TP's fp32 partial sums (``ParallelConfig.reduce_dtype``).
     ``nextn``: also build the checkpoint's first MTP layer as :attr:`nextn` (``KeyError`` when it is missing).
+    ``release_tensors``: empty ``tensors`` and free each source tensor once it is built (see ``WeightSource``).
     """
 
     def __init__(self, config: ModelConfig, tensors: dict[str, Tensor], *, dtype: torch.dtype,
-                 device: torch.device, tp=None, moe_fp32_sum: bool = False, nextn: bool = False):
+                 device: torch.device, tp=None, moe_fp32_sum: bool = False, nextn: bool = False,
+                 release_tensors: bool = False):
         self.config, self.dtype, self.device, self.tp = config, dtype, device, tp
         n = config.num_hidden_layers
         mtp_prefix = f"model.layers.{n}."
         self.mtp_tensors = {k: v for k, v in tensors.items() if k.startswith(mtp_prefix)}
         main = {k: v for k, v in tensors.items() if not k.startswith(mtp_prefix)}
-        ws = WeightSource(main, device, dtype)
+        if release_tensors:  # the caller gave its dict away: each source tensor is freed once built
+            tensors.clear()
+        ws = WeightSource(main, device, dtype, release=release_tensors)
         self.embed = ws.plain("model.embed_tokens.weight")
         self.layers = [DecoderLayer(ws, layer, config, tp, moe_fp32_sum) for layer in range(n)]
         self.norm = ws.plain("model.norm.weight")

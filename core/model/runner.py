@@ -86,6 +86,8 @@ class ModelRunner:
             rounding TP ranks get from their fp32 partial sums (``--tp-reduce-dtype fp32``), so tp 1 and
             tp N agree up to fp32 summation order. Off by default: on CPU it costs an fp32 down-projection
             GEMM per expert (tiny-v32 prefill ~20% slower); on GPUs an fp32 per-pair buffer.
+        release_tensors: the runner takes ``tensors`` over and empties it, freeing each source tensor once its
+            built form exists (build peak: the model plus one layer, not twice the model).
     """
 
     def __init__(
@@ -102,6 +104,7 @@ class ModelRunner:
         indexer_budget_bytes: int | None = None,
         moe_fp32_sum: bool = False,
         nextn: bool = False,
+        release_tensors: bool = False,
     ) -> None:
         self.config = config
         self.kernels = kernels
@@ -119,7 +122,7 @@ class ModelRunner:
             raise ValueError("a runner with a NextN draft layer needs a KV cache with draft_layers >= 1")
         with torch.inference_mode():
             self.model = DeepseekModel(config, tensors, dtype=self.dtype, device=self.device, tp=tp,
-                                       moe_fp32_sum=moe_fp32_sum, nextn=nextn)
+                                       moe_fp32_sum=moe_fp32_sum, nextn=nextn, release_tensors=release_tensors)
         self.request_slots: RequestSlots | None = None  # GPU-resident decode state (setup_decode)
         self.graphs: DecodeGraphs | None = None
         self.draft_graphs: DecodeGraphs | None = None  # the NextN layer's, with nextn and graphs

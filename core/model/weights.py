@@ -24,10 +24,15 @@ SCALE_SUFFIX = "_scale_inv"
 class WeightSource:
     """A dict of HF-named tensors with typed accessors; missing names raise ``KeyError`` naming the tensor."""
 
-    def __init__(self, tensors: dict[str, Tensor], device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, tensors: dict[str, Tensor], device: torch.device, dtype: torch.dtype, *,
+                 release: bool = False) -> None:
+        """``release``: a tensor leaves ``tensors`` when it is read, so its source copy is freed as soon as its
+        built form (dequantised, stacked, moved) exists: building then peaks at the model plus one layer's
+        sources instead of twice the model (random full-size weights drawn on the GPU need this)."""
         self.tensors = tensors
         self.device = device
         self.dtype = dtype
+        self.release = release
         self.used: set[str] = set()
 
     def has(self, name: str) -> bool:
@@ -35,7 +40,7 @@ class WeightSource:
 
     def raw(self, name: str) -> Tensor:
         try:
-            t = self.tensors[name]
+            t = self.tensors.pop(name) if self.release else self.tensors[name]
         except KeyError:
             raise KeyError(f"checkpoint tensor {name!r} is missing") from None
         self.used.add(name)

@@ -62,3 +62,23 @@ def test_fp8_rank_slices_are_slices_of_the_full_model(config):
         dim = next(d for d in range(t.dim()) if t.shape[d] != f.shape[d])
         assert torch.equal(t, f.narrow(dim, f.shape[dim] - t.shape[dim], t.shape[dim])), name  # rank 1: 2nd half
     assert kept_fp8 + dequantised > 0
+
+
+def test_release_tensors_empties_the_dict_and_builds_the_same_model(config):
+    """ModelRunner(release_tensors=True) frees each source tensor as it is built, and builds the same weights."""
+    from dsa_runtime.cache import KVCache
+    from tests.model.helpers import kernels
+
+    full = rank_random_state(config, RankInfo(0, 1, 1, 1), "cpu", seed=5, fp8=True)
+    built = {}
+    for release in (False, True):
+        tensors = dict(full)
+        from dsa_runtime.model.runner import ModelRunner
+
+        runner = ModelRunner(config, tensors, kernels=kernels("bf16", config, 16),
+                             cache=KVCache(config, 8, 16, "bf16", "cpu", torch.float32), dtype=torch.float32,
+                             release_tensors=release)
+        assert (len(tensors) == 0) == release
+        layer = runner.model.layers[-1].ffn.experts
+        built[release] = (layer.w13, layer.w2, runner.model.head)
+    assert all(torch.equal(a, b) for a, b in zip(built[False], built[True], strict=True))
