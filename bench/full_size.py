@@ -339,6 +339,13 @@ def run_topology(config: Any, topo: Topology, args: argparse.Namespace, num_page
     return out
 
 
+def release_gpu(tag: str) -> None:
+    """Give rank 0's memory back between topologies, and say what is still held."""
+    gc.collect()
+    torch.cuda.empty_cache()
+    log(f"{tag}: rank 0 holds {torch.cuda.memory_allocated() / GIB:.1f} GiB after shutdown")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--gpus", type=int, default=8, help="ranks (one per GPU)")
@@ -410,9 +417,8 @@ def main() -> int:
             from common import write_json
 
             write_json(args.out, results)
-        gc.collect()
         if args.device == "cuda":
-            torch.cuda.empty_cache()
+            release_gpu(topo.name)
     print_table(results)
     return 0
 

@@ -251,6 +251,7 @@ class DistributedRunner:
             p.start()
             self.procs.append(p)
         self._closed = False
+        self.runner: Any = None
         device = torch.device("cuda:0") if spec.device_type == "cuda" else torch.device("cpu")
         try:
             self.tp = init_groups(parallel, 0, device, method)
@@ -377,9 +378,14 @@ class DistributedRunner:
             p.join(timeout=5)
 
     def shutdown(self) -> None:
-        """Stop the workers and leave the process group (idempotent)."""
+        """Stop the workers and leave the process group (idempotent). Rank 0's model is released: the atexit
+        hook no longer keeps it (a benchmark that builds topology after topology needs the memory back)."""
+        import atexit
+
         import torch.distributed as dist
 
+        atexit.unregister(self.shutdown)
+        self.runner = None
         if self._closed:
             if dist.is_initialized():
                 dist.destroy_process_group()
