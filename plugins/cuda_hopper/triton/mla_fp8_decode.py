@@ -73,6 +73,31 @@ def sm_count(device: torch.device) -> int:
     return _SM_COUNT[idx]
 
 
+def flatten_decode_inputs(q: Tensor, indices: Tensor) -> tuple[Tensor, Tensor]:
+    """Check a decode call's queries and slots and flatten them into the kernels' layout.
+
+    Args:
+        q: ``[B, Q, H, 576]`` bf16 (dtype not checked).
+        indices: ``[B, Q, K]`` integer slots (``-1`` = empty), the same ``B, Q`` as ``q``.
+    Returns:
+        ``q`` as ``[B * Q, H, 576]`` with unit-stride columns and ``indices`` as ``[B * Q, K]`` int32 with
+        unit-stride columns (views where the layout allows, copies otherwise).
+    Raises:
+        ValueError: any other shape.
+    """
+    if q.dim() != 4 or q.shape[-1] != D_QK or indices.dim() != 3 or tuple(indices.shape[:2]) != tuple(q.shape[:2]):
+        raise ValueError(f"expected q [B, Q, H, 576] and indices [B, Q, K], got {tuple(q.shape)}, "
+                         f"{tuple(indices.shape)}")
+    batch, n_q, heads, _ = q.shape
+    qf = q.reshape(batch * n_q, heads, D_QK)
+    if qf.stride(2) != 1:
+        qf = qf.contiguous()
+    idx = indices.reshape(batch * n_q, indices.shape[2]).to(torch.int32)
+    if idx.stride(1) != 1:
+        idx = idx.contiguous()
+    return qf, idx
+
+
 # Fewest slots per split on the GPU: each split writes and the combine reads an fp32 [H, 512] partial (256 KB at
 # 128 heads), so at batch 1 sixty-four 32-slot splits moved 16 MB to save almost nothing (0.052 ms on an H100).
 MIN_CHUNK = 128
@@ -218,9 +243,7 @@ def decode_fp8_656(q: Tensor, kv_cache: Tensor, indices: Tensor, sm_scale: float
     Returns:
         ``out`` ``[B, Q, H, d_v]`` bf16 and ``lse`` ``[B, Q, H]`` fp32 (natural log; ``+inf`` with no valid slot).
     """
-    if q.dim() != 4 or q.shape[-1] != D_QK or indices.dim() != 3 or tuple(indices.shape[:2]) != tuple(q.shape[:2]):
-        raise ValueError(f"expected q [B, Q, H, 576] and indices [B, Q, K], got {tuple(q.shape)}, "
-                         f"{tuple(indices.shape)}")
+    qf, idx = flatten_decode_inputs(q, indices)
     if kv_cache.dim() != 3 or kv_cache.shape[-1] != FP8_MLA_ROW_BYTES or kv_cache.dtype != torch.uint8:
         raise ValueError(f"fp8_656 cache must be [pages, page_size, 656] uint8, got {tuple(kv_cache.shape)} "
                          f"{kv_cache.dtype}")
@@ -232,12 +255,6 @@ def decode_fp8_656(q: Tensor, kv_cache: Tensor, indices: Tensor, sm_scale: float
     rows = kv_cache.contiguous().view(-1, FP8_MLA_ROW_BYTES)
     c8, s32, pe16 = rows.view(torch.float8_e4m3fn), rows.view(torch.float32), rows.view(torch.bfloat16)
     mq = batch * n_q
-    qf = q.reshape(mq, heads, D_QK)
-    if qf.stride(2) != 1:
-        qf = qf.contiguous()
-    idx = indices.reshape(mq, top_k).to(torch.int32)
-    if idx.stride(1) != 1:
-        idx = idx.contiguous()
     out = torch.empty(mq, heads, d_v, dtype=torch.bfloat16, device=q.device)
     lse = torch.empty(mq, heads, dtype=torch.float32, device=q.device)
     if mq == 0 or heads == 0:

@@ -50,6 +50,7 @@ from dsa_runtime.plugins.cuda_hopper.triton.mla_fp8_decode import (
     LOG2E,
     _combine_kernel,
     _dot,
+    flatten_decode_inputs,
     sm_count,
 )
 from dsa_runtime.plugins.cuda_hopper.triton.moe_quant import INTERPRET
@@ -384,9 +385,7 @@ def decode_fewhead(q: Tensor, kv_cache: Tensor, indices: Tensor, sm_scale: float
     Returns:
         ``out`` ``[B, Q, H, d_v]`` bf16 and ``lse`` ``[B, Q, H]`` fp32 (natural log; ``+inf`` with no valid slot).
     """
-    if q.dim() != 4 or q.shape[-1] != D_QK or indices.dim() != 3 or tuple(indices.shape[:2]) != tuple(q.shape[:2]):
-        raise ValueError(f"expected q [B, Q, H, 576] and indices [B, Q, K], got {tuple(q.shape)}, "
-                         f"{tuple(indices.shape)}")
+    qf, idx = flatten_decode_inputs(q, indices)
     fp8 = layout == "fp8_656"
     if layout not in ("bf16", "fp8_656"):
         raise ValueError(f"unknown MLA layout {layout!r}; valid: bf16, fp8_656")
@@ -406,12 +405,6 @@ def decode_fewhead(q: Tensor, kv_cache: Tensor, indices: Tensor, sm_scale: float
     lse = torch.empty(mq, heads, dtype=torch.float32, device=q.device)
     if mq == 0 or heads == 0:
         return out.reshape(batch, n_q, heads, d_v), lse.reshape(batch, n_q, heads)
-    qf = q.reshape(mq, heads, D_QK)
-    if qf.stride(2) != 1:
-        qf = qf.contiguous()
-    idx = indices.reshape(mq, top_k).to(torch.int32)
-    if idx.stride(1) != 1:
-        idx = idx.contiguous()
     rows = kv_cache.contiguous().view(-1, width)
     if cfg.variant not in VARIANTS:
         raise ValueError(f"unknown few-head variant {cfg.variant!r}; valid: {', '.join(VARIANTS)}")
