@@ -251,6 +251,49 @@ def serve(engine: Any, prompts: list[list[int]], output_len: int, counter: Route
     }
 
 
+def profile_decode(engine: Any, prompts: list[list[int]], steps: int, tag: str) -> dict[str, Any]:
+    """Full-batch decode steps under torch.profiler on rank 0: wall time beside the GPU's busy time (NCCL apart),
+    the rest being host time (Python, the step's dispatch to the other ranks, waiting), and the top kernels."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    from dsa_runtime.engine import SamplingParams
+
+    params = SamplingParams(max_tokens=steps + 64, ignore_eos=True, temperature=0.0)
+    ids = [f"{tag}-prof-{i}" for i in range(len(prompts))]
+    for rid, prompt in zip(ids, prompts, strict=True):
+        engine.add_request(rid, prompt, params)
+    while engine.stats().num_waiting or engine.stats().num_running < len(prompts):
+        engine.step()
+    for _ in range(3):  # past the last prefill chunk: pure decode
+        engine.step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) / steps * 1e3
+    for rid in ids:
+        engine.abort(rid)
+    while engine.has_unfinished():
+        engine.step()
+    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    busy = sum(e.time_range.elapsed_us() for e in kernels) / 1e3 / steps
+    nccl = sum(e.time_range.elapsed_us() for e in kernels if "nccl" in e.name.lower()) / 1e3 / steps
+    by_name: dict[str, float] = {}
+    for e in kernels:
+        by_name[e.name] = by_name.get(e.name, 0.0) + e.time_range.elapsed_us() / 1e3 / steps
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:10]
+    host = {}
+    for e in prof.key_averages():
+        if e.key.startswith(("gather_object", "broadcast_object", "c10d::", "aten::to", "aten::copy_", "cudaMemcpy")):
+            host[e.key] = e.cpu_time_total / 1e3 / steps
+    return {"batch": len(prompts), "steps": steps, "wall_ms": wall, "gpu_busy_ms": busy, "nccl_ms": nccl,
+            "not_gpu_ms": wall - busy, "kernels_per_step": len(kernels) / steps,
+            "top_kernels_ms": dict(top), "host_ops_ms": dict(sorted(host.items(), key=lambda kv: -kv[1])[:8])}
+
+
 # --- the roofline ------------------------------------------------------------------------------------------
 def decode_roofline(config: Any, topo: Topology, batch: int, context: int, experts_touched: float,
                     copy_gbs: float) -> dict[str, float]:
@@ -317,6 +360,10 @@ def run_topology(config: Any, topo: Topology, args: argparse.Namespace, num_page
         out["load"] = serve(engine, prompts(args.requests), args.output_len, counter, f"{topo.name}-load")
         log(f"{topo.name}: load {out['load']['output_tok_s']:.0f} tok/s; batch 1")
         out["batch1"] = serve(engine, prompts(1), args.batch1_output, None, f"{topo.name}-b1")
+        if args.profile_steps and args.device == "cuda":
+            out["profile"] = profile_decode(engine, prompts(args.requests), args.profile_steps, topo.name)
+            log(f"{topo.name}: profiled step {out['profile']['wall_ms']:.1f} ms, GPU busy "
+                f"{out['profile']['gpu_busy_ms']:.1f} ms")
         out["memory_per_rank_after"] = runner.collect("dsa_runtime.distributed.runtime:memory_stats")
         tokens_per_step = args.requests  # every rank's MoE sees every group's tokens
         counts = [int(torch.unique(ids).numel()) for ids in counter.calls if ids.shape[0] == tokens_per_step]
@@ -360,6 +407,8 @@ def main() -> int:
     p.add_argument("--mem-fraction-static", type=float, default=0.85,
                    help="share of each GPU for weights + KV + workspaces (SGLang's flag)")
     p.add_argument("--page-size", type=int, default=64)
+    p.add_argument("--profile-steps", type=int, default=0,
+                   help="then profile this many full-batch decode steps on rank 0 (wall vs GPU busy vs NCCL)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=600.0, help="collective timeout, s")
     p.add_argument("--model", default="v32", choices=("v32", "tiny"), help="tiny: the tiny preset (dry runs)")
@@ -456,6 +505,14 @@ def print_table(results: dict[str, Any]) -> None:
     for a in results["anchors"]:
         print(f"| anchor: {a['name']} | 100 x 1000/2000 | {a['output_tok_s']:.0f} | mean {a['tpot_ms_mean']:.2f} "
               "| | | | | | | | |")
+    profiled = [r for r in results["runs"] if r.get("profile")]
+    if profiled:
+        print("\n| topology | batch | step wall ms | GPU busy ms (rank 0) | of which NCCL | kernels / step | not on the GPU ms |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for r in profiled:
+            f = r["profile"]
+            print(f"| {r['topology']} | {f['batch']} | {f['wall_ms']:.1f} | {f['gpu_busy_ms']:.1f} | {f['nccl_ms']:.1f} "
+                  f"| {f['kernels_per_step']:.0f} | {f['not_gpu_ms']:.1f} |")
 
 
 if __name__ == "__main__":
