@@ -3,10 +3,11 @@
     python bench/fewhead_compile.py
 
 Compiles ``_fewhead_cols_kernel`` (:mod:`dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_decode_fewhead`) for
-every variant, layout and the default row steps, with the divisibility hints the launcher gives real pointers and
-sizes (multiples of 16), and counts in its TTGIR the 2-D row gathers (``[BLOCK_N, 128]`` latent blocks and
-``[BLOCK_N, 64]`` rope) issued as ``cp.async`` (``ttg.async_copy_global_to_local``, prefetched ``num_stages``
-deep) against those left as synchronous ``tt.load`` inside the loop, plus the shared memory the launch needs.
+every variant, layout and the default row steps (``fewhead_plan.DEFAULTS``), with the divisibility hints
+the launcher gives real pointers and sizes (multiples of 16), and counts in its TTGIR the 2-D row gathers
+(``[BLOCK_N, 128]`` latent blocks and ``[BLOCK_N, 64]`` rope) issued as ``cp.async``
+(``ttg.async_copy_global_to_local``, prefetched ``num_stages`` deep) against those left as synchronous
+``tt.load`` inside the loop, plus the shared memory the launch needs.
 Every gather should be asynchronous: a tile used by two dots was not (issue 24, docs/benchmarks.md).
 Exits 1 when a gather is synchronous.
 """
@@ -21,6 +22,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from dsa_runtime.plugins.cuda_hopper.triton import sparse_mla_decode_fewhead as few
+from dsa_runtime.plugins.cuda_hopper.triton.fewhead_plan import DEFAULTS
 
 POINTERS = {"q_ptr": "*bf16", "idx_ptr": "*i32", "part_ptr": "*fp32", "plse_ptr": "*fp32", "out_ptr": "*bf16",
             "lse_ptr": "*fp32", "count_ptr": "*i32"}
@@ -60,7 +62,7 @@ def main() -> int:
     print("| layout | variant | rows / step | stages | shared memory | async gathers | sync gathers |")
     print("|---|---|---:|---:|---:|---:|---:|")
     bad = 0
-    for (layout, heads), cfg in few.DEFAULTS.items():
+    for (layout, heads), cfg in DEFAULTS.items():
         if heads != 16:
             continue
         for variant in ("cols", "fold") if layout == "fp8_656" else ("cols",):

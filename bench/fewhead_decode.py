@@ -30,13 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attention_setup import D_QK, PAGE, SM_SCALE, bound, cache_pool, decode_bytes  # noqa: E402
 from common import copy_ceiling_gbs, device_info, graph_ms, write_json  # noqa: E402
 
+from dsa_runtime.plugins.cuda_hopper.triton.fewhead_plan import FewHeadConfig, default_config  # noqa: E402
 from dsa_runtime.plugins.cuda_hopper.triton.mla_fp8_decode import decode_fp8_656  # noqa: E402
 from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_decode_bf16 import decode_bf16  # noqa: E402
-from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_decode_fewhead import (  # noqa: E402
-    FewHeadConfig,
-    decode_fewhead,
-    default_config,
-)
+from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_decode_fewhead import decode_fewhead  # noqa: E402
 from dsa_runtime.testing.compare import out_and_lse  # noqa: E402
 from dsa_runtime.testing.tolerances import tolerance  # noqa: E402
 
@@ -149,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{best['pct_copy'] if best else 0:.0f}% | {other.get('headblock') or 0:.4f} | "
                   f"{fm or 0:.4f} | {(fm / best['ms']) if (fm and best) else 0:.2f}x | "
                   f"{other.get('tilelang (padded)') or 0:.4f} |")
-    from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_decode_fewhead import _RESIDENT
+    from dsa_runtime.plugins.cuda_hopper.triton.fewhead_plan import _RESIDENT
 
     print("programs per SM by compiled kernel:", {str(k[1:]): v for k, v in _RESIDENT.items()})
     write_json(args.json, {"device": info, "copy_gbs": copy, "k": K, "context": CONTEXT,

@@ -14,6 +14,8 @@ assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
 from dsa_runtime.backend import Backend  # noqa: E402
 from dsa_runtime.capabilities import Capabilities  # noqa: E402
+from dsa_runtime.plugins.cuda_hopper.triton.fewhead_plan import FewHeadConfig  # noqa: E402
+from dsa_runtime.plugins.cuda_hopper.triton.fewhead_plan import plan_splits as fewhead_splits  # noqa: E402
 from dsa_runtime.plugins.cuda_hopper.triton.sparse_attn import (  # noqa: E402
     FEWHEAD_MAX_HEADS,
     SPARSE_ATTN_CLAIMS,
@@ -23,10 +25,8 @@ from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_combine import combine_sp
 from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_decode_bf16 import plan_splits  # noqa: E402
 from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_decode_fewhead import (  # noqa: E402
     _COUNTERS,
-    FewHeadConfig,
     decode_fewhead,
 )
-from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_decode_fewhead import plan_splits as fewhead_splits  # noqa: E402
 from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_prefill import (  # noqa: E402
     AttnConfig,
     default_config,

@@ -118,7 +118,8 @@ def test_triton_few_head_decode_replays_a_cuda_graph_on_new_data(step):
 @pytest.mark.parametrize("step", [s for s in FEW_HEAD_STEPS if s.needs["heads"] == 16], ids=lambda s: s.name)
 def test_few_head_decode_merged_in_the_launch_replays_a_cuda_graph(step):
     # The in-launch merge's ticket counters must be zero again after every replay, or the next one never merges.
-    from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_decode_fewhead import FewHeadConfig, decode_fewhead
+    from dsa_runtime.plugins.cuda_hopper.triton.fewhead_plan import FewHeadConfig
+    from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_decode_fewhead import decode_fewhead
 
     cfg = FewHeadConfig(variant="fold", fused=True)
 

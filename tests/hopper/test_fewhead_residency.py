@@ -14,7 +14,7 @@ pytest.importorskip("triton", reason="needs the triton package (pip install -e '
 
 import torch  # noqa: E402
 
-from dsa_runtime.plugins.cuda_hopper.triton import sparse_mla_decode_fewhead as few  # noqa: E402
+from dsa_runtime.plugins.cuda_hopper.triton import fewhead_plan  # noqa: E402
 
 
 class _Kernel:
@@ -29,8 +29,8 @@ class _Kernel:
 
 
 def test_a_warm_residency_lookup_builds_no_arguments(monkeypatch):
-    monkeypatch.setattr(few, "INTERPRET", False)
-    monkeypatch.setattr(few, "_RESIDENT", {})
+    monkeypatch.setattr(fewhead_plan, "INTERPRET", False)
+    monkeypatch.setattr(fewhead_plan, "_RESIDENT", {})
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(
         regs_per_multiprocessor=65536, shared_memory_per_multiprocessor=233472, max_threads_per_multi_processor=2048))
     kernel, built = _Kernel(), []
@@ -42,9 +42,9 @@ def test_a_warm_residency_lookup_builds_no_arguments(monkeypatch):
     device = torch.device("cuda", 0)
     consts = {"BLOCK_H": 16, "num_warps": 4, "num_stages": 3}
     # 128 registers x 128 threads: 4 by registers; 57856 + 1024 bytes of shared memory: 3 by shared memory
-    assert few.resident_programs(kernel, make_args, consts, device) == 3
+    assert fewhead_plan.resident_programs(kernel, make_args, consts, device) == 3
     assert (len(built), kernel.warmups) == (1, 1)
-    assert few.resident_programs(kernel, make_args, dict(consts), device) == 3
+    assert fewhead_plan.resident_programs(kernel, make_args, dict(consts), device) == 3
     assert (len(built), kernel.warmups) == (1, 1)  # the hit built nothing
-    few.resident_programs(kernel, make_args, {**consts, "num_stages": 2}, device)  # another key: built once more
+    fewhead_plan.resident_programs(kernel, make_args, {**consts, "num_stages": 2}, device)  # another key: built once more
     assert (len(built), kernel.warmups) == (2, 2)
