@@ -7,7 +7,7 @@
 # usage: tools/gpu/run_gpu_suite.sh [PYTEST_ARGS...]     (extra arguments go to pytest, e.g. -x)
 # env:   PYTHON         interpreter (default python3)
 #        SUITE_OUT      folder for the logs and JSON reports (default $OUT when set, else /tmp/dsa-gpu-suite)
-#        SUITE_WORKERS  pytest-xdist workers sharing the GPU (default 4; JIT compiles dominate, not the GPU)
+#        SUITE_WORKERS  pytest-xdist workers sharing the GPU (default 4, 2 under 100 GB; JIT compiles dominate)
 #        SKIP_CONFORMANCE=1 / SKIP_PYTEST=1   run one half only
 #        BACKENDS="triton tilelang"           certify only these (default: every available CUDA backend)
 #
@@ -88,7 +88,11 @@ certify_available  # the backends the builds made available
 pytest_summary="pytest -m gpu: not run"
 if [ "${SKIP_PYTEST:-0}" != 1 ]; then
   par=()
-  "$PY" -c "import xdist" 2>/dev/null && par=(-n "${SUITE_WORKERS:-4}")
+  # 4 workers beside the conformance jobs fit a 141 GB H200; on an 80 GB H100 the 128K-key kit cases ran out of
+  # memory with 4 (2026-11-26), so cards under 100 GB get 2.
+  gib=$("$PY" -c "import torch; print(torch.cuda.get_device_properties(0).total_memory >> 30)")
+  workers=${SUITE_WORKERS:-$([ "$gib" -ge 100 ] && echo 4 || echo 2)}
+  "$PY" -c "import xdist" 2>/dev/null && par=(-n "$workers")
   note "pytest -m gpu tests ${par[*]}"
   "$PY" -m pytest -m gpu tests -q -rfEs -p no:cacheprovider --durations=15 ${par[@]+"${par[@]}"} \
     --junitxml="$LOGS/pytest-gpu.xml" "$@" > "$LOGS/pytest-gpu.txt" 2>&1
