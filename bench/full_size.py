@@ -251,7 +251,7 @@ def serve(engine: Any, prompts: list[list[int]], output_len: int, counter: Route
     }
 
 
-def profile_decode(engine: Any, prompts: list[list[int]], steps: int, tag: str) -> dict[str, Any]:
+def profile_decode(engine: Any, prompts: list[list[int]], steps: int, tag: str, stacks: bool = False) -> dict[str, Any]:
     """Full-batch decode steps under torch.profiler on rank 0: wall time beside the GPU's busy time (NCCL apart),
     the rest being host time (Python, the step's dispatch to the other ranks, waiting), and the top kernels."""
     from torch.autograd import DeviceType
@@ -268,7 +268,7 @@ def profile_decode(engine: Any, prompts: list[list[int]], steps: int, tag: str) 
     for _ in range(3):  # past the last prefill chunk: pure decode
         engine.step()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=stacks) as prof:
         t0 = time.perf_counter()
         for _ in range(steps):
             engine.step()
@@ -289,7 +289,13 @@ def profile_decode(engine: Any, prompts: list[list[int]], steps: int, tag: str) 
     for e in prof.key_averages():
         if e.key.startswith(("gather_object", "broadcast_object", "c10d::", "aten::to", "aten::copy_", "cudaMemcpy")):
             host[e.key] = e.cpu_time_total / 1e3 / steps
-    return {"batch": len(prompts), "steps": steps, "wall_ms": wall, "gpu_busy_ms": busy, "nccl_ms": nccl,
+    copies = []
+    if stacks:  # where the host-side copies come from (Python frames of the costliest copy_ / to call sites)
+        for e in sorted(prof.key_averages(group_by_stack_n=8), key=lambda e: -e.cpu_time_total):
+            if e.key in ("aten::copy_", "aten::to", "aten::_to_copy") and len(copies) < 8:
+                copies.append({"op": e.key, "cpu_ms_per_step": e.cpu_time_total / 1e3 / steps,
+                               "calls_per_step": e.count / steps, "stack": list(e.stack)})
+    return {"copy_sites": copies, "batch": len(prompts), "steps": steps, "wall_ms": wall, "gpu_busy_ms": busy, "nccl_ms": nccl,
             "not_gpu_ms": wall - busy, "kernels_per_step": len(kernels) / steps,
             "top_kernels_ms": dict(top), "host_ops_ms": dict(sorted(host.items(), key=lambda kv: -kv[1])[:8])}
 
@@ -361,7 +367,8 @@ def run_topology(config: Any, topo: Topology, args: argparse.Namespace, num_page
         log(f"{topo.name}: load {out['load']['output_tok_s']:.0f} tok/s; batch 1")
         out["batch1"] = serve(engine, prompts(1), args.batch1_output, None, f"{topo.name}-b1")
         if args.profile_steps and args.device == "cuda":
-            out["profile"] = profile_decode(engine, prompts(args.requests), args.profile_steps, topo.name)
+            out["profile"] = profile_decode(engine, prompts(args.requests), args.profile_steps, topo.name,
+                                            stacks=args.profile_stacks)
             log(f"{topo.name}: profiled step {out['profile']['wall_ms']:.1f} ms, GPU busy "
                 f"{out['profile']['gpu_busy_ms']:.1f} ms")
         out["memory_per_rank_after"] = runner.collect("dsa_runtime.distributed.runtime:memory_stats")
@@ -411,6 +418,7 @@ def main() -> int:
                    help="then profile this many full-batch decode steps on rank 0 (wall vs GPU busy vs NCCL)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=600.0, help="collective timeout, s")
+    p.add_argument("--profile-stacks", action="store_true", help="with --profile-steps: Python stacks of the copies")
     p.add_argument("--model", default="v32", choices=("v32", "tiny"), help="tiny: the tiny preset (dry runs)")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--out", default=None)
