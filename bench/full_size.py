@@ -440,9 +440,12 @@ def main() -> int:
         budget = int(total * args.mem_fraction_static)
     else:
         info, copy_gbs, budget = {"gpu": "cpu"}, 0.0, 8 * GIB
+    # Build transients (a full fp32 draw of the embedding is 3.7 GB, twice while scaled), allocator slack, NCCL
+    # buffers: the KV pool is allocated before the weights, so it must leave them room.
+    headroom = 8 * GIB if args.device == "cuda" else 0
+    budget -= headroom
     if args.layers == "auto":
-        headroom = 6 * GIB if args.device == "cuda" else 0  # step workspaces, allocator slack, NCCL buffers
-        layers = auto_layers(args, topos, budget - headroom, load_tokens)
+        layers = auto_layers(args, topos, budget, load_tokens)
     else:
         layers = int(args.layers)
     config = model_config(args.model, layers, args.dense)
