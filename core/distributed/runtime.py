@@ -171,9 +171,11 @@ def _to_device(value: Any, device: Any) -> Any:
 
 
 def _to_cpu(value: Any) -> Any:
+    """A compact CPU copy: a sequence's logits are often a row view of the step's ``[T, V]`` logits, and pickling
+    a view writes its whole storage (every row of the step, once per sequence)."""
     if isinstance(value, tuple):
         return tuple(_to_cpu(v) for v in value)
-    return value.cpu() if value is not None else None
+    return value.to("cpu", copy=True) if value is not None else None
 
 
 def _watch_parent(parent: int) -> None:
@@ -346,9 +348,12 @@ class DistributedRunner:
             self._broadcast(msg)
             result = run_step(self.runner, self.tp, batch, hidden=hidden, draft=draft)
             if self.parallel.dp > 1:
+                # Rank 0 keeps its group's results where they are and sends None: gather_object pickles the
+                # root's own input too, and its logits are CUDA row views of the step's [T, V] logits, whose
+                # whole storage pickling copies device -> host -> device once per sequence (measured on 2 H200s
+                # at 19 layers, 100 requests: a tp 2 dp 2 decode step 304 ms against tp 2's 83 ms).
                 parts: list[Any] = [None] * self.parallel.tp
-                mine = result if self.tp.info.attn_rank == 0 else None
-                dist.gather_object(mine, parts, dst=0, group=self.tp.ctrl_group)
+                dist.gather_object(None, parts, dst=0, group=self.tp.ctrl_group)
                 for part in parts:
                     for i, v in (part or {}).items():
                         result[i] = _to_device(v, self.tp.device)
