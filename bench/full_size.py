@@ -413,6 +413,12 @@ def main() -> int:
     p.add_argument("--chunked-prefill-size", type=int, default=8192)
     p.add_argument("--mem-fraction-static", type=float, default=0.85,
                    help="share of each GPU for weights + KV + workspaces (SGLang's flag)")
+    # Build transients (layer by layer: a dequantised fp32 weight, one layer's experts stacked beside their
+    # sources), allocator slack, NCCL and cuBLAS buffers: the KV pool is allocated before the model is built.
+    p.add_argument("--headroom-gib", type=float, default=8.0, help="per GPU, kept out of the KV plan")
+    p.add_argument("--plan-only", action="store_true",
+                   help="print layers, weights and KV per rank for --gpu-memory-gib and exit (no GPU needed)")
+    p.add_argument("--gpu-memory-gib", type=float, default=None, help="with --plan-only: one GPU's memory")
     p.add_argument("--page-size", type=int, default=64)
     p.add_argument("--profile-steps", type=int, default=0,
                    help="then profile this many full-batch decode steps on rank 0 (wall vs GPU busy vs NCCL)")
@@ -423,6 +429,8 @@ def main() -> int:
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--out", default=None)
     args = p.parse_args()
+    if args.plan_only:
+        return plan_only(args)
     if args.device == "cuda" and torch.cuda.device_count() < args.gpus:
         print(f"bench/full_size.py: --gpus {args.gpus} needs {args.gpus} CUDA devices, "
               f"torch sees {torch.cuda.device_count()}", file=sys.stderr)
@@ -440,10 +448,7 @@ def main() -> int:
         budget = int(total * args.mem_fraction_static)
     else:
         info, copy_gbs, budget = {"gpu": "cpu"}, 0.0, 8 * GIB
-    # Build transients (a full fp32 draw of the embedding is 3.7 GB, twice while scaled), allocator slack, NCCL
-    # buffers: the KV pool is allocated before the weights, so it must leave them room.
-    headroom = 8 * GIB if args.device == "cuda" else 0
-    budget -= headroom
+    budget -= int(args.headroom_gib * GIB) if args.device == "cuda" else 0
     if args.layers == "auto":
         layers = auto_layers(args, topos, budget, load_tokens)
     else:
@@ -491,6 +496,36 @@ def checkpoint_bytes(config: Any) -> int:
     size = {"fp8": 1, "fp32": 4, "bf16": 2, "norm": 2}
     return sum(math.prod(s.shape) * size[s.kind] for n, s in expected_tensors(config, fp8=True).items()
                if not is_mtp(n, config.num_hidden_layers))
+
+
+def plan_only(args: argparse.Namespace) -> int:
+    """What a run of these flags would hold per rank, from shapes alone: for checking a command before the
+    machine it needs is lent."""
+    if args.gpu_memory_gib is None:
+        if not torch.cuda.is_available():
+            print("bench/full_size.py: --plan-only needs --gpu-memory-gib without a GPU", file=sys.stderr)
+            return 2
+        args.gpu_memory_gib = torch.cuda.get_device_properties(0).total_memory / GIB
+    topos = topologies(args.gpus, args.topologies)
+    load_tokens = args.requests * (args.input_len + args.output_len) + 2 * (args.input_len + 8)
+    budget = int(args.gpu_memory_gib * GIB * args.mem_fraction_static - args.headroom_gib * GIB)
+    layers = auto_layers(args, topos, budget, load_tokens) if args.layers == "auto" else int(args.layers)
+    config = model_config(args.model, layers, args.dense)
+    print(f"{args.gpus} GPUs of {args.gpu_memory_gib:.1f} GiB, --mem-fraction-static {args.mem_fraction_static}, "
+          f"headroom {args.headroom_gib} GiB: {layers} layers, {checkpoint_bytes(config) / 1e9:.0f} GB of FP8 weights")
+    ok = True
+    for topo in topos:
+        weights = max_rank_bytes(config, topo)
+        try:
+            plan = plan_kv(config, args, budget=budget - weights)
+            tokens, ws = plan.max_total_tokens, plan.workspace_bytes
+        except ValueError:
+            tokens, ws = 0, float("nan")
+        fits = tokens >= load_tokens
+        ok &= fits
+        print(f"  {topo.name}: weights {weights / GIB:.1f} GiB per rank, workspaces {ws / GIB:.1f} GiB, KV for "
+              f"{tokens} tokens; the load needs {load_tokens}: {'fits' if fits else 'DOES NOT FIT'}")
+    return 0 if ok else 2
 
 
 def print_table(results: dict[str, Any]) -> None:
