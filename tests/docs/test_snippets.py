@@ -122,6 +122,16 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("docs/tiny-model.md", "cp nextn1/checkpoint/{config.json,model-0000*-of-00002.safetensors,"
                            "model.safetensors.index.json} core/loader/data/tiny-chat/"):
         "installs nextn1, the output of the training above",
+    ("docs/benchmarks.md", "python bench/full_size.py --gpus 2 --layers auto --headroom-gib 6 --output-len 2000 "
+                           "--batch1-output 128 --out docs/bench/full_size_h200x2_2026-11-26_tp2_load.json"):
+        "GPU benchmark: 2 H200s, about 9 minutes",
+    ("docs/benchmarks.md", "python bench/full_size.py --gpus 2 --layers auto --headroom-gib 6 --output-len 64 "
+                           "--batch1-output 16 --profile-steps 8 --out docs/bench/full_size_h200x2_2026-11-26_profile.json"):
+        "GPU benchmark: 2 H200s, about 5 minutes",
+    ("docs/benchmarks.md", "python bench/full_size.py --gpus 8 --layers 61 --mem-fraction-static 0.95 "
+                           "--chunked-prefill-size 4096 --headroom-gib 5 --profile-steps 8 "
+                           "--out docs/bench/full_size_h200x8.json"):
+        "GPU benchmark: 8 H200s (issue 25's run, when that machine is lent)",
 }
 
 # (file, command) -> module it needs: run when importable, else skipped with that reason (CI installs triton).
@@ -132,6 +142,8 @@ NEEDS: dict[tuple[str, str], str] = {
 # (file, command) -> measured time on the 2-core development machine: marked slow (CI runs slow tests too).
 SLOW: dict[tuple[str, str], str] = {
     ("docs/benchmarks.md", ".venv/bin/python bench/serve_load.py"): "about 30 s",
+    ("docs/benchmarks.md", "python bench/full_size.py --plan-only --gpus 8 --layers 61 --gpu-memory-gib 139.8 "
+                           "--mem-fraction-static 0.95 --chunked-prefill-size 4096 --headroom-gib 5"): "about 17 s",
     ("docs/benchmarks.md", "TRITON_INTERPRET=1 python bench/sparse_attn_triton.py --sweep --dry-run"): "about 20 s",
 }
 
