@@ -128,9 +128,13 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("docs/benchmarks.md", "python bench/full_size.py --gpus 2 --layers auto --headroom-gib 6 --output-len 64 "
                            "--batch1-output 16 --profile-steps 8 --out docs/bench/full_size_h200x2_2026-11-26_profile.json"):
         "GPU benchmark: 2 H200s, about 5 minutes",
-    ("docs/benchmarks.md", "python bench/full_size.py --gpus 8 --layers 61 --mem-fraction-static 0.95 "
+    ("docs/benchmarks.md", "python bench/full_size.py --gpus 8 --layers 61 --topologies tp --mem-fraction-static 0.95 "
                            "--chunked-prefill-size 4096 --headroom-gib 5 --profile-steps 8 "
-                           "--out docs/bench/full_size_h200x8.json"):
+                           "--out docs/bench/full_size_h200x8_tp8.json"):
+        "GPU benchmark: 8 H200s (issue 25's run, when that machine is lent)",
+    ("docs/benchmarks.md", "python bench/full_size.py --gpus 8 --layers 61 --topologies dp --mem-fraction-static 0.95 "
+                           "--chunked-prefill-size 4096 --headroom-gib 5 --profile-steps 8 "
+                           "--out docs/bench/full_size_h200x8_tp8_dp8.json"):
         "GPU benchmark: 8 H200s (issue 25's run, when that machine is lent)",
 }
 
