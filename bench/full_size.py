@@ -184,16 +184,18 @@ def percentile(values: list[float], q: float) -> float:
 
 
 class RouteCounter:
-    """Wraps rank 0's ``kernels.moe.route``: distinct experts chosen per call (one MoE layer of one step)."""
+    """Wraps rank 0's ``kernels.moe.route``: the experts chosen per call (one MoE layer of one step), kept on the
+    device while ``on`` (counting then would sync every MoE layer of a timed step). Under DP attention the MoE
+    sees every group's rows padded to a common count (``distributed.dp``): only the real rows are kept."""
 
-    def __init__(self, kernels: Any) -> None:
-        self.kernels, self.calls, self.on = kernels, [], False
+    def __init__(self, kernels: Any, tp: Any = None) -> None:
+        self.kernels, self.tp, self.calls, self.on = kernels, tp, [], False
         self.inner = kernels.moe.route
 
         def route(*args: Any, **kw: Any) -> Any:
             weights, ids = self.inner(*args, **kw)
-            if self.on:  # kept on the device: counting now would sync every MoE layer of a timed step
-                self.calls.append(ids.detach().clone())
+            if self.on:
+                self.calls.append(self._real_rows(ids).detach().clone())
             return weights, ids
 
         try:
@@ -201,6 +203,15 @@ class RouteCounter:
             self.installed = True
         except (AttributeError, TypeError):  # a frozen family: fall back to the uniform-routing expectation
             self.installed = False
+
+    def _real_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        counts = getattr(self.tp, "group_tokens", None) if self.tp is not None and self.tp.info.dp > 1 else None
+        if not counts or sum(counts) == ids.shape[0]:
+            return ids
+        from dsa_runtime.distributed.dp import padded_rows
+
+        pad = padded_rows(counts, self.tp.world)
+        return torch.cat([ids[g * pad:g * pad + c] for g, c in enumerate(counts)])
 
 
 def serve(engine: Any, prompts: list[list[int]], output_len: int, counter: RouteCounter | None,
@@ -354,7 +365,7 @@ def run_topology(config: Any, topo: Topology, args: argparse.Namespace, num_page
         engine = Engine(EngineConfig(max_running_requests=max(args.requests, 1), disable_radix_cache=True,
                                      chunked_prefill_size=args.chunked_prefill_size), parts=parts)
         out["kv_capacity_tokens"] = (num_pages - 1) * page
-        counter = RouteCounter(runner.kernels)
+        counter = RouteCounter(runner.kernels, runner.tp)
         rng = random.Random(args.seed)
 
         def prompts(n: int) -> list[list[int]]:
