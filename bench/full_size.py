@@ -29,7 +29,6 @@ The public 8 x H200 anchors print beside them (same 1k / 2k / 100-concurrent loa
 from __future__ import annotations
 
 import argparse
-import copy
 import gc
 import json
 import math
@@ -38,7 +37,6 @@ import random
 import statistics
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -46,124 +44,29 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from full_size_plan import (  # noqa: E402  (bench/ on the path first)
+    GIB,
+    Topology,
+    auto_layers,
+    checkpoint_bytes,
+    decode_roofline,
+    max_rank_bytes,
+    model_config,
+    plan_kv,
+    plan_only,
+    topologies,
+    uniform_touched,
+)
+
 # GPUStack's published lab numbers, 8 x H200, 1k in / 2k out, 100 prompts, 100 concurrent.
 ANCHORS = (
     ("SGLang v0.5.6.post2, TP8 DP8 + DP attention, 8 x H200", 2469.0, 39.45),
     ("vLLM v0.13.0, TP8, 8 x H200", 2075.0, 45.72),
 )
-FP8_QUANT = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-             "weight_block_size": [128, 128], "scale_fmt": "ue8m0"}
-GIB = 2**30
 
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def model_config(model: str, layers: int, dense: int) -> Any:
-    """V3.2's config at ``layers`` layers (the first ``dense`` dense), FP8 linears, no MTP layer."""
-    from dsa_runtime.model.config import ModelConfig
-
-    if model == "tiny":
-        from dsa_runtime.loader.presets import preset_config
-
-        raw = preset_config("tiny-v32")
-    else:
-        from tests.loader.real_configs import v32_671b
-
-        raw = copy.deepcopy(v32_671b())
-    raw["num_hidden_layers"] = layers
-    raw["first_k_dense_replace"] = min(dense, layers)
-    raw["num_nextn_predict_layers"] = 0
-    raw["quantization_config"] = dict(FP8_QUANT)
-    return ModelConfig.from_hf(raw)
-
-
-@dataclass
-class Topology:
-    name: str
-    tp: int
-    dp: int
-
-    def parallel(self, timeout_s: float) -> Any:
-        from dsa_runtime.distributed import ParallelConfig
-
-        return ParallelConfig(tp=self.tp, dp=self.dp, enable_dp_attention=self.dp > 1, timeout_s=timeout_s,
-                              reduce_dtype="bf16")
-
-
-def topologies(gpus: int, names: str) -> list[Topology]:
-    table = {"tp": Topology(f"tp{gpus}", gpus, 1), "dp": Topology(f"tp{gpus}-dp{gpus}", gpus, gpus)}
-    return [table[n] for n in names.split(",")]
-
-
-# --- memory: what one rank holds ----------------------------------------------------------------------------
-def _is_routed_or_shared_expert(name: str) -> bool:
-    return ".experts." in name or ".shared_experts." in name
-
-
-def rank_weight_bytes(config: Any, info: Any) -> dict[str, int]:
-    """Bytes rank ``info`` holds once built, from its slices' shapes (meta tensors, nothing allocated): routed
-    and shared experts stay FP8 (+ scales), other FP8 linears are dequantised to bf16 at load; per part."""
-    from dsa_runtime.distributed.sharding import SCALE_SUFFIX, Reader, is_mtp, shard_state
-    from dsa_runtime.loader.spec import expected_tensors
-
-    specs = {n: s for n, s in expected_tensors(config, fp8=True).items() if not is_mtp(n, config.num_hidden_layers)}
-    dtypes = {"fp8": torch.float8_e4m3fn, "fp32": torch.float32, "bf16": torch.bfloat16, "norm": torch.bfloat16}
-
-    def read(name: str, dim: int | None, start: int, end: int) -> torch.Tensor:
-        shape = list(specs[name].shape)
-        if dim is not None:
-            shape[dim] = end - start
-        return torch.empty(shape, dtype=dtypes[specs[name].kind], device="meta")
-
-    reader = Reader(list(specs), lambda n: tuple(specs[n].shape), lambda n: specs[n].kind == "fp8", read)
-    parts = {"routed_experts": 0, "other": 0}
-    for name, t in shard_state(reader, info, config.num_hidden_layers).items():
-        if name.endswith(SCALE_SUFFIX):
-            keep = _is_routed_or_shared_expert(name)
-            nbytes = t.numel() * 4 if keep else 0
-        elif t.dtype == torch.float8_e4m3fn:
-            nbytes = t.numel() * (1 if _is_routed_or_shared_expert(name) else 2)
-        else:
-            nbytes = t.numel() * t.element_size()
-        parts["routed_experts" if ".mlp.experts." in name else "other"] += nbytes
-    parts["total"] = parts["routed_experts"] + parts["other"]
-    return parts
-
-
-def max_rank_bytes(config: Any, topo: Topology) -> int:
-    par = topo.parallel(60.0)
-    return max(rank_weight_bytes(config, par.rank_info(r))["total"] for r in range(topo.tp))
-
-
-def plan_kv(config: Any, args: argparse.Namespace, *, tokens: int | None = None, budget: int | None = None) -> Any:
-    """``cache.plan_capacity`` for the load: KV pages for ``tokens`` or within ``budget`` bytes, after the step
-    workspaces (the indexer logits of a prefill chunk over the longest context dominate them)."""
-    from dsa_runtime.cache import plan_capacity
-
-    return plan_capacity(config, args.page_size, "fp8_656", budget_bytes=budget, max_total_tokens=tokens,
-                         chunked_prefill_size=args.chunked_prefill_size, max_running=max(args.requests, 1),
-                         dtype=torch.bfloat16, max_context=args.input_len + args.output_len + 16)
-
-
-def auto_layers(args: argparse.Namespace, topos: list[Topology], budget: int, kv_tokens: int) -> int:
-    """The most layers (>= dense + 1) whose weights, step workspaces and ``kv_tokens`` of KV fit ``budget`` bytes
-    on every rank of every topology."""
-
-    def need(layers: int) -> int:
-        cfg = model_config(args.model, layers, args.dense)
-        plan = plan_kv(cfg, args, tokens=kv_tokens)
-        return max(max_rank_bytes(cfg, t) for t in topos) + plan.cache_bytes + plan.workspace_bytes
-
-    small, big = need(args.dense + 1), need(args.dense + 2)
-    layers = args.dense + 1 + max(0, (budget - small) // (big - small))
-    while layers > args.dense + 1 and need(layers) > budget:
-        layers -= 1
-    if need(layers) > budget:
-        raise SystemExit(f"even {layers} layers need {need(layers) / GIB:.1f} GiB per rank, over the "
-                         f"{budget / GIB:.1f} GiB budget")
-    return int(min(layers, 61))
 
 
 # --- the load ---------------------------------------------------------------------------------------------
@@ -309,33 +212,6 @@ def profile_decode(engine: Any, prompts: list[list[int]], steps: int, tag: str, 
     return {"copy_sites": copies, "batch": len(prompts), "steps": steps, "wall_ms": wall, "gpu_busy_ms": busy, "nccl_ms": nccl,
             "not_gpu_ms": wall - busy, "kernels_per_step": len(kernels) / steps,
             "top_kernels_ms": dict(top), "host_ops_ms": dict(sorted(host.items(), key=lambda kv: -kv[1])[:8])}
-
-
-# --- the roofline ------------------------------------------------------------------------------------------
-def decode_roofline(config: Any, topo: Topology, batch: int, context: int, experts_touched: float,
-                    copy_gbs: float) -> dict[str, float]:
-    """A full-batch decode step's bytes on the busiest rank, and their time at ``copy_gbs`` (GB/s, read+write
-    counted as by ``common.copy_ceiling_gbs``; a read-only stream runs at about that figure)."""
-    from dsa_runtime.cache.kv_cache import mla_bytes_per_token
-    from dsa_runtime.families import INDEX_K_ROW_BYTES
-
-    par = topo.parallel(60.0)
-    info = par.rank_info(0)
-    parts = rank_weight_bytes(config, info)
-    moe_layers = config.num_hidden_layers - config.first_k_dense_replace
-    per_expert = parts["routed_experts"] / max(1, moe_layers * config.n_routed_experts)
-    weights = parts["other"] + moe_layers * experts_touched * per_expert
-    per_rank_batch = batch // topo.dp if topo.dp > 1 else batch
-    k = min(context, config.index_topk or context)
-    kv = config.num_hidden_layers * per_rank_batch * (context * INDEX_K_ROW_BYTES + k * mla_bytes_per_token("fp8_656"))
-    total = weights + kv
-    return {"weight_bytes": weights, "kv_bytes": kv, "bytes": total, "copy_gbs": copy_gbs,
-            "roofline_ms": total / (copy_gbs * 1e9) * 1e3 if copy_gbs else float("nan")}
-
-
-def uniform_touched(tokens: int, experts: int, top_k: int) -> float:
-    """Expected distinct experts ``tokens`` tokens choose when each picks ``top_k`` of ``experts`` uniformly."""
-    return experts * (1.0 - (1.0 - top_k / experts) ** tokens)
 
 
 # --- one topology ------------------------------------------------------------------------------------------
@@ -497,46 +373,6 @@ def main() -> int:
             release_gpu(topo.name)
     print_table(results)
     return 0
-
-
-def checkpoint_bytes(config: Any) -> int:
-    """Bytes of the whole FP8 checkpoint of ``config`` (main stack), as stored."""
-    from dsa_runtime.distributed.sharding import is_mtp
-    from dsa_runtime.loader.spec import expected_tensors
-
-    size = {"fp8": 1, "fp32": 4, "bf16": 2, "norm": 2}
-    return sum(math.prod(s.shape) * size[s.kind] for n, s in expected_tensors(config, fp8=True).items()
-               if not is_mtp(n, config.num_hidden_layers))
-
-
-def plan_only(args: argparse.Namespace) -> int:
-    """What a run of these flags would hold per rank, from shapes alone: for checking a command before the
-    machine it needs is lent."""
-    if args.gpu_memory_gib is None:
-        if not torch.cuda.is_available():
-            print("bench/full_size.py: --plan-only needs --gpu-memory-gib without a GPU", file=sys.stderr)
-            return 2
-        args.gpu_memory_gib = torch.cuda.get_device_properties(0).total_memory / GIB
-    topos = topologies(args.gpus, args.topologies)
-    load_tokens = args.requests * (args.input_len + args.output_len) + 2 * (args.input_len + 8)
-    budget = int(args.gpu_memory_gib * GIB * args.mem_fraction_static - args.headroom_gib * GIB)
-    layers = auto_layers(args, topos, budget, load_tokens) if args.layers == "auto" else int(args.layers)
-    config = model_config(args.model, layers, args.dense)
-    print(f"{args.gpus} GPUs of {args.gpu_memory_gib:.1f} GiB, --mem-fraction-static {args.mem_fraction_static}, "
-          f"headroom {args.headroom_gib} GiB: {layers} layers, {checkpoint_bytes(config) / 1e9:.0f} GB of FP8 weights")
-    ok = True
-    for topo in topos:
-        weights = max_rank_bytes(config, topo)
-        try:
-            plan = plan_kv(config, args, budget=budget - weights)
-            tokens, ws = plan.max_total_tokens, plan.workspace_bytes
-        except ValueError:
-            tokens, ws = 0, float("nan")
-        fits = tokens >= load_tokens
-        ok &= fits
-        print(f"  {topo.name}: weights {weights / GIB:.1f} GiB per rank, workspaces {ws / GIB:.1f} GiB, KV for "
-              f"{tokens} tokens; the load needs {load_tokens}: {'fits' if fits else 'DOES NOT FIT'}")
-    return 0 if ok else 2
 
 
 def print_table(results: dict[str, Any]) -> None:

@@ -1,6 +1,6 @@
-"""bench/full_size.py without a GPU: the dry run (tiny preset, FP8 random weights, 2 gloo ranks) serves both
-topologies through the engine and writes what the 8-GPU run will report; the per-rank memory model matches
-what a rank actually loads."""
+"""bench/full_size.py and full_size_plan.py without a GPU: the dry run (tiny preset, FP8 random weights, 2 gloo
+ranks) serves both topologies through the engine and writes what the 8-GPU run will report; the per-rank memory
+model matches what a rank actually loads."""
 
 from __future__ import annotations
 
@@ -39,15 +39,15 @@ def test_rank_weight_model_matches_the_loaded_slices(monkeypatch):
     import torch
 
     monkeypatch.syspath_prepend(str(BENCH))
-    import full_size
+    import full_size_plan as plan
 
     from dsa_runtime.distributed.random_weights import rank_random_state
     from dsa_runtime.distributed.sharding import SCALE_SUFFIX
 
-    config = full_size.model_config("tiny", 3, 1)
-    for topo in full_size.topologies(2, "tp,dp"):
+    config = plan.model_config("tiny", 3, 1)
+    for topo in plan.topologies(2, "tp,dp"):
         info = topo.parallel(60.0).rank_info(1)
-        model = full_size.rank_weight_bytes(config, info)
+        model = plan.rank_weight_bytes(config, info)
         drawn = rank_random_state(config, info, "cpu", seed=0, fp8=True)
         expect = 0
         for name, t in drawn.items():
