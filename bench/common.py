@@ -117,3 +117,23 @@ def graph_ms(fn: Callable[[], object]) -> float:
     ms = bench_ms(graph.replay)
     del graph
     return ms
+
+
+def step_profile(prof, steps: int, wall_ms: float, *, top: int = 0) -> dict:
+    """Per step of a torch.profiler run over ``steps`` steps on this process's GPU: wall time beside the GPU's
+    busy time (kernels of one stream do not overlap, so their sum is the busy time), NCCL's share of it, kernel
+    launches and the rest (host: Python, launches, dispatch to other ranks, waiting); with ``top``, the
+    ``top`` kernels by time (ms per step, by name)."""
+    from torch.autograd import DeviceType
+
+    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    by_name: dict[str, float] = {}
+    for e in kernels:
+        by_name[e.name] = by_name.get(e.name, 0.0) + e.time_range.elapsed_us() / 1e3 / steps
+    busy = sum(by_name.values())
+    nccl = sum(ms for name, ms in by_name.items() if "nccl" in name.lower())
+    out = {"wall_ms": wall_ms, "gpu_busy_ms": busy, "nccl_ms": nccl, "compute_ms": busy - nccl,
+           "kernels_per_step": len(kernels) / steps, "not_gpu_ms": wall_ms - busy}
+    if top:
+        out["top_kernels_ms"] = dict(sorted(by_name.items(), key=lambda kv: -kv[1])[:top])
+    return out

@@ -131,8 +131,9 @@ def serve(engine: Any, prompts: list[list[int]], output_len: int, counter: Route
     last_report = t0
     while engine.has_unfinished():
         s0 = time.perf_counter()
-        running = engine.stats().num_running
-        full_decode = running == len(prompts) and engine.stats().num_waiting == 0
+        stats = engine.stats()
+        running = stats.num_running
+        full_decode = running == len(prompts) and stats.num_waiting == 0
         if counter is not None:
             counter.on = full_decode and len(prompts) > 1
         outs = engine.step()
@@ -168,7 +169,6 @@ def serve(engine: Any, prompts: list[list[int]], output_len: int, counter: Route
 def profile_decode(engine: Any, prompts: list[list[int]], steps: int, tag: str, stacks: bool = False) -> dict[str, Any]:
     """Full-batch decode steps under torch.profiler on rank 0: wall time beside the GPU's busy time (NCCL apart),
     the rest being host time (Python, the step's dispatch to the other ranks, waiting), and the top kernels."""
-    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     from dsa_runtime.engine import SamplingParams
@@ -177,7 +177,7 @@ def profile_decode(engine: Any, prompts: list[list[int]], steps: int, tag: str, 
     ids = [f"{tag}-prof-{i}" for i in range(len(prompts))]
     for rid, prompt in zip(ids, prompts, strict=True):
         engine.add_request(rid, prompt, params)
-    while engine.stats().num_waiting or engine.stats().num_running < len(prompts):
+    while (stats := engine.stats()).num_waiting or stats.num_running < len(prompts):
         engine.step()
     for _ in range(3):  # past the last prefill chunk: pure decode
         engine.step()
@@ -192,13 +192,8 @@ def profile_decode(engine: Any, prompts: list[list[int]], steps: int, tag: str, 
         engine.abort(rid)
     while engine.has_unfinished():
         engine.step()
-    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
-    busy = sum(e.time_range.elapsed_us() for e in kernels) / 1e3 / steps
-    nccl = sum(e.time_range.elapsed_us() for e in kernels if "nccl" in e.name.lower()) / 1e3 / steps
-    by_name: dict[str, float] = {}
-    for e in kernels:
-        by_name[e.name] = by_name.get(e.name, 0.0) + e.time_range.elapsed_us() / 1e3 / steps
-    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:10]
+    from common import step_profile
+
     host = {}
     for e in prof.key_averages():
         if e.key.startswith(("gather_object", "broadcast_object", "c10d::", "aten::to", "aten::copy_", "cudaMemcpy")):
@@ -209,9 +204,8 @@ def profile_decode(engine: Any, prompts: list[list[int]], steps: int, tag: str, 
             if e.key in ("aten::copy_", "aten::to", "aten::_to_copy") and len(copies) < 8:
                 copies.append({"op": e.key, "cpu_ms_per_step": e.cpu_time_total / 1e3 / steps,
                                "calls_per_step": e.count / steps, "stack": list(e.stack)})
-    return {"copy_sites": copies, "batch": len(prompts), "steps": steps, "wall_ms": wall, "gpu_busy_ms": busy, "nccl_ms": nccl,
-            "not_gpu_ms": wall - busy, "kernels_per_step": len(kernels) / steps,
-            "top_kernels_ms": dict(top), "host_ops_ms": dict(sorted(host.items(), key=lambda kv: -kv[1])[:8])}
+    return {"batch": len(prompts), "steps": steps, **step_profile(prof, steps, wall, top=10),
+            "host_ops_ms": dict(sorted(host.items(), key=lambda kv: -kv[1])[:8]), "copy_sites": copies}
 
 
 # --- one topology ------------------------------------------------------------------------------------------

@@ -81,22 +81,9 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def gpu_profile(prof, steps: int, wall_ms: float) -> dict:
-    """Per decode step on this process's GPU (rank 0): wall time, kernel time (kernels of one stream do not
-    overlap, so their sum is the busy time), NCCL's share of it, kernel launches, and the rest (host: Python,
-    launches, the step's dispatch to the other rank, waiting)."""
-    from torch.autograd import DeviceType
-
-    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
-    busy = sum(e.time_range.elapsed_us() for e in kernels) / 1e3 / steps
-    nccl = sum(e.time_range.elapsed_us() for e in kernels if "nccl" in e.name.lower()) / 1e3 / steps
-    return {"wall_ms": wall_ms, "gpu_busy_ms": busy, "nccl_ms": nccl, "compute_ms": busy - nccl,
-            "kernels_per_step": len(kernels) / steps, "not_gpu_ms": wall_ms - busy}
-
-
 def run(runner, seqs, steps: int, profile: bool = False) -> dict:
     """Prefill, then ``steps`` decodes fed with tp-independent tokens; returns logits and timings (with
-    ``profile``, the :func:`gpu_profile` of the timed steps too)."""
+    ``profile``, ``common.step_profile`` of the timed steps too)."""
     from dsa_runtime.model.runner import ForwardBatch, ForwardSeq
 
     sync()
@@ -131,7 +118,9 @@ def run(runner, seqs, steps: int, profile: bool = False) -> dict:
     extra = {}
     if prof is not None:
         prof.__exit__(None, None, None)
-        extra = {"profile": gpu_profile(prof, steps - 2, 1e3 * sum(times[2:]) / (steps - 2))}
+        from common import step_profile
+
+        extra = {"profile": step_profile(prof, steps - 2, 1e3 * sum(times[2:]) / (steps - 2))}
     return {
         **extra,
         "prefill": torch.stack([o.float().cpu() for o in pre]),
