@@ -125,7 +125,7 @@ def _decode_plan(ctx: AttnContext, seqs: list[SeqMeta], device) -> dict:
     sparse = [i for i, s in enumerate(seqs) if not ctx.is_dense(s)]
     dense_ends = [e for s, e in zip(seqs, ends, strict=True) if ctx.is_dense(s)]
     width = ctx.index_width(max(dense_ends) if len(sparse) < len(seqs) else ctx.index_topk or 1)
-    table = torch.nn.utils.rnn.pad_sequence([s.page_table for s in seqs], batch_first=True)  # [B, P] int64
+    table = ctx.step.tables_of(seqs)  # [B, P] int64
     memo = {"key": key, "width": width}
     if len(sparse) < len(seqs):
         pos = torch.arange(width, device=device)
@@ -314,7 +314,7 @@ def _group_tables(ctx: AttnContext, group: list[SeqMeta], device) -> tuple[Tenso
         t0 = torch.tensor([s.t0 for s in group], device=device)
         rows = t0[:, None] + torch.arange(first.length, device=device)[None, :]
         pos = torch.arange(first.end_pos, device=device)
-        tables = torch.stack([s.page_table[: -(-first.end_pos // ps)] for s in group])
+        tables = ctx.step.tables_of(group)[:, : -(-first.end_pos // ps)]  # equal lengths: no padding
         slots = tables[:, pos // ps] * ps + pos % ps
         got = ctx.memo[key] = (rows, slots, ctx.step.positions[first.t0:first.t1])
     return got  # type: ignore[return-value]
