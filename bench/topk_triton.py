@@ -30,8 +30,9 @@ from dsa_runtime.reference.topk import ReferenceTopK  # noqa: E402
 from dsa_runtime.testing import run_conformance  # noqa: E402
 
 K = 2048
-# The default first: rows <= 32K take the register-resident bisection ("bisect*"), longer rows the candidate
-# search; "cand*" force the candidate-buffer search (8-bit passes) for every row, "*_full" the full radix search.
+# The default first: rows <= 32K take the register-resident bisection ("bisect*"), longer rows the sampled-bound
+# search with the register search behind it ("sample*"; "no_sample" without it); "cand*" force the
+# candidate-buffer search (8-bit passes) for every row, "*_full" the full radix search.
 NO_BISECT = {"bisect": False}
 CONFIGS = {
     "bisect": TopKConfig(),
@@ -40,6 +41,13 @@ CONFIGS = {
     "bisect_1prog": TopKConfig(bisect_split=1),
     "bisect_s4": TopKConfig(bisect_split=4),
     "bisect_2lvl": TopKConfig(bisect_two_level=True),
+    "no_sample": TopKConfig(sample=False),  # the register search alone for rows over 32K (the default until 2026-11-26)
+    "sample_fused": TopKConfig(sample_fused=True),
+    "sample_s4": TopKConfig(sample_slices=4),
+    "sample_s16": TopKConfig(sample_slices=16),
+    "sample_k4096": TopKConfig(sample_keys=4096),
+    "sample_st3": TopKConfig(sample_stages=3),
+    "sample_w8": TopKConfig(sample_block=4096, sample_warps=8),
     "cand": TopKConfig(**NO_BISECT),
     "cand_blk4096": TopKConfig(block=4096, split_block=4096, **NO_BISECT),
     "cand_blk8192_w16": TopKConfig(block=8192, warps=16, split_block=4096, split_warps=8, **NO_BISECT),
@@ -55,7 +63,7 @@ CONFIGS = {
 }
 # Left out of --quick: b11 measured slow on the H100 (2048-bin histograms); the candidate-search variants that
 # differ only for rows <= 32K (now the bisection's) or lost every shape in the 2026-11-23 sweep.
-QUICK_SKIP = ("b11_full", "cand_blk4096", "cand_slice2k", "cand_blk1024_w4", "cand_fin2048_w8", "cand_blk8192_w16", "cand_fin4096_w16", "cand_cap8k", "cand_slice16k")
+QUICK_SKIP = ("sample_w8", "sample_k4096", "sample_s4", "b11_full", "cand_blk4096", "cand_slice2k", "cand_blk1024_w4", "cand_fin2048_w8", "cand_blk8192_w16", "cand_fin4096_w16", "cand_cap8k", "cand_slice16k")
 DEFAULT = "bisect"
 SHAPES = [(64, 32768), (1, 131072), (64, 131072), (4096, 8192)]
 KINDS = ("random", "ties", "neginf", "sparse")
@@ -174,6 +182,38 @@ def _table(rows: list[dict], names: list[str]) -> None:
         print(f"{r['shape']:>12} {r['kind']:>7} {r['copy_ceiling_ms']:7.3f} {r['torch_topk_ms']:7.3f} {r['reference_ms']:7.2f} | " + " ".join(cells))
 
 
+def profile_kernels(names: list[str], reps: int = 20) -> int:
+    """Each config's kernels at 64 x 128K and 1 x 128K (random rows): mean device microseconds per call by
+    kernel name, beside the graph replay time of the whole call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown:
+        raise SystemExit(f"unknown --profile configs {unknown}; valid: {', '.join(CONFIGS)}")
+    print(device_info(), flush=True)
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    for rows, width in ((64, 131072), (1, 131072)):
+        x = make_logits(rows, width, "random", gen)
+        s, e = _windows(rows, width, "full", gen)
+        for name in names:
+            kern = TritonTopK(CONFIGS[name])
+            kern.topk(x, s, e, K)
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(reps):
+                    kern.topk(x, s, e, K)
+                torch.cuda.synchronize()
+            per: dict[str, float] = {}
+            for ev in prof.events():
+                if ev.device_type.name == "CUDA":
+                    per[ev.name] = per.get(ev.name, 0.0) + ev.device_time / reps
+            total = sum(per.values())
+            parts = ", ".join(f"{k.split('(')[0][:28]} {v:.1f}" for k, v in sorted(per.items(), key=lambda kv: -kv[1]))
+            print(f"{rows}x{width} {name}: graph {graph_ms(lambda kern=kern, x=x, s=s, e=e: kern.topk(x, s, e, K)) * 1e3:.1f} us, "
+                  f"kernels {total:.1f} us: {parts}", flush=True)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "topk_triton.json"))
@@ -181,7 +221,11 @@ def main() -> int:
                     help="random + tied + mostly -inf timed once each, lighter checks for non-default configs, "
                          "no reference timings, slow configs skipped (< 90 s on an H100)")
     ap.add_argument("--configs", default="", help="comma-separated config names (default: all)")
+    ap.add_argument("--profile", default="", help="comma-separated config names: only their kernels' device "
+                                                  "times (torch.profiler) at 64 x 128K and 1 x 128K, random rows")
     args = ap.parse_args()
+    if args.profile:
+        return profile_kernels([n for n in args.profile.split(",") if n])
     configs = {n: c for n, c in CONFIGS.items() if (n in args.configs.split(",") if args.configs
                                                        else not (args.quick and n in QUICK_SKIP))}
     info = device_info()
@@ -210,7 +254,7 @@ def main() -> int:
             # --quick: every config on random rows; tied and mostly -inf rows with the default, the full 8-bit
             # search and torch only
             timed = good if kind == "random" or not args.quick else {
-                n: c for n, c in good.items() if n in (DEFAULT, "cand", "b8_full", "bisect_2lvl")}
+                n: c for n, c in good.items() if n in (DEFAULT, "cand", "b8_full", "no_sample")}
             rows.append(time_shape(r, w, kind, timed, None if args.quick else ref, gbs))
             print(f"timed {r}x{w} {kind}", flush=True)
     _table(rows, list(good))

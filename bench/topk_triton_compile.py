@@ -24,6 +24,7 @@ from dsa_runtime.plugins.cuda_hopper.triton import topk_bisect as tb
 from dsa_runtime.plugins.cuda_hopper.triton import topk_bisect_split as tbs
 from dsa_runtime.plugins.cuda_hopper.triton import topk_cand as tc
 from dsa_runtime.plugins.cuda_hopper.triton import topk_radix as tr
+from dsa_runtime.plugins.cuda_hopper.triton import topk_sample as tsa
 from dsa_runtime.plugins.cuda_hopper.triton import topk_slots as tsl
 from dsa_runtime.plugins.cuda_hopper.triton import topk_split as ts
 
@@ -96,27 +97,59 @@ def variants():
         yield (f"cand-hist L{level} ints=1", tc._cand_hist_kernel,
                {a: t for a, t in chist.items() if a not in ("k", "R", "C")}, {"k": 1, "R": 1, "C": 1, "LEVEL": level,
                                                                              "BLOCK": 1024}, 4)
+    brows = {**rows, "skip_ptr": IP}
     for width, warps in ((1024, 4), (4096, 4), (8192, 8), (16384, 16), (32768, 32), (32768, 16)):
         for fuse in (False, True):
-            yield (f"bisect W{width} w{warps} fuse{fuse}", tb._topk_bisect_kernel, rows,
+            yield (f"bisect W{width} w{warps} fuse{fuse}", tb._topk_bisect_kernel, brows,
                    {"WIDTH": width, "BLOCK": min(1024, width), "FUSE": fuse}, warps)
     for width, warps in ((8192, 8), (16384, 16), (32768, 32)):
-        yield (f"bisect regs W{width} w{warps}", tb._topk_bisect_kernel, rows,
-               {"WIDTH": width, "BLOCK": 1024, "FUSE": True, "REG_WRITE": True}, warps)
-        sl = {"logits_ptr": P32, "stride_row": I32, "starts_ptr": IP, "ends_ptr": IP, "ckey_ptr": IP, "ccol_ptr": IP,
-              "k": I32, "S": I32, "SLICE": I32}
-        yield f"bisect-slice W{width} w{warps}", tbs._slice_kernel, sl, {"WIDTH": width, "BLOCK": 1024}, warps
-        mg = {"ckey_ptr": IP, "ccol_ptr": IP, "starts_ptr": IP, "out_ptr": IP, "k": I32, "SK": I32, **TABLE}
-        for fuse in (False, True):
-            yield (f"bisect-merge W{width} w{warps} fuse{fuse}", tbs._merge_kernel, mg,
-                   {"WIDTH": width, "BLOCK": 1024, "FUSE": fuse}, warps)
-        yield (f"bisect-merge W{width} w{warps} out-cand", tbs._merge_kernel, mg,
-               {"WIDTH": width, "BLOCK": 1024, "FUSE": False, "OUT_CAND": True}, warps)
-    yield ("bisect ints=1", tb._topk_bisect_kernel, {a: t for a, t in rows.items() if a not in ("k", "page_size")},
+        for skip in (False, True):
+            tag = " skip" if skip else ""
+            yield (f"bisect regs W{width} w{warps}{tag}", tb._topk_bisect_kernel, brows,
+                   {"WIDTH": width, "BLOCK": 1024, "FUSE": True, "REG_WRITE": True, "HAS_SKIP": skip}, warps)
+            sl = {"logits_ptr": P32, "stride_row": I32, "starts_ptr": IP, "ends_ptr": IP, "ckey_ptr": IP,
+                  "ccol_ptr": IP, "k": I32, "S": I32, "SLICE": I32, "skip_ptr": IP}
+            yield (f"bisect-slice W{width} w{warps}{tag}", tbs._slice_kernel, sl,
+                   {"WIDTH": width, "BLOCK": 1024, "HAS_SKIP": skip}, warps)
+            mg = {"ckey_ptr": IP, "ccol_ptr": IP, "starts_ptr": IP, "out_ptr": IP, "k": I32, "SK": I32, **TABLE,
+                  "skip_ptr": IP, "skip_div": I32}
+            for fuse in (False, True):
+                yield (f"bisect-merge W{width} w{warps} fuse{fuse}{tag}", tbs._merge_kernel, mg,
+                       {"WIDTH": width, "BLOCK": 1024, "FUSE": fuse, "HAS_SKIP": skip}, warps)
+            yield (f"bisect-merge W{width} w{warps} out-cand{tag}", tbs._merge_kernel, mg,
+                   {"WIDTH": width, "BLOCK": 1024, "FUSE": False, "OUT_CAND": True, "HAS_SKIP": skip}, warps)
+    yield ("bisect ints=1", tb._topk_bisect_kernel, {a: t for a, t in brows.items() if a not in ("k", "page_size")},
            {"k": 1, "page_size": 1, "WIDTH": 8192, "BLOCK": 1024, "FUSE": True}, 8)
+    yield from sample_variants()
     slots = {"pos_ptr": IP, "stride_pos": I32, "table_ptr": IP, "stride_table": I32, "batch_ptr": IP, "out_ptr": IP,
              "k": I32, "page_size": I32}
     yield "slots", tsl._slots_kernel, slots, {"BLOCK": 1024}, 4
+
+
+def sample_variants():
+    """The sampled-bound search (:mod:`.topk_sample`) at the shapes the plan uses and a few it may try."""
+    F32 = "fp32"
+    samp = {"logits_ptr": P32, "stride_row": I32, "starts_ptr": IP, "ends_ptr": IP, "bound_ptr": IP, "k": I32,
+            "sigmas": F32, "cap": I32}
+    for sample, warps in ((4096, 4), (8192, 8), (16384, 16)):
+        yield f"sample S{sample} w{warps}", tsa._sample_kernel, samp, {"SAMPLE": sample, "CHUNK": 32}, warps
+    scan = {"logits_ptr": P32, "stride_row": I32, "starts_ptr": IP, "ends_ptr": IP, "bound_ptr": IP, "cnt_ptr": IP,
+            "ckey_ptr": IP, "ccol_ptr": IP, "k": I32, "S": I32, "CAPS": I32, "sigmas": F32, "cap": I32}
+    for block, warps, stages in ((1024, 4, 1), (2048, 4, 1), (4096, 8, 1), (2048, 4, 3), (2048, 4, 4),
+                                 (1024, 4, 4), (1024, 4, 6)):
+        yield (f"scan blk{block} w{warps} st{stages}", tsa._scan_kernel, scan,
+               {"SAMPLE": 8192, "CHUNK": 32, "FUSED": False, "BLOCK": block, "STAGES": stages}, warps)
+    for sample, warps in ((4096, 4), (8192, 8)):
+        yield (f"scan fused S{sample} w{warps}", tsa._scan_kernel, scan,
+               {"SAMPLE": sample, "CHUNK": 32, "FUSED": True, "BLOCK": 2048}, warps)
+    fin = {"starts_ptr": IP, "ends_ptr": IP, "cnt_ptr": IP, "ckey_ptr": IP, "ccol_ptr": IP, "out_ptr": IP,
+           "done_ptr": IP, "k": I32, "S": I32, "CAPS": I32, **TABLE}
+    for cap, warps in ((4096, 4), (4096, 8), (8192, 8)):
+        for fuse in (False, True):
+            yield (f"sample-finish C{cap} w{warps} fuse{fuse}", tsa._finish_kernel, fin,
+                   {"CAP": cap, "SP": 64, "BLOCK": 1024, "FUSE": fuse}, warps)
+    yield ("sample-finish ints=1", tsa._finish_kernel, {a: t for a, t in fin.items() if a not in ("S", "CAPS")},
+           {"S": 1, "CAPS": 1, "CAP": 4096, "SP": 1, "BLOCK": 1024, "FUSE": False}, 8)
 
 
 def main() -> int:
@@ -126,7 +159,8 @@ def main() -> int:
         if only and only not in name:
             continue
         res = comp(fn, sig, consts, warps)
-        if fn in (tb._topk_bisect_kernel, tbs._slice_kernel, tbs._merge_kernel) and res.startswith("ok"):  # register-resident: spills matter
+        if fn in (tb._topk_bisect_kernel, tbs._slice_kernel, tbs._merge_kernel, tsa._sample_kernel, tsa._scan_kernel,
+                  tsa._finish_kernel) and res.startswith("ok"):  # register-resident: spills matter
             res = compile_report(fn, sig, consts, warps, 3)
         print(f"{name}: {res}", flush=True)
         bad += res.startswith("FAILED")

@@ -236,9 +236,60 @@ def direct() -> int:
         want = ref.page_table_transform(kern.topk(ties, z, full, 700), table, owner, 128)
         tag = f"split {split}, cap {cap}" if cap > 0 else f"bisection split {split}, reg_write {cap < 0}"
         bad += _check(f"fused transform ({tag}) == topk then transform", torch.equal(fused, want))
+    bad += sampled(gen, ref)
     pos = torch.randint(-1, 2048, (2, 700), generator=gen, dtype=torch.int32)
     got = TritonTopK().page_table_transform(pos, table, owner, 128)
     bad += _check("page_table_transform == reference", torch.equal(got, ref.page_table_transform(pos, table, owner, 128)))
+    return bad
+
+
+def sampled(gen: torch.Generator, ref: ReferenceTopK) -> int:
+    """The sampled-bound search (topk_sample.py) alone and with its fallback: rows it marks done equal the
+    oracle in column order, rows it misses (ties beyond the buffer, -inf floods) are left for the register search,
+    which skips done rows, and the whole is exact on every kind of row, fused transform included."""
+    from dsa_runtime.plugins.cuda_hopper.triton.topk_sample import SamplePlan, launch_sample
+
+    bad = 0
+    rows, width, k = 5, 4000, 64
+    x = torch.randn(rows, width, generator=gen)
+    s = torch.tensor([0, 7, 100, 0, 3990], dtype=torch.int32)  # row 3: n < k (take-all); row 4: n == 10
+    e = torch.tensor([4000, 3000, 4000, 50, 4000], dtype=torch.int32)
+    ties = torch.floor(x * 2).clamp(-3, 3)
+    neginf = torch.where(torch.rand(rows, width, generator=gen) < 0.99, float("-inf"), x)
+    plans = (SamplePlan(slices=4, cap=256, sample=512, chunk=16, block=256, stages=3),
+             SamplePlan(slices=3, cap=256, sample=512, chunk=16, block=128, fused_sample=True),
+             SamplePlan(slices=5, cap=128, sample=4096, chunk=32, block=256))  # sample holds the whole row: exact bound
+    for name, rows_x in (("random", x), ("ties", ties), ("mostly -inf", neginf)):
+        want = oracle(rows_x, s, e, k)
+        for i, plan in enumerate(plans):
+            out = torch.full((rows, k), -7, dtype=torch.int32)
+            done = launch_sample(rows_x, s, e, out, k, None, None, 1, plan=plan).bool()
+            exact = all(torch.equal(out[r].sort().values, want[r]) for r in range(rows) if done[r])
+            ordered = all(torch.equal(out[r][out[r] >= 0], out[r][out[r] >= 0].sort().values) for r in range(rows) if done[r])
+            untouched = bool((out[~done] == -7).all())
+            # random rows must be found by the sample (else the test would only exercise the fallback)
+            hit = bool(done.all()) if name == "random" else bool(done[3:].all())
+            bad += _check(f"sampled search plan {i}, {name}: done rows exact, column order, others untouched "
+                          f"(done {done.int().tolist()})", exact and ordered and untouched and hit)
+        if name != "random":
+            missed = [launch_sample(rows_x, s, e, torch.empty(rows, k, dtype=torch.int32), k, None, None, 1,
+                                    plan=plans[2]).tolist()]  # ties: ~260 keys at the top value, cap 128
+            bad += _check(f"sampled search, {name}: some search row left to the fallback {missed}", 0 in missed[0][:3])
+        for cfg in (TopKConfig(sample=True, sample_min_width=1000, sample_keys=512, sample_cap=256, sample_block=256,
+                               sample_slices=4, bisect_block=256),
+                    TopKConfig(sample=True, sample_min_width=1000, sample_keys=512, sample_cap=256, sample_block=256,
+                               sample_slices=2, sample_fused=True, bisect_split=3)):
+            kern = TritonTopK(cfg)
+            got = kern.topk(rows_x, s, e, k)
+            runs_same = all(torch.equal(kern.topk(rows_x, s, e, k), got) for _ in range(3))
+            bad += _check(f"sampled search + register fallback (split {cfg.bisect_split}, fused sample "
+                          f"{cfg.sample_fused}), {name} == oracle, repeatable",
+                          torch.equal(got.sort(dim=1).values, want) and runs_same)
+            table = torch.randperm(8 * 64, generator=gen).to(torch.int32).reshape(8, 64)
+            owner = torch.tensor([1, 0, 7, 3, 2], dtype=torch.int32)
+            fused = kern.topk_transform(rows_x, s, e, k, table, owner, 64)
+            bad += _check(f"sampled search fused transform (split {cfg.bisect_split}), {name} == topk then transform",
+                          torch.equal(fused, ref.page_table_transform(got, table, owner, 64)))
     return bad
 
 

@@ -2,7 +2,10 @@
 
 :meth:`TritonTopK.topk` and :meth:`TritonTopK.topk_transform` run the register-resident bit-by-bit search of
 :mod:`.topk_bisect` (one read of the row, data-independent cost) for rows of up to 32K columns, and for longer or
-few rows its sliced form with one or two merge levels (:mod:`.topk_bisect_split`); rows that fit neither take
+few rows its sliced form with one or two merge levels (:mod:`.topk_bisect_split`). Rows over 32K columns first
+take the sampled-bound search of :mod:`.topk_sample` (a sample bounds the k-th key from below, one scan keeps
+the ~k keys above the bound, one program per row searches those); the register search then takes only the rows
+it missed (ties or ``-inf`` floods at the bound), skipping the rest on the device. Rows that fit neither take
 the candidate-buffer search of :mod:`.topk_cand` (two full-row passes, then radix passes over the threshold bin's few columns; one kernel
 for many rows, four launches with several programs per row for few long rows). ``candidates=False`` (or
 ``bits=11``) selects the full radix search of :mod:`.topk_radix` (one program per row) and :mod:`.topk_split`
@@ -69,6 +72,17 @@ class TopKConfig:
             levels: cost independent of ties and ``-inf`` floods, which push the candidate search into its full-row
             fallback (H200, 1 x 128K, graph: random 0.051 vs 0.054 ms, tied 0.057 vs 0.114, 1000 finite logits
             0.057 vs 0.869).
+        sample: rows of at least ``sample_min_width`` columns first take the sampled-bound search of
+            :mod:`.topk_sample` (one read of the row, then a search over about ``k`` candidates), when the
+            register search is the fallback for the rows it misses (``2 k <= sample_cap``).
+        sample_slices: its scan programs per row (0: :func:`.topk_sample.sample_slices`).
+        sample_cap: its candidates per row (a power of two).
+        sample_keys: keys in its sample per row (a power of two).
+        sample_fused: each scan program finds the bound from the sample itself (one launch fewer).
+        sample_block: columns per chunk of its scan.
+        sample_warps: warps of its scan programs.
+        sample_stages: chunks in flight per scan program (``tl.range`` stages).
+        sample_finish_warps: warps of its per-row finish.
     """
 
     bits: int = 8
@@ -90,6 +104,16 @@ class TopKConfig:
     bisect_split: int = 0
     bisect_merge_max: int = 8192
     bisect_two_level: bool = True
+    sample: bool = True
+    sample_min_width: int = BISECT_MAX_WIDTH + 1
+    sample_slices: int = 0
+    sample_cap: int = 4096
+    sample_keys: int = 8192
+    sample_fused: bool = False
+    sample_block: int = 2048
+    sample_warps: int = 4
+    sample_stages: int = 1
+    sample_finish_warps: int = 8
 
 
 def split_for(rows: int, width: int, cfg: TopKConfig, sms: int = 132) -> int:
@@ -150,17 +174,22 @@ class TritonTopK:
 
             split, groups = (cfg.bisect_split, 1) if cfg.bisect_split else bisect_plan(
                 rows, width, k, _sms(dev), cfg.bisect_merge_max, cfg.bisect_two_level)
-            if split == 1 and width <= BISECT_MAX_WIDTH:
+            one = split == 1 and width <= BISECT_MAX_WIDTH
+            sliced = split > 1 and (split // groups) * k <= BISECT_MAX_WIDTH and -(-width // split) <= BISECT_MAX_WIDTH
+            skip = None
+            if (one or sliced) and cfg.sample and width >= cfg.sample_min_width and 2 * k <= cfg.sample_cap:
+                skip = self._sample(x, starts, ends, out, k, table, batch, page_size)
+            if one:
                 from dsa_runtime.plugins.cuda_hopper.triton.topk_bisect import launch_bisect
 
                 launch_bisect(x, starts, ends, out, k, table, batch, page_size, block=cfg.bisect_block,
-                              keys_per_thread=cfg.bisect_keys_per_thread, reg_write=cfg.bisect_reg_write)
+                              keys_per_thread=cfg.bisect_keys_per_thread, reg_write=cfg.bisect_reg_write, skip=skip)
                 return out
-            if split > 1 and (split // groups) * k <= BISECT_MAX_WIDTH and -(-width // split) <= BISECT_MAX_WIDTH:
+            if sliced:
                 from dsa_runtime.plugins.cuda_hopper.triton.topk_bisect_split import launch_bisect_split
 
                 launch_bisect_split(x, starts, ends, out, k, table, batch, page_size, split=split, groups=groups,
-                                    keys_per_thread=cfg.bisect_keys_per_thread, block=cfg.bisect_block)
+                                    keys_per_thread=cfg.bisect_keys_per_thread, block=cfg.bisect_block, skip=skip)
                 return out
         split = split_for(rows, width, cfg, _sms(dev))
         if cfg.candidates and cfg.bits == 8:
@@ -182,6 +211,24 @@ class TritonTopK:
 
             launch_split(x, starts, ends, out, k, table, batch, page_size, split=split, cfg=cfg)
         return out
+
+    def _sample(self, x: Tensor, starts: Tensor, ends: Tensor, out: Tensor, k: int, table: Tensor | None,
+                batch: Tensor | None, page_size: int) -> Tensor:
+        """The sampled-bound search (:mod:`.topk_sample`); returns the rows it wrote (int32 ``[R]``)."""
+        from dsa_runtime.plugins.cuda_hopper.triton.topk_sample import (
+            SamplePlan,
+            launch_sample,
+            sample_slices,
+        )
+
+        cfg = self.config
+        rows, width = x.shape
+        plan = SamplePlan(
+            slices=cfg.sample_slices or sample_slices(rows, width, _sms(x.device)), cap=cfg.sample_cap,
+            sample=cfg.sample_keys, fused_sample=cfg.sample_fused, block=cfg.sample_block, warps=cfg.sample_warps,
+            stages=cfg.sample_stages, finish_warps=cfg.sample_finish_warps,
+        )
+        return launch_sample(x, starts, ends, out, k, table, batch, page_size, plan=plan)
 
     def topk(self, logits: Tensor, row_starts: Tensor, row_ends: Tensor, k: int) -> Tensor:
         """``[R, k]`` int32 positions relative to each row start, ``-1`` padded (see the family contract)."""

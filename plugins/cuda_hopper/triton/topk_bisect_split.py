@@ -79,13 +79,25 @@ def bisect_plan(rows: int, width: int, k: int, sms: int, merge_max: int = 8192,
 
 @triton.jit
 def _slice_kernel(
-    logits_ptr, stride_row, starts_ptr, ends_ptr, ckey_ptr, ccol_ptr, k, S, SLICE,
-    WIDTH: tl.constexpr, BLOCK: tl.constexpr,
+    logits_ptr, stride_row, starts_ptr, ends_ptr, ckey_ptr, ccol_ptr, k, S, SLICE, skip_ptr,
+    WIDTH: tl.constexpr, BLOCK: tl.constexpr, HAS_SKIP: tl.constexpr = False,
 ):
     """Program ``(r, j)``: the top-k of columns ``[lo + j * SLICE, min(hi, lo + (j + 1) * SLICE))`` as keys and
-    absolute columns in ``[r, j, :]`` (``INT_MIN`` keys past the slice's own count)."""
+    absolute columns in ``[r, j, :]`` (``INT_MIN`` keys past the slice's own count). ``HAS_SKIP``: a row with
+    ``skip_ptr[r] != 0`` is left alone (its candidates are never read)."""
     r = tl.program_id(0)
     j = tl.program_id(1)
+    if HAS_SKIP:
+        if tl.load(skip_ptr + r) == 0:
+            _slice_row(logits_ptr, stride_row, starts_ptr, ends_ptr, ckey_ptr, ccol_ptr, k, S, SLICE, r, j, WIDTH, BLOCK)
+    else:
+        _slice_row(logits_ptr, stride_row, starts_ptr, ends_ptr, ckey_ptr, ccol_ptr, k, S, SLICE, r, j, WIDTH, BLOCK)
+
+
+@triton.jit
+def _slice_row(logits_ptr, stride_row, starts_ptr, ends_ptr, ckey_ptr, ccol_ptr, k, S, SLICE, r, j,
+               WIDTH: tl.constexpr, BLOCK: tl.constexpr):
+    """Program ``(r, j)`` of :func:`_slice_kernel`."""
     lo = tl.load(starts_ptr + r).to(tl.int32)
     hi = tl.load(ends_ptr + r).to(tl.int32)
     a = lo + j * SLICE
@@ -106,14 +118,29 @@ def _slice_kernel(
 @triton.jit
 def _merge_kernel(
     ckey_ptr, ccol_ptr, starts_ptr, out_ptr, k, SK,
-    table_ptr, stride_table, batch_ptr, page_size,
+    table_ptr, stride_table, batch_ptr, page_size, skip_ptr, skip_div,
     WIDTH: tl.constexpr, BLOCK: tl.constexpr, FUSE: tl.constexpr, OUT_CAND: tl.constexpr = False,
+    HAS_SKIP: tl.constexpr = False,
 ):
     """Program ``r``: the top-k of the row's ``SK = S * k`` candidates -> ``[k]`` row-relative positions (slots
     when ``FUSE``), ``-1`` padded. ``OUT_CAND`` (a first merge level, ``r`` a group of slices): the selected keys
     and absolute columns instead, to ``out_ptr`` / ``table_ptr`` ``[r, k]`` (``INT_MIN`` keys padding), which
-    keeps equal keys in column order for the next level."""
+    keeps equal keys in column order for the next level. ``HAS_SKIP``: nothing is written for a row (``r //
+    skip_div``) with ``skip_ptr`` non-zero."""
     r = tl.program_id(0)
+    if HAS_SKIP:
+        if tl.load(skip_ptr + r // skip_div) == 0:
+            _merge_row(ckey_ptr, ccol_ptr, starts_ptr, out_ptr, k, SK, table_ptr, stride_table, batch_ptr, page_size,
+                       r, WIDTH, BLOCK, FUSE, OUT_CAND)
+    else:
+        _merge_row(ckey_ptr, ccol_ptr, starts_ptr, out_ptr, k, SK, table_ptr, stride_table, batch_ptr, page_size, r,
+                   WIDTH, BLOCK, FUSE, OUT_CAND)
+
+
+@triton.jit
+def _merge_row(ckey_ptr, ccol_ptr, starts_ptr, out_ptr, k, SK, table_ptr, stride_table, batch_ptr, page_size, r,
+               WIDTH: tl.constexpr, BLOCK: tl.constexpr, FUSE: tl.constexpr, OUT_CAND: tl.constexpr):
+    """Program ``r`` of :func:`_merge_kernel`."""
     out_row = out_ptr + r.to(tl.int64) * k
     offs = tl.arange(0, WIDTH)
     inside = offs < SK
@@ -138,10 +165,11 @@ def _merge_kernel(
 
 
 def launch_bisect_split(logits, starts, ends, out, k, table, batch, page_size, *, split: int, groups: int = 1,
-                        keys_per_thread: int = 0, block: int = 1024) -> None:
+                        keys_per_thread: int = 0, block: int = 1024, skip=None) -> None:
     """``split`` programs per row, then the merge: one program per row (two launches), or with ``groups > 1``
     first one program per group of ``split / groups`` consecutive slices, then one per row over the groups'
-    candidates (three launches; for few long rows whose ``split * k`` candidates one program cannot hold)."""
+    candidates (three launches; for few long rows whose ``split * k`` candidates one program cannot hold).
+    ``skip`` (int32 ``[R]``, optional): rows marked non-zero are already written and left alone."""
     rows, width = logits.shape
     slice_w = -(-width // split)
     if groups < 1 or split % groups:
@@ -149,24 +177,27 @@ def launch_bisect_split(logits, starts, ends, out, k, table, batch, page_size, *
     if slice_w > MAX_WIDTH or (split // groups) * k > MAX_WIDTH or groups * k > MAX_WIDTH:
         raise ValueError(f"{split} slices of {width} columns in {groups} groups with k = {k} do not fit one program each")
     dev = logits.device
+    sk = starts if skip is None else skip
     cand = torch.empty((2, rows, split, k), dtype=torch.int32, device=dev)  # keys, absolute columns
     w1 = bisect_width(slice_w)
     _slice_kernel[(rows, split)](
-        logits, logits.stride(0), starts, ends, cand[0], cand[1], k, split, slice_w,
-        WIDTH=w1, BLOCK=min(block, w1), num_warps=bisect_warps(w1, keys_per_thread),
+        logits, logits.stride(0), starts, ends, cand[0], cand[1], k, split, slice_w, sk,
+        WIDTH=w1, BLOCK=min(block, w1), HAS_SKIP=skip is not None, num_warps=bisect_warps(w1, keys_per_thread),
     )
     if groups > 1:
         per = split // groups
         merged = torch.empty((2, rows, groups, k), dtype=torch.int32, device=dev)
         wg = bisect_width(per * k)
         _merge_kernel[(rows * groups,)](
-            cand[0], cand[1], starts, merged[0], k, per * k, merged[1], 0, starts, 1,
-            WIDTH=wg, BLOCK=min(block, wg), FUSE=False, OUT_CAND=True, num_warps=bisect_warps(wg, keys_per_thread),
+            cand[0], cand[1], starts, merged[0], k, per * k, merged[1], 0, starts, 1, sk, groups,
+            WIDTH=wg, BLOCK=min(block, wg), FUSE=False, OUT_CAND=True, HAS_SKIP=skip is not None,
+            num_warps=bisect_warps(wg, keys_per_thread),
         )
         cand, split = merged, groups
     table, stride_table, batch, page_size, fuse = table_args(out, starts, table, batch, page_size)
     w2 = bisect_width(split * k)
     _merge_kernel[(rows,)](
-        cand[0], cand[1], starts, out, k, split * k, table, stride_table, batch, page_size,
-        WIDTH=w2, BLOCK=min(block, w2), FUSE=fuse, num_warps=bisect_warps(w2, keys_per_thread),
+        cand[0], cand[1], starts, out, k, split * k, table, stride_table, batch, page_size, sk, 1,
+        WIDTH=w2, BLOCK=min(block, w2), FUSE=fuse, HAS_SKIP=skip is not None,
+        num_warps=bisect_warps(w2, keys_per_thread),
     )

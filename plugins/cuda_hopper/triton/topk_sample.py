@@ -1,0 +1,234 @@
+"""Exact top-k of long rows from a sampled lower bound: one read of the row, few candidates (Triton).
+
+The register search of :mod:`.topk_bisect_split` takes every slice's own top-k and merges them, so a 128K row
+cut into four 32K slices searches 4 x 32K keys bit by bit and merges 8K candidates, where the answer is 2K of
+128K. Here a cheap bound does the cutting instead:
+
+1. **Sample** (one program per row, or in every scan program with ``fused_sample``): ``SAMPLE`` keys in
+   ``CHUNK``-column runs spread evenly over the window. Its ``j``-th largest key, ``j`` about
+   ``k * SAMPLE / n`` plus ``sigmas`` standard deviations, is a lower bound ``t`` that at least ``k`` keys of
+   the row reach unless the sample is unrepresentative (a window that fits the sample is read whole and
+   ``j = k``: ``t`` is then the exact k-th key).
+2. **Scan** (``S`` programs per row): every key ``>= t`` of a slice goes, with its column, to that slice's part
+   of a candidate buffer in column order (a per-chunk ``tl.cumsum``, no atomics), and the slice's count to
+   ``[R, S]``.
+3. **Finish** (one program per row): when ``k <= m <= CAP`` (``m`` the row's candidates) and no slice
+   overflowed its part, the candidates are gathered in column order into registers and searched bit by bit
+   (:func:`.topk_bisect.threshold`); the row is marked done. Take-all windows (``n <= k``) are written here too.
+
+Why it is exact: every key of the row's top-k is ``>= t`` whenever at least ``k`` keys are, so the candidates
+hold the whole answer, and they are in column order, so ties at the threshold go to the lower column as in the
+reference. A row that is not done (the bound missed: fewer than ``k`` candidates, or more than the buffer;
+heavy ties, ``-inf`` floods; a sample that already shows the overflow skips the scan of its row) is left to
+the caller's fallback search, whose kernels skip done rows
+(``skip_ptr`` of :mod:`.topk_bisect` / :mod:`.topk_bisect_split`): the cost of a miss is that search's, never a
+wrong answer. Nothing syncs with the host and every buffer is sized by shapes: CUDA-graph capturable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from dsa_runtime.plugins.cuda_hopper.triton.topk_bisect import fill_tail, kth_key, rank_selected, threshold
+from dsa_runtime.plugins.cuda_hopper.triton.topk_radix import page_table_row, radix_key, table_args, to_slots
+
+INT_MIN = tl.constexpr(-2147483648)
+SKIP = tl.constexpr(2147483647)  # a bound no key reaches (radix_key's largest is +inf's, 0x7F800000)
+
+
+@dataclass(frozen=True)
+class SamplePlan:
+    """Launch shape of the sampled search.
+
+    Attributes:
+        slices: scan programs per row.
+        cap: most candidates per row (a power of two; the finish holds them in registers).
+        sample: sampled keys per row (a power of two).
+        chunk: columns per sampled run (a power of two dividing ``sample``; 32 fp32 = one 128-byte line).
+        sigmas: margin of the sampled rank over its expectation, in standard deviations.
+        fused_sample: every scan program finds the bound itself from the same sample (one launch fewer).
+        block: columns per chunk of the scan.
+        stages: chunks the scan has in flight (``tl.range`` stages: 2 and up copy the next chunks to shared
+            memory asynchronously while the current one is compared and compacted).
+        warps: warps of the scan programs.
+        sample_warps: warps of the sample program (or of the scan programs when fused, if more).
+        finish_warps: warps of the finish.
+    """
+
+    slices: int
+    cap: int = 4096
+    sample: int = 8192
+    chunk: int = 32
+    sigmas: float = 4.0
+    fused_sample: bool = False
+    block: int = 2048
+    stages: int = 1
+    warps: int = 4
+    sample_warps: int = 8
+    finish_warps: int = 8
+
+
+def sample_slices(rows: int, width: int, sms: int, min_slice: int = 4096, most: int = 64) -> int:
+    """Scan programs per row: a power of two giving about four programs per SM, slices at least ``min_slice``
+    wide, at most ``most`` (H200 sweep: 64 x 128K 8 slices 0.062 ms, 4 0.073, 16 0.063; 1 x 128K 32 slices
+    0.040, 8 0.048)."""
+    s = 1
+    while rows * s * 2 <= 4 * sms and width // (s * 2) >= min_slice and s * 2 <= most:
+        s *= 2
+    return s
+
+
+@triton.jit
+def sample_bound(row_ptr, lo, hi, k, sigmas, cap, SAMPLE: tl.constexpr, CHUNK: tl.constexpr):
+    """The lower bound ``t`` of columns ``[lo, hi)`` (``n = hi - lo > k``): the ``j``-th largest sampled key.
+    Runs of ``CHUNK`` columns every ``step >= CHUNK`` columns; when ``n <= SAMPLE`` the window is read whole and
+    ``j = k``. ``INT_MIN`` (every key a candidate) when the sample holds no more than ``j`` keys. :data:`SKIP`
+    when the keys ``>= t`` in the sample, scaled to the window, exceed ``cap`` (ties or ``-inf`` floods at the
+    bound): the row would overflow the buffer, so the scan does not read it and the fallback takes it."""
+    NCH: tl.constexpr = SAMPLE // CHUNK
+    n = hi - lo
+    step = tl.maximum((n + NCH - 1) // NCH, CHUNK)
+    i = tl.arange(0, SAMPLE)
+    cols = lo + (i // CHUNK) * step + (i % CHUNK)
+    inside = cols < hi
+    key = tl.where(inside, radix_key(tl.load(row_ptr + cols, mask=inside, other=0.0)), INT_MIN)
+    ns = tl.sum(inside.to(tl.int32), 0)
+    expect = ns.to(tl.float32) * k / tl.maximum(n, 1).to(tl.float32)
+    j = (expect + sigmas * tl.sqrt(expect)).to(tl.int32) + 2
+    j = tl.where(ns == n, k, tl.minimum(j, ns))
+    live = ns > j
+    t = tl.where(live, kth_key(key, tl.maximum(j, 1), live), INT_MIN)
+    reach = tl.sum((key >= t).to(tl.int32), 0).to(tl.float32) * n.to(tl.float32) / tl.maximum(ns, 1).to(tl.float32)
+    return tl.where(reach > cap, SKIP, t)
+
+
+@triton.jit
+def _sample_kernel(logits_ptr, stride_row, starts_ptr, ends_ptr, bound_ptr, k, sigmas, cap,
+                   SAMPLE: tl.constexpr, CHUNK: tl.constexpr):
+    r = tl.program_id(0)
+    lo = tl.load(starts_ptr + r).to(tl.int32)
+    hi = tl.load(ends_ptr + r).to(tl.int32)
+    t = tl.full([], INT_MIN, tl.int32)
+    if hi - lo > k:
+        t = sample_bound(logits_ptr + r.to(tl.int64) * stride_row, lo, hi, k, sigmas, cap, SAMPLE, CHUNK)
+    tl.store(bound_ptr + r, t)
+
+
+@triton.jit
+def _scan_kernel(logits_ptr, stride_row, starts_ptr, ends_ptr, bound_ptr, cnt_ptr, ckey_ptr, ccol_ptr,
+                 k, S, CAPS, sigmas, cap,
+                 SAMPLE: tl.constexpr, CHUNK: tl.constexpr, FUSED: tl.constexpr, BLOCK: tl.constexpr,
+                 STAGES: tl.constexpr = 1):
+    """Program ``(r, s)``: the keys ``>= t`` of slice ``s`` and their columns to ``[r, s, :CAPS]`` in column
+    order (none past ``CAPS``), the slice's full count to ``cnt[r, s]``."""
+    r = tl.program_id(0)
+    s = tl.program_id(1)
+    lo = tl.load(starts_ptr + r).to(tl.int32)
+    hi = tl.load(ends_ptr + r).to(tl.int32)
+    row_ptr = logits_ptr + r.to(tl.int64) * stride_row
+    cnt = tl.zeros([], dtype=tl.int32)
+    if hi - lo > k:
+        if FUSED:
+            t = sample_bound(row_ptr, lo, hi, k, sigmas, cap, SAMPLE, CHUNK)
+        else:
+            t = tl.load(bound_ptr + r)
+        per = (hi - lo + S - 1) // S
+        a = tl.minimum(lo + s * per, hi)
+        c = tl.where(t == SKIP, a, tl.minimum(a + per, hi))  # SKIP: nothing read, the row's count stays 0
+        base = (r.to(tl.int64) * S + s) * CAPS
+        offs = tl.arange(0, BLOCK)
+        for c0 in tl.range(a, c, BLOCK, num_stages=STAGES):
+            cols = c0 + offs
+            inside = cols < c
+            key = radix_key(tl.load(row_ptr + cols, mask=inside, other=0.0))
+            sel = inside & (key >= t)
+            dest = cnt + tl.cumsum(sel.to(tl.int32), 0) - 1
+            keep = sel & (dest < CAPS)
+            tl.store(ckey_ptr + base + dest, key, mask=keep)
+            tl.store(ccol_ptr + base + dest, cols, mask=keep)
+            cnt += tl.sum(sel.to(tl.int32), 0)
+    tl.store(cnt_ptr + r * S + s, cnt)
+
+
+@triton.jit
+def _finish_kernel(starts_ptr, ends_ptr, cnt_ptr, ckey_ptr, ccol_ptr, out_ptr, done_ptr, k, S, CAPS,
+                   table_ptr, stride_table, batch_ptr, page_size,
+                   CAP: tl.constexpr, SP: tl.constexpr, BLOCK: tl.constexpr, FUSE: tl.constexpr):
+    """Program ``r``: the row's ``[k]`` output from its candidates when they hold the answer (``done[r] = 1``),
+    or from the window itself when ``n <= k``; else nothing is written (``done[r] = 0``)."""
+    r = tl.program_id(0)
+    lo = tl.load(starts_ptr + r).to(tl.int32)
+    hi = tl.load(ends_ptr + r).to(tl.int32)
+    n = hi - lo
+    out_row = out_ptr + r.to(tl.int64) * k
+    table_row = page_table_row(table_ptr, stride_table, batch_ptr, r, FUSE)
+    done = tl.zeros([], dtype=tl.int32)
+    if n <= k:  # take-all: positions 0..n-1, then -1
+        offs = tl.arange(0, BLOCK)
+        for c0 in range(0, tl.maximum(n, 0), BLOCK):
+            pos = c0 + offs
+            inside = pos < n
+            val = pos
+            if FUSE:
+                val = to_slots(val, table_row, page_size, inside)
+            tl.store(out_row + pos, val, mask=inside)
+        fill_tail(out_row, tl.maximum(n, 0), k, -1, BLOCK)
+        done = tl.full([], 1, tl.int32)
+    else:
+        sidx = tl.arange(0, SP)
+        cnts = tl.load(cnt_ptr + r * S + sidx, mask=sidx < S, other=0)
+        m = tl.sum(cnts, 0)
+        if (m >= k) & (m <= CAP) & (tl.max(cnts, 0) <= CAPS):
+            before = tl.cumsum(cnts, 0) - cnts  # candidates of the slices before each slice
+            i = tl.arange(0, CAP)
+            src = tl.zeros([CAP], dtype=tl.int32)
+            for j in range(0, S):
+                pre = tl.sum(tl.where(sidx == j, before, 0), 0)
+                cj = tl.sum(tl.where(sidx == j, cnts, 0), 0)
+                src = tl.where((i >= pre) & (i < pre + cj), j * CAPS + i - pre, src)
+            valid = i < m
+            base = r.to(tl.int64) * S * CAPS
+            key = tl.load(ckey_ptr + base + src, mask=valid, other=INT_MIN)
+            thr, take_all, need = threshold(key, m, k)
+            dest, sel = rank_selected(key, thr, take_all, need)
+            val = tl.load(ccol_ptr + base + src, mask=sel, other=0) - lo
+            if FUSE:
+                val = to_slots(val, table_row, page_size, sel)
+            tl.store(out_row + dest, val, mask=sel)
+            done = tl.full([], 1, tl.int32)
+    tl.store(done_ptr + r, done)
+
+
+def launch_sample(logits, starts, ends, out, k, table, batch, page_size, *, plan: SamplePlan) -> torch.Tensor:
+    """Steps 1-3 over ``[R, L]`` fp32 logits into ``out`` ``[R, k]``; returns ``done`` (int32 ``[R]``, 1 where the
+    row is written) for the fallback's ``skip_ptr``."""
+    rows, width = logits.shape
+    S = max(1, plan.slices)
+    if plan.cap & (plan.cap - 1) or plan.sample & (plan.sample - 1) or plan.sample % plan.chunk:
+        raise ValueError(f"cap {plan.cap} and sample {plan.sample} must be powers of two, chunk {plan.chunk} dividing it")
+    if k > plan.cap:
+        raise ValueError(f"k {k} exceeds the candidate buffer ({plan.cap})")
+    caps = max(1, min(plan.cap, -(-width // S)))
+    dev = logits.device
+    ws = torch.empty(rows * (2 + S + 2 * S * caps), dtype=torch.int32, device=dev)
+    bound, done = ws[:rows], ws[rows:2 * rows]
+    cnt = ws[2 * rows:rows * (2 + S)]
+    cand = ws[rows * (2 + S):].view(2, rows, S, caps)
+    if not plan.fused_sample:
+        _sample_kernel[(rows,)](logits, logits.stride(0), starts, ends, bound, k, plan.sigmas, plan.cap,
+                                SAMPLE=plan.sample, CHUNK=plan.chunk, num_warps=plan.sample_warps)
+    _scan_kernel[(rows, S)](
+        logits, logits.stride(0), starts, ends, bound, cnt, cand[0], cand[1], k, S, caps, plan.sigmas, plan.cap,
+        SAMPLE=plan.sample, CHUNK=plan.chunk, FUSED=plan.fused_sample, BLOCK=plan.block, STAGES=plan.stages,
+        num_warps=max(plan.warps, plan.sample_warps) if plan.fused_sample else plan.warps,
+    )
+    tab, stab, bat, ps, fuse = table_args(out, starts, table, batch, page_size)
+    _finish_kernel[(rows,)](
+        starts, ends, cnt, cand[0], cand[1], out, done, k, S, caps, tab, stab, bat, ps,
+        CAP=plan.cap, SP=triton.next_power_of_2(S), BLOCK=1024, FUSE=fuse, num_warps=plan.finish_warps,
+    )
+    return done
