@@ -177,6 +177,10 @@ def main() -> int:
     ap.add_argument("--no-kit", action="store_true", help="skip the conformance cases")
     ap.add_argument("--no-full", action="store_true", help="conformance: quick tier only")
     ap.add_argument("--quick", action="store_true", help="default configs only, fewer decode shapes")
+    ap.add_argument("--paged-sweep", action="store_true",
+                    help="paged decode only: the default and every PAGED_CONFIGS entry (or --paged-configs) at "
+                         "batch 64 x 128K, 128 x 32K, 64 x 32K with 2 queries and 1 x 128K")
+    ap.add_argument("--paged-configs", default="", help="with --paged-sweep: comma-separated PAGED_CONFIGS names")
     args = ap.parse_args()
     info = {**device_info(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": " ".join(sys.argv)}
@@ -203,9 +207,16 @@ def main() -> int:
               (64, 32768, 2)]
     if args.quick:
         shapes = [(1, 32768, 1), (128, 32768, 1), (64, 131072, 1)]
-    for step in (lambda: bench_quant(gen, copy_gbs, results, rows),
-                 lambda: bench_ragged(gen, fp8_tf, results, rows, ragged),
-                 lambda: bench_paged(gen, copy_gbs, results, rows, paged, shapes)):
+    steps = [lambda: bench_quant(gen, copy_gbs, results, rows), lambda: bench_ragged(gen, fp8_tf, results, rows, ragged)]
+    if args.paged_sweep:
+        names = [n for n in args.paged_configs.split(",") if n] or list(il.PAGED_CONFIGS)
+        unknown = [n for n in names if n not in il.PAGED_CONFIGS]
+        if unknown:
+            raise SystemExit(f"unknown --paged-configs {unknown}; valid: {', '.join(il.PAGED_CONFIGS)}")
+        paged = {"default": il.PagedConfig(), **{n: il.PAGED_CONFIGS[n] for n in names}}
+        shapes = [(64, 131072, 1), (128, 32768, 1), (64, 32768, 2), (1, 131072, 1)]
+        steps = []
+    for step in (*steps, lambda: bench_paged(gen, copy_gbs, results, rows, paged, shapes)):
         step()
         write_json(args.out, results)  # partial results survive a later crash
     print(f"\n{info['gpu']}, torch {info['torch']}, triton {info['triton']}; copy {copy_gbs:.0f} GB/s, "

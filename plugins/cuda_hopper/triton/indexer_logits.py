@@ -10,7 +10,8 @@ head adds ``relu(0) * 0``.
 * Ragged prefill (:func:`logits_ragged`): program per (``BLOCK_M`` query rows, ``BLOCK_N`` keys); the key
   tile is loaded once and reused by ``BLOCK_M / QPD`` dots. A tile no row of the block can see (outside
   ``[min ks, max ke)``) only writes ``-inf``.
-* Paged decode (:func:`logits_paged`): program per (request, ``STEPS * BLOCK_N`` positions); the ``N`` MTP
+* Paged decode (:func:`logits_paged`): program per (request, ``STEPS * BLOCK_N`` positions, ``STEPS`` from
+  :func:`paged_steps`); the ``N`` MTP
   queries of the request ride in the same dot (``QPD = N``), so every key byte is read once. Keys and
   scales are gathered per position from the ``index_k_132`` pages (``page * P * 132 + off * 128`` and
   ``page * P * 132 + P * 128 + 4 * off``), so any page size works; no host sync, shapes only from
@@ -45,13 +46,20 @@ class RaggedConfig:
 
 @dataclass(frozen=True)
 class PagedConfig:
-    """Launch shape of the paged kernel: ``block_n`` positions per step, ``steps`` per program."""
+    """Launch shape of the paged kernel: ``block_n`` positions per step, at most ``steps`` per program (halved,
+    down to 1, while a request's programs times the batch stay under ``min_programs_per_sm`` x the SMs; 0 keeps
+    ``steps``). The step count is a runtime argument: batch and context changes never recompile.
 
-    block_n: int = 64
-    steps: int = 8
-    num_warps: int = 8
+    Default from the H200 sweep (2026-11-26, ``bench/indexer_triton.py --paged-sweep``): 128 positions x 16
+    steps on 4 warps read 64 x 128K at 82% of copy bandwidth (0.319 ms) where 64 x 8 on 8 warps reached 54%:
+    the H200 had moved the H100's bytes per second, so the copies in flight, not the bandwidth, bounded it."""
+
+    block_n: int = 128
+    steps: int = 16
+    num_warps: int = 4
     num_stages: int = 2
     imprecise_acc: int | None = None
+    min_programs_per_sm: int = 4
 
 
 RAGGED_CONFIGS = {
@@ -63,13 +71,34 @@ RAGGED_CONFIGS = {
     "m64n128q2": RaggedConfig(64, 128, 2, 8, 3),
     "m16n128q1p": RaggedConfig(16, 128, 1, 4, 2, imprecise_acc=32),
 }
-PAGED_CONFIGS = {  # sm90 compile check (ptxas): 4 warps with 3 stages spill at 255 registers; these do not
-    "n64s4w4": PagedConfig(64, 4, 4, 2),
-    "n64s8w8": PagedConfig(64, 8, 8, 2),
-    "n64s16w8": PagedConfig(64, 16, 8, 3),
-    "n128s4w8": PagedConfig(128, 4, 8, 2),
-    "n64s4w4p": PagedConfig(64, 4, 4, 2, imprecise_acc=32),
+PAGED_CONFIGS = {  # fixed step counts (min_programs_per_sm 0) unless named "auto"
+    "n64s8w8": PagedConfig(64, 8, 8, 2, min_programs_per_sm=0),  # the default until 2026-11-26
+    "n64s4w4": PagedConfig(64, 4, 4, 2, min_programs_per_sm=0),
+    "n64s32w4s3": PagedConfig(64, 32, 4, 3, min_programs_per_sm=0),
+    "n128s4w8": PagedConfig(128, 4, 8, 2, min_programs_per_sm=0),
+    "n128s8w4": PagedConfig(128, 8, 4, 2, min_programs_per_sm=0),
+    "n128s16w4": PagedConfig(128, 16, 4, 2, min_programs_per_sm=0),
+    "n128s32w4": PagedConfig(128, 32, 4, 2, min_programs_per_sm=0),
+    "n256s4w8": PagedConfig(256, 4, 8, 2, min_programs_per_sm=0),
+    "n256s8w8": PagedConfig(256, 8, 8, 2, min_programs_per_sm=0),
+    "n128s16w4auto8": PagedConfig(128, 16, 4, 2, min_programs_per_sm=8),
+    "n64s4w4p": PagedConfig(64, 4, 4, 2, imprecise_acc=32, min_programs_per_sm=0),
 }
+
+
+def paged_steps(cfg: PagedConfig, batch: int, width: int, sms: int) -> int:
+    """Steps per program: ``cfg.steps`` halved while ``batch`` x programs per request < ``min_programs_per_sm``
+    x ``sms`` (one request at 128K: 16 steps of 128 would be 64 programs on 132 SMs)."""
+    steps = max(1, cfg.steps)
+    while steps > 1 and batch * triton.cdiv(width, cfg.block_n * steps) < cfg.min_programs_per_sm * sms:
+        steps //= 2
+    return steps
+
+
+def _sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132
 
 def pad_heads(heads: int) -> int:
     """Heads padded for the dot's N side: a power of two, at least 16."""
@@ -164,10 +193,10 @@ def logits_ragged(q8: Tensor, weights: Tensor, k8: Tensor, k_scale: Tensor, ks: 
     return out
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["STEPS"])  # chosen per batch and width: no recompiles
 def _paged_kernel(
-    q_ptr, w_ptr, kv_ptr, kvf_ptr, lens_ptr, table_ptr, out_ptr, H, P, max_pages, stride_table, W,
-    NQ: tl.constexpr, NQP: tl.constexpr, HP: tl.constexpr, BLOCK_N: tl.constexpr, STEPS: tl.constexpr,
+    q_ptr, w_ptr, kv_ptr, kvf_ptr, lens_ptr, table_ptr, out_ptr, H, P, max_pages, stride_table, W, STEPS,
+    NQ: tl.constexpr, NQP: tl.constexpr, HP: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_STAGES: tl.constexpr, IMPRECISE: tl.constexpr,
 ):
     b = tl.program_id(1)  # position blocks vary fastest: neighbours share the request's queries
@@ -226,11 +255,12 @@ def logits_paged(q8: Tensor, weights: Tensor, index_cache: Tensor, context_lens:
     if cfg.block_n < 16 or cfg.block_n & (cfg.block_n - 1) or cfg.steps < 1:
         raise ValueError(f"PagedConfig.block_n must be a power of two >= 16 and steps >= 1, got {cfg}")
     nqp = triton.next_power_of_2(n_q)
-    grid = (triton.cdiv(width, cfg.block_n * cfg.steps), batch)
+    steps = paged_steps(cfg, batch, width, _sms(q8.device))
+    grid = (triton.cdiv(width, cfg.block_n * steps), batch)
     _paged_kernel[grid](
         q8.contiguous(), weights.float().contiguous(), cache.view(torch.float8_e4m3fn), cache.view(torch.float32),
         context_lens.to(torch.int32).contiguous(), table, out, heads, page, table.shape[1], table.stride(0), width,
-        NQ=n_q, NQP=nqp, HP=pad_heads(heads), BLOCK_N=cfg.block_n, STEPS=cfg.steps,
+        steps, NQ=n_q, NQP=nqp, HP=pad_heads(heads), BLOCK_N=cfg.block_n,
         NUM_STAGES=cfg.num_stages, IMPRECISE=cfg.imprecise_acc, num_warps=cfg.num_warps,
     )
     return out
