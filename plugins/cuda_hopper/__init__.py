@@ -26,7 +26,7 @@ from dsa_runtime.plugins._nvidia import NVIDIA_REASONS, detect_arch
 from dsa_runtime.plugins._pending import pending_family_notes
 
 PLANNED = {
-    "indexer": "Triton FP8 logits; DeepGEMM fp8_mqa_logits when built",
+    "indexer": "Triton FP8 logits; DeepGEMM fp8_mqa_logits for prefill when built",
     "topk": "Triton radix top-k fused with the page-table transform",
     "sparse_attn": "Triton sparse MLA; FlashMLA sparse prefill / decode when built",
     "kv_quant": "Triton fused quantize-and-store",
@@ -66,6 +66,10 @@ def defaults(_: Detection) -> PlatformDefaults:
             # fa3 (SGLang's Hopper decode) is not registered here: it falls through, logged. flashmla_kv claims
             # only the fp8_656 cache, so a bf16-KV engine skips it (the KV layout is part of the decode needs).
             "sparse_attn.decode": ("fa3", "flashmla_kv", "tilelang", "triton"),
+            # Measured beside DeepGEMM 54e2261 on one H200 (2026-11-26, bench/selection.py): our paged logits
+            # 0.313 vs 0.338 ms at 64 x 128K, 0.621 vs 0.649 at 128 x 128K, 0.171 vs 0.187 at 128 x 32K, 0.020 vs
+            # 0.098 at 1 x 128K; DeepGEMM ahead only at 64 x 32K (0.110 vs 0.117). Prefill stays DeepGEMM's.
+            "indexer.logits_paged": ("triton", "deepgemm"),
         },
         reasons={
             "kv_layout": "SGLang's Hopper default: bf16 KV (FP8 KV is the default only on SM>=100)",
