@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import bench_ms, copy_ceiling_gbs, device_info, graph_ms, write_json  # noqa: E402
 
-from dsa_runtime.plugins.cuda_hopper.triton.topk import TopKConfig, TritonTopK, split_for  # noqa: E402
+from dsa_runtime.plugins.cuda_hopper.triton.topk import SamplePlan, TopKConfig, TritonTopK, split_for  # noqa: E402
 from dsa_runtime.reference.topk import ReferenceTopK  # noqa: E402
 from dsa_runtime.testing import run_conformance  # noqa: E402
 
@@ -41,13 +41,13 @@ CONFIGS = {
     "bisect_1prog": TopKConfig(bisect_split=1),
     "bisect_s4": TopKConfig(bisect_split=4),
     "bisect_2lvl": TopKConfig(bisect_two_level=True),
-    "no_sample": TopKConfig(sample=False),  # the register search alone for rows over 32K (the default until 2026-11-26)
-    "sample_fused": TopKConfig(sample_fused=True),
-    "sample_s4": TopKConfig(sample_slices=4),
-    "sample_s16": TopKConfig(sample_slices=16),
-    "sample_k4096": TopKConfig(sample_keys=4096),
-    "sample_st3": TopKConfig(sample_stages=3),
-    "sample_w8": TopKConfig(sample_block=4096, sample_warps=8),
+    "no_sample": TopKConfig(sample=None),  # the register search alone for rows over 32K (the default until 2026-11-26)
+    "sample_fused": TopKConfig(sample=SamplePlan(fused_sample=True)),
+    "sample_s4": TopKConfig(sample=SamplePlan(slices=4)),
+    "sample_s16": TopKConfig(sample=SamplePlan(slices=16)),
+    "sample_k4096": TopKConfig(sample=SamplePlan(sample=4096)),
+    "sample_st3": TopKConfig(sample=SamplePlan(stages=3)),
+    "sample_w8": TopKConfig(sample=SamplePlan(block=4096, warps=8)),
     "cand": TopKConfig(**NO_BISECT),
     "cand_blk4096": TopKConfig(block=4096, split_block=4096, **NO_BISECT),
     "cand_blk8192_w16": TopKConfig(block=8192, warps=16, split_block=4096, split_warps=8, **NO_BISECT),

@@ -247,7 +247,8 @@ def sampled(gen: torch.Generator, ref: ReferenceTopK) -> int:
     """The sampled-bound search (topk_sample.py) alone and with its fallback: rows it marks done equal the
     oracle in column order, rows it misses (ties beyond the buffer, -inf floods) are left for the register search,
     which skips done rows, and the whole is exact on every kind of row, fused transform included."""
-    from dsa_runtime.plugins.cuda_hopper.triton.topk_sample import SamplePlan, launch_sample
+    from dsa_runtime.plugins.cuda_hopper.triton.topk import SamplePlan
+    from dsa_runtime.plugins.cuda_hopper.triton.topk_sample import launch_sample
 
     bad = 0
     rows, width, k = 5, 4000, 64
@@ -275,15 +276,16 @@ def sampled(gen: torch.Generator, ref: ReferenceTopK) -> int:
             missed = [launch_sample(rows_x, s, e, torch.empty(rows, k, dtype=torch.int32), k, None, None, 1,
                                     plan=plans[2]).tolist()]  # ties: ~260 keys at the top value, cap 128
             bad += _check(f"sampled search, {name}: some search row left to the fallback {missed}", 0 in missed[0][:3])
-        for cfg in (TopKConfig(sample=True, sample_min_width=1000, sample_keys=512, sample_cap=256, sample_block=256,
-                               sample_slices=4, bisect_block=256),
-                    TopKConfig(sample=True, sample_min_width=1000, sample_keys=512, sample_cap=256, sample_block=256,
-                               sample_slices=2, sample_fused=True, bisect_split=3)):
+        for cfg in (TopKConfig(sample=SamplePlan(cap=256, sample=512, block=256, slices=4), sample_min_width=1000,
+                               bisect_block=256),
+                    TopKConfig(sample=SamplePlan(cap=256, sample=512, block=256, slices=2, fused_sample=True),
+                               sample_min_width=1000, bisect_split=3),
+                    TopKConfig(sample=SamplePlan(cap=256, sample=512, block=256), sample_min_width=1000)):  # auto slices
             kern = TritonTopK(cfg)
             got = kern.topk(rows_x, s, e, k)
             runs_same = all(torch.equal(kern.topk(rows_x, s, e, k), got) for _ in range(3))
-            bad += _check(f"sampled search + register fallback (split {cfg.bisect_split}, fused sample "
-                          f"{cfg.sample_fused}), {name} == oracle, repeatable",
+            bad += _check(f"sampled search + register fallback (split {cfg.bisect_split}, slices {cfg.sample.slices}, "
+                          f"fused {cfg.sample.fused_sample}), {name} == oracle, repeatable",
                           torch.equal(got.sort(dim=1).values, want) and runs_same)
             table = torch.randperm(8 * 64, generator=gen).to(torch.int32).reshape(8, 64)
             owner = torch.tensor([1, 0, 7, 3, 2], dtype=torch.int32)

@@ -17,7 +17,7 @@ would read the device): ``0 <= start <= end <= L`` is the caller's contract.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from dsa_runtime.capabilities import MethodClaim, ValueSet
@@ -35,6 +35,38 @@ TOPK_CLAIMS: dict[str, MethodClaim] = {
     "topk.page_table_transform": MethodClaim(k=ValueSet.between(1, MAX_K)),
     "topk.topk_transform": MethodClaim(k=ValueSet.between(1, MAX_K)),
 }
+
+
+@dataclass(frozen=True)
+class SamplePlan:
+    """Launch shape of the sampled-bound search of :mod:`.topk_sample`.
+
+    Attributes:
+        slices: scan programs per row (0: :func:`.topk_sample.sample_slices` picks, about four programs per SM).
+        cap: most candidates per row (a power of two; the finish holds them in registers).
+        sample: sampled keys per row (a power of two).
+        chunk: columns per sampled run (a power of two dividing ``sample``; 32 fp32 = one 128-byte line).
+        sigmas: margin of the sampled rank over its expectation, in standard deviations.
+        fused_sample: every scan program finds the bound itself from the same sample (one launch fewer).
+        block: columns per chunk of the scan.
+        stages: chunks the scan has in flight (``tl.range`` stages: 2 and up copy the next chunks to shared
+            memory asynchronously while the current one is compared and compacted).
+        warps: warps of the scan programs.
+        sample_warps: warps of the sample program (or of the scan programs when fused, if more).
+        finish_warps: warps of the finish.
+    """
+
+    slices: int = 0
+    cap: int = 4096
+    sample: int = 8192
+    chunk: int = 32
+    sigmas: float = 4.0
+    fused_sample: bool = False
+    block: int = 2048
+    stages: int = 1
+    warps: int = 4
+    sample_warps: int = 8
+    finish_warps: int = 8
 
 
 @dataclass(frozen=True)
@@ -73,16 +105,10 @@ class TopKConfig:
             fallback (H200, 1 x 128K, graph: random 0.051 vs 0.054 ms, tied 0.057 vs 0.114, 1000 finite logits
             0.057 vs 0.869).
         sample: rows of at least ``sample_min_width`` columns first take the sampled-bound search of
-            :mod:`.topk_sample` (one read of the row, then a search over about ``k`` candidates), when the
-            register search is the fallback for the rows it misses (``2 k <= sample_cap``).
-        sample_slices: its scan programs per row (0: :func:`.topk_sample.sample_slices`).
-        sample_cap: its candidates per row (a power of two).
-        sample_keys: keys in its sample per row (a power of two).
-        sample_fused: each scan program finds the bound from the sample itself (one launch fewer).
-        sample_block: columns per chunk of its scan.
-        sample_warps: warps of its scan programs.
-        sample_stages: chunks in flight per scan program (``tl.range`` stages).
-        sample_finish_warps: warps of its per-row finish.
+            :mod:`.topk_sample` with this launch shape (one read of the row, then a search over about ``k``
+            candidates), when the register search is the fallback for the rows it misses (``2 k <=
+            sample.cap``); None: never.
+        sample_min_width: the narrowest rows that take it (narrower ones fit the register search whole).
     """
 
     bits: int = 8
@@ -104,16 +130,8 @@ class TopKConfig:
     bisect_split: int = 0
     bisect_merge_max: int = 8192
     bisect_two_level: bool = True
-    sample: bool = True
+    sample: SamplePlan | None = field(default_factory=SamplePlan)
     sample_min_width: int = BISECT_MAX_WIDTH + 1
-    sample_slices: int = 0
-    sample_cap: int = 4096
-    sample_keys: int = 8192
-    sample_fused: bool = False
-    sample_block: int = 2048
-    sample_warps: int = 4
-    sample_stages: int = 1
-    sample_finish_warps: int = 8
 
 
 def split_for(rows: int, width: int, cfg: TopKConfig, sms: int = 132) -> int:
@@ -177,7 +195,8 @@ class TritonTopK:
             one = split == 1 and width <= BISECT_MAX_WIDTH
             sliced = split > 1 and (split // groups) * k <= BISECT_MAX_WIDTH and -(-width // split) <= BISECT_MAX_WIDTH
             skip = None
-            if (one or sliced) and cfg.sample and width >= cfg.sample_min_width and 2 * k <= cfg.sample_cap:
+            plan = cfg.sample
+            if (one or sliced) and plan is not None and width >= cfg.sample_min_width and 2 * k <= plan.cap:
                 skip = self._sample(x, starts, ends, out, k, table, batch, page_size)
             if one:
                 from dsa_runtime.plugins.cuda_hopper.triton.topk_bisect import launch_bisect
@@ -215,19 +234,12 @@ class TritonTopK:
     def _sample(self, x: Tensor, starts: Tensor, ends: Tensor, out: Tensor, k: int, table: Tensor | None,
                 batch: Tensor | None, page_size: int) -> Tensor:
         """The sampled-bound search (:mod:`.topk_sample`); returns the rows it wrote (int32 ``[R]``)."""
-        from dsa_runtime.plugins.cuda_hopper.triton.topk_sample import (
-            SamplePlan,
-            launch_sample,
-            sample_slices,
-        )
+        from dsa_runtime.plugins.cuda_hopper.triton.topk_sample import launch_sample, sample_slices
 
-        cfg = self.config
-        rows, width = x.shape
-        plan = SamplePlan(
-            slices=cfg.sample_slices or sample_slices(rows, width, _sms(x.device)), cap=cfg.sample_cap,
-            sample=cfg.sample_keys, fused_sample=cfg.sample_fused, block=cfg.sample_block, warps=cfg.sample_warps,
-            stages=cfg.sample_stages, finish_warps=cfg.sample_finish_warps,
-        )
+        plan = self.config.sample
+        assert plan is not None
+        if not plan.slices:
+            plan = replace(plan, slices=sample_slices(x.shape[0], x.shape[1], _sms(x.device)))
         return launch_sample(x, starts, ends, out, k, table, batch, page_size, plan=plan)
 
     def topk(self, logits: Tensor, row_starts: Tensor, row_ends: Tensor, k: int) -> Tensor:

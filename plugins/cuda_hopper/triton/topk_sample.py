@@ -27,49 +27,16 @@ wrong answer. Nothing syncs with the host and every buffer is sized by shapes: C
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
+from dsa_runtime.plugins.cuda_hopper.triton.topk import SamplePlan
 from dsa_runtime.plugins.cuda_hopper.triton.topk_bisect import fill_tail, kth_key, rank_selected, threshold
 from dsa_runtime.plugins.cuda_hopper.triton.topk_radix import page_table_row, radix_key, table_args, to_slots
 
 INT_MIN = tl.constexpr(-2147483648)
 SKIP = tl.constexpr(2147483647)  # a bound no key reaches (radix_key's largest is +inf's, 0x7F800000)
-
-
-@dataclass(frozen=True)
-class SamplePlan:
-    """Launch shape of the sampled search.
-
-    Attributes:
-        slices: scan programs per row.
-        cap: most candidates per row (a power of two; the finish holds them in registers).
-        sample: sampled keys per row (a power of two).
-        chunk: columns per sampled run (a power of two dividing ``sample``; 32 fp32 = one 128-byte line).
-        sigmas: margin of the sampled rank over its expectation, in standard deviations.
-        fused_sample: every scan program finds the bound itself from the same sample (one launch fewer).
-        block: columns per chunk of the scan.
-        stages: chunks the scan has in flight (``tl.range`` stages: 2 and up copy the next chunks to shared
-            memory asynchronously while the current one is compared and compacted).
-        warps: warps of the scan programs.
-        sample_warps: warps of the sample program (or of the scan programs when fused, if more).
-        finish_warps: warps of the finish.
-    """
-
-    slices: int
-    cap: int = 4096
-    sample: int = 8192
-    chunk: int = 32
-    sigmas: float = 4.0
-    fused_sample: bool = False
-    block: int = 2048
-    stages: int = 1
-    warps: int = 4
-    sample_warps: int = 8
-    finish_warps: int = 8
 
 
 def sample_slices(rows: int, width: int, sms: int, min_slice: int = 4096, most: int = 64) -> int:
@@ -207,7 +174,9 @@ def launch_sample(logits, starts, ends, out, k, table, batch, page_size, *, plan
     """Steps 1-3 over ``[R, L]`` fp32 logits into ``out`` ``[R, k]``; returns ``done`` (int32 ``[R]``, 1 where the
     row is written) for the fallback's ``skip_ptr``."""
     rows, width = logits.shape
-    S = max(1, plan.slices)
+    if plan.slices < 1:
+        raise ValueError(f"plan.slices must be resolved (>= 1), got {plan.slices}: see sample_slices")
+    S = plan.slices
     if plan.cap & (plan.cap - 1) or plan.sample & (plan.sample - 1) or plan.sample % plan.chunk:
         raise ValueError(f"cap {plan.cap} and sample {plan.sample} must be powers of two, chunk {plan.chunk} dividing it")
     if k > plan.cap:
