@@ -76,9 +76,13 @@ def write_json(path: str | os.PathLike, data: dict) -> None:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh, indent=1)
-    os.replace(tmp, target)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh, indent=1)
+        os.replace(tmp, target)
+    except BaseException:  # a value json cannot write, or an interrupt: no partial file left behind
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def kernel_times_us(fn: Callable[[], object], *, iters: int = 5) -> dict[str, float]:

@@ -15,6 +15,7 @@ time to read the logits once at copy bandwidth). Prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import sys
 import traceback
@@ -269,7 +270,7 @@ def main() -> int:
         "conformance": {"passed": len(report.cases) - len(bad), "total": len(report.cases),
                         "failures": [f"{c.id}: {c.message[:200]}" for c in bad]},
         "copy_gbs": gbs, "failed_configs": failed, "rows": rows, "best": best,
-        "configs": {n: vars(c) for n, c in configs.items()},
+        "configs": {n: dataclasses.asdict(c) for n, c in configs.items()},
     })
     print(f"wrote {args.out}")
     return 1 if bad or failed else 0

@@ -1,0 +1,48 @@
+"""bench/common.write_json: the benchmarks' JSON is written whole or not at all."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+@pytest.fixture
+def common(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import common as mod
+
+    return mod
+
+
+def test_write_json_replaces_the_file_atomically(common, tmp_path):
+    target = tmp_path / "out" / "r.json"
+    common.write_json(target, {"a": 1})
+    common.write_json(target, {"a": 2})
+    assert json.loads(target.read_text()) == {"a": 2}
+    assert sorted(p.name for p in target.parent.iterdir()) == ["r.json"]
+
+
+def test_write_json_leaves_no_partial_file_on_a_value_json_cannot_write(common, tmp_path):
+    target = tmp_path / "r.json"
+    common.write_json(target, {"a": 1})
+    with pytest.raises(TypeError):
+        common.write_json(target, {"config": object()})
+    assert json.loads(target.read_text()) == {"a": 1}  # the previous file stands
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]  # no temp file left
+
+
+def test_topk_bench_configs_are_json_writable(common, tmp_path):
+    # the top-k bench writes its configs (TopKConfig holds a SamplePlan) into its JSON
+    pytest.importorskip("triton")
+    import topk_triton
+
+    data = {n: dataclasses.asdict(c) for n, c in topk_triton.CONFIGS.items()}
+    common.write_json(tmp_path / "t.json", {"configs": data})
+    back = json.loads((tmp_path / "t.json").read_text())
+    assert back["configs"]["no_sample"]["sample"] is None
+    assert back["configs"]["sample_s16"]["sample"]["slices"] == 16
