@@ -44,6 +44,7 @@ CONFIGS = {
     "bisect_2lvl": TopKConfig(bisect_two_level=True),
     "no_sample": TopKConfig(sample=None),  # the register search alone for rows over 32K (the default until 2026-11-26)
     "sample_fused": TopKConfig(sample=SamplePlan(fused_sample=True)),
+    "sample_s1": TopKConfig(sample=SamplePlan(slices=1)),  # one scan program per row (many rows, before 2026-11-26)
     "sample_s4": TopKConfig(sample=SamplePlan(slices=4)),
     "sample_s16": TopKConfig(sample=SamplePlan(slices=16)),
     "sample_k4096": TopKConfig(sample=SamplePlan(sample=4096)),
@@ -64,9 +65,9 @@ CONFIGS = {
 }
 # Left out of --quick: b11 measured slow on the H100 (2048-bin histograms); the candidate-search variants that
 # differ only for rows <= 32K (now the bisection's) or lost every shape in the 2026-11-23 sweep.
-QUICK_SKIP = ("sample_w8", "sample_k4096", "sample_s4", "b11_full", "cand_blk4096", "cand_slice2k", "cand_blk1024_w4", "cand_fin2048_w8", "cand_blk8192_w16", "cand_fin4096_w16", "cand_cap8k", "cand_slice16k")
+QUICK_SKIP = ("sample_s1", "sample_w8", "sample_k4096", "sample_s4", "b11_full", "cand_blk4096", "cand_slice2k", "cand_blk1024_w4", "cand_fin2048_w8", "cand_blk8192_w16", "cand_fin4096_w16", "cand_cap8k", "cand_slice16k")
 DEFAULT = "bisect"
-SHAPES = [(64, 32768), (1, 131072), (64, 131072), (4096, 8192)]
+SHAPES = [(64, 32768), (1, 131072), (64, 131072), (256, 131072), (4096, 8192)]
 KINDS = ("random", "ties", "neginf", "sparse")
 
 

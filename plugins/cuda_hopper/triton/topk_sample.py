@@ -39,11 +39,15 @@ INT_MIN = tl.constexpr(-2147483648)
 SKIP = tl.constexpr(2147483647)  # a bound no key reaches (radix_key's largest is +inf's, 0x7F800000)
 
 
-def sample_slices(rows: int, width: int, sms: int, min_slice: int = 4096, most: int = 64) -> int:
-    """Scan programs per row: a power of two giving about four programs per SM, slices at least ``min_slice``
-    wide, at most ``most`` (H200 sweep: 64 x 128K 8 slices 0.062 ms, 4 0.073, 16 0.063; 1 x 128K 32 slices
-    0.040, 8 0.048)."""
+def sample_slices(rows: int, width: int, sms: int, min_slice: int = 4096, max_slice: int = 16384,
+                  most: int = 64) -> int:
+    """Scan programs per row: a power of two giving slices of at most ``max_slice`` columns (a program's chunks
+    are read one after another: many rows must not leave one program a whole 128K row), then doubled while the
+    rows give fewer than about four programs per SM and slices stay at least ``min_slice`` wide; at most
+    ``most`` (H200 sweep: 64 x 128K 8 slices 0.062 ms, 4 0.073, 16 0.063; 1 x 128K 32 slices 0.040, 8 0.048)."""
     s = 1
+    while width > s * max_slice and s * 2 <= most:
+        s *= 2
     while rows * s * 2 <= 4 * sms and width // (s * 2) >= min_slice and s * 2 <= most:
         s *= 2
     return s
