@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import bench_ms, copy_ceiling_gbs, device_info, graph_ms, write_json  # noqa: E402
+from common import bench_ms, copy_ceiling_gbs, device_info, graph_ms, kernel_times_us, write_json  # noqa: E402
 
 from dsa_runtime.plugins.cuda_hopper.triton.topk import SamplePlan, TopKConfig, TritonTopK, split_for  # noqa: E402
 from dsa_runtime.reference.topk import ReferenceTopK  # noqa: E402
@@ -186,9 +186,7 @@ def _table(rows: list[dict], names: list[str]) -> None:
 
 def profile_kernels(names: list[str], reps: int = 20) -> int:
     """Each config's kernels at 64 x 128K and 1 x 128K (random rows): mean device microseconds per call by
-    kernel name, beside the graph replay time of the whole call."""
-    from torch.profiler import ProfilerActivity, profile
-
+    kernel name (``common.kernel_times_us``), beside the graph replay time of the whole call."""
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:
         raise SystemExit(f"unknown --profile configs {unknown}; valid: {', '.join(CONFIGS)}")
@@ -199,20 +197,11 @@ def profile_kernels(names: list[str], reps: int = 20) -> int:
         s, e = _windows(rows, width, "full", gen)
         for name in names:
             kern = TritonTopK(CONFIGS[name])
-            kern.topk(x, s, e, K)
-            torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(reps):
-                    kern.topk(x, s, e, K)
-                torch.cuda.synchronize()
-            per: dict[str, float] = {}
-            for ev in prof.events():
-                if ev.device_type.name == "CUDA":
-                    per[ev.name] = per.get(ev.name, 0.0) + ev.device_time / reps
-            total = sum(per.values())
-            parts = ", ".join(f"{k.split('(')[0][:28]} {v:.1f}" for k, v in sorted(per.items(), key=lambda kv: -kv[1]))
-            print(f"{rows}x{width} {name}: graph {graph_ms(lambda kern=kern, x=x, s=s, e=e: kern.topk(x, s, e, K)) * 1e3:.1f} us, "
-                  f"kernels {total:.1f} us: {parts}", flush=True)
+            call = lambda kern=kern, x=x, s=s, e=e: kern.topk(x, s, e, K)  # noqa: E731
+            per = kernel_times_us(call, iters=reps)
+            parts = ", ".join(f"{k.split('(')[0][:28]} {v:.1f}" for k, v in per.items())
+            print(f"{rows}x{width} {name}: graph {graph_ms(call) * 1e3:.1f} us, kernels {sum(per.values()):.1f} us: "
+                  f"{parts}", flush=True)
     return 0
 
 

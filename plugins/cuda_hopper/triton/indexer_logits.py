@@ -27,6 +27,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from dsa_runtime.plugins.cuda_hopper.triton.mla_fp8_decode import sm_count
+
 D = 128
 NEG_INF = float("-inf")
 
@@ -94,11 +96,6 @@ def paged_steps(cfg: PagedConfig, batch: int, width: int, sms: int) -> int:
         steps //= 2
     return steps
 
-
-def _sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 132
 
 def pad_heads(heads: int) -> int:
     """Heads padded for the dot's N side: a power of two, at least 16."""
@@ -255,7 +252,7 @@ def logits_paged(q8: Tensor, weights: Tensor, index_cache: Tensor, context_lens:
     if cfg.block_n < 16 or cfg.block_n & (cfg.block_n - 1) or cfg.steps < 1:
         raise ValueError(f"PagedConfig.block_n must be a power of two >= 16 and steps >= 1, got {cfg}")
     nqp = triton.next_power_of_2(n_q)
-    steps = paged_steps(cfg, batch, width, _sms(q8.device))
+    steps = paged_steps(cfg, batch, width, sm_count(q8.device))
     grid = (triton.cdiv(width, cfg.block_n * steps), batch)
     _paged_kernel[grid](
         q8.contiguous(), weights.float().contiguous(), cache.view(torch.float8_e4m3fn), cache.view(torch.float32),
