@@ -139,6 +139,9 @@ def sample_variants():
                                  (1024, 4, 4), (1024, 4, 6)):
         yield (f"scan blk{block} w{warps} st{stages}", tsa._scan_kernel, scan,
                {"SAMPLE": 8192, "CHUNK": 32, "FUSED": False, "BLOCK": block, "STAGES": stages}, warps)
+    yield ("scan blk2048 w4 pdl", tsa._scan_kernel, scan,  # programmatic dependent launch (griddepcontrol)
+           {"SAMPLE": 8192, "CHUNK": 32, "FUSED": False, "BLOCK": 2048, "PDL": True}, 4)
+    yield ("sample S8192 w8 pdl", tsa._sample_kernel, samp, {"SAMPLE": 8192, "CHUNK": 32, "PDL": True}, 8)
     for sample, warps in ((4096, 4), (8192, 8)):
         yield (f"scan fused S{sample} w{warps}", tsa._scan_kernel, scan,
                {"SAMPLE": sample, "CHUNK": 32, "FUSED": True, "BLOCK": 2048}, warps)
@@ -148,6 +151,8 @@ def sample_variants():
         for fuse in (False, True):
             yield (f"sample-finish C{cap} w{warps} fuse{fuse}", tsa._finish_kernel, fin,
                    {"CAP": cap, "SP": 64, "BLOCK": 1024, "FUSE": fuse}, warps)
+    yield ("sample-finish C4096 w8 pdl", tsa._finish_kernel, fin,
+           {"CAP": 4096, "SP": 64, "BLOCK": 1024, "FUSE": False, "PDL": True}, 8)
     yield ("sample-finish ints=1", tsa._finish_kernel, {a: t for a, t in fin.items() if a not in ("S", "CAPS")},
            {"S": 1, "CAPS": 1, "CAP": 4096, "SP": 1, "BLOCK": 1024, "FUSE": False}, 8)
 

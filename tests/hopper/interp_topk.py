@@ -274,7 +274,7 @@ def sampled(gen: torch.Generator, ref: ReferenceTopK) -> int:
                           f"(done {done.int().tolist()})", exact and ordered and untouched and hit)
         if name != "random":
             missed = [launch_sample(rows_x, s, e, torch.empty(rows, k, dtype=torch.int32), k, None, None, 1,
-                                    plan=plans[2]).tolist()]  # ties: ~260 keys at the top value, cap 128
+                                    plan=plans[-1]).tolist()]  # ties: ~260 keys at the top value, cap 128
             bad += _check(f"sampled search, {name}: some search row left to the fallback {missed}", 0 in missed[0][:3])
         for cfg in (TopKConfig(sample=SamplePlan(cap=256, sample=512, block=256, slices=4), sample_min_width=1000,
                                bisect_block=256),

@@ -21,6 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from dsa_runtime.plugins.cuda_hopper.triton.pdl import grid_sync, pdl_kwargs
 from dsa_runtime.plugins.cuda_hopper.triton.topk import BISECT_MAX_WIDTH as MAX_WIDTH
 from dsa_runtime.plugins.cuda_hopper.triton.topk_radix import (
     page_table_row,
@@ -102,18 +103,27 @@ def _topk_bisect_kernel(
     logits_ptr, stride_row, starts_ptr, ends_ptr, out_ptr, k,
     table_ptr, stride_table, batch_ptr, page_size, skip_ptr,
     WIDTH: tl.constexpr, BLOCK: tl.constexpr, FUSE: tl.constexpr, REG_WRITE: tl.constexpr = False,
-    HAS_SKIP: tl.constexpr = False,
+    HAS_SKIP: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """One program per row: load the window ``[lo, hi)`` (``hi - lo <= WIDTH``) once, search, write ``[k]``.
-    ``HAS_SKIP``: rows with ``skip_ptr[r] != 0`` (written by another search) are left alone."""
+    ``HAS_SKIP``: rows with ``skip_ptr[r] != 0`` (written by another search) are left alone. ``PDL``: launched
+    as a programmatic dependent launch (:mod:`.pdl`)."""
+    grid_sync(PDL)
     r = tl.program_id(0)
-    if HAS_SKIP:
-        if tl.load(skip_ptr + r) == 0:
-            _bisect_row(logits_ptr, stride_row, starts_ptr, ends_ptr, out_ptr, k, table_ptr, stride_table,
-                        batch_ptr, page_size, r, WIDTH, BLOCK, FUSE, REG_WRITE)
-    else:
+    if row_wanted(skip_ptr, r, HAS_SKIP):
         _bisect_row(logits_ptr, stride_row, starts_ptr, ends_ptr, out_ptr, k, table_ptr, stride_table, batch_ptr,
                     page_size, r, WIDTH, BLOCK, FUSE, REG_WRITE)
+
+
+@triton.jit
+def row_wanted(skip_ptr, r, HAS_SKIP: tl.constexpr):
+    """Whether program row ``r`` has work: always without ``HAS_SKIP``, else when ``skip_ptr[r] == 0`` (another
+    search has not written it). One call site for the row body, so it is inlined once, not once per branch."""
+    if HAS_SKIP:
+        wanted = tl.load(skip_ptr + r) == 0
+    else:
+        wanted = tl.full([], 1, tl.int1)
+    return wanted
 
 
 @triton.jit
@@ -149,11 +159,13 @@ def _bisect_row(logits_ptr, stride_row, starts_ptr, ends_ptr, out_ptr, k, table_
 
 
 def launch_bisect(logits, starts, ends, out, k, table, batch, page_size, *, block: int = 1024,
-                  keys_per_thread: int = 0, warps: int = 0, reg_write: bool = True, skip=None) -> None:
+                  keys_per_thread: int = 0, warps: int = 0, reg_write: bool = True, skip=None,
+                  pdl: bool = False) -> None:
     """One program per row over ``[R, L]`` logits with ``L <= MAX_WIDTH`` (``table``/``batch`` None: positions,
     else slots). ``warps`` 0: :func:`bisect_warps`; ``reg_write``: the final pass is one scan over the keys in
     registers instead of a chunked pass over the row in memory; ``skip`` (int32 ``[R]``, optional): rows marked
-    non-zero are already written and left alone."""
+    non-zero are already written and left alone; ``pdl``: a programmatic dependent launch (:mod:`.pdl`; the
+    caller checks the device supports it)."""
     width = logits.shape[1]
     if width > MAX_WIDTH:
         raise ValueError(f"rows of {width} columns do not fit one program (at most {MAX_WIDTH})")
@@ -163,5 +175,5 @@ def launch_bisect(logits, starts, ends, out, k, table, batch, page_size, *, bloc
         logits, logits.stride(0), starts, ends, out, k, table, stride_table, batch, page_size,
         starts if skip is None else skip,
         WIDTH=block_width, BLOCK=min(block, block_width), FUSE=fuse, REG_WRITE=reg_write, HAS_SKIP=skip is not None,
-        num_warps=warps or bisect_warps(block_width, keys_per_thread),
+        PDL=pdl, num_warps=warps or bisect_warps(block_width, keys_per_thread), **pdl_kwargs(pdl),
     )

@@ -20,12 +20,14 @@ import torch
 import triton
 import triton.language as tl
 
+from dsa_runtime.plugins.cuda_hopper.triton.pdl import grid_sync, pdl_kwargs
 from dsa_runtime.plugins.cuda_hopper.triton.topk import BISECT_MAX_WIDTH as MAX_WIDTH
 from dsa_runtime.plugins.cuda_hopper.triton.topk_bisect import (
     bisect_warps,
     bisect_width,
     fill_tail,
     rank_selected,
+    row_wanted,
     threshold,
 )
 from dsa_runtime.plugins.cuda_hopper.triton.topk_radix import radix_key, table_args, to_slots
@@ -80,17 +82,15 @@ def bisect_plan(rows: int, width: int, k: int, sms: int, merge_max: int = 8192,
 @triton.jit
 def _slice_kernel(
     logits_ptr, stride_row, starts_ptr, ends_ptr, ckey_ptr, ccol_ptr, k, S, SLICE, skip_ptr,
-    WIDTH: tl.constexpr, BLOCK: tl.constexpr, HAS_SKIP: tl.constexpr = False,
+    WIDTH: tl.constexpr, BLOCK: tl.constexpr, HAS_SKIP: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """Program ``(r, j)``: the top-k of columns ``[lo + j * SLICE, min(hi, lo + (j + 1) * SLICE))`` as keys and
     absolute columns in ``[r, j, :]`` (``INT_MIN`` keys past the slice's own count). ``HAS_SKIP``: a row with
     ``skip_ptr[r] != 0`` is left alone (its candidates are never read)."""
+    grid_sync(PDL)
     r = tl.program_id(0)
     j = tl.program_id(1)
-    if HAS_SKIP:
-        if tl.load(skip_ptr + r) == 0:
-            _slice_row(logits_ptr, stride_row, starts_ptr, ends_ptr, ckey_ptr, ccol_ptr, k, S, SLICE, r, j, WIDTH, BLOCK)
-    else:
+    if row_wanted(skip_ptr, r, HAS_SKIP):
         _slice_row(logits_ptr, stride_row, starts_ptr, ends_ptr, ckey_ptr, ccol_ptr, k, S, SLICE, r, j, WIDTH, BLOCK)
 
 
@@ -120,19 +120,16 @@ def _merge_kernel(
     ckey_ptr, ccol_ptr, starts_ptr, out_ptr, k, SK,
     table_ptr, stride_table, batch_ptr, page_size, skip_ptr, skip_div,
     WIDTH: tl.constexpr, BLOCK: tl.constexpr, FUSE: tl.constexpr, OUT_CAND: tl.constexpr = False,
-    HAS_SKIP: tl.constexpr = False,
+    HAS_SKIP: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """Program ``r``: the top-k of the row's ``SK = S * k`` candidates -> ``[k]`` row-relative positions (slots
     when ``FUSE``), ``-1`` padded. ``OUT_CAND`` (a first merge level, ``r`` a group of slices): the selected keys
     and absolute columns instead, to ``out_ptr`` / ``table_ptr`` ``[r, k]`` (``INT_MIN`` keys padding), which
     keeps equal keys in column order for the next level. ``HAS_SKIP``: nothing is written for a row (``r //
     skip_div``) with ``skip_ptr`` non-zero."""
+    grid_sync(PDL)
     r = tl.program_id(0)
-    if HAS_SKIP:
-        if tl.load(skip_ptr + r // skip_div) == 0:
-            _merge_row(ckey_ptr, ccol_ptr, starts_ptr, out_ptr, k, SK, table_ptr, stride_table, batch_ptr, page_size,
-                       r, WIDTH, BLOCK, FUSE, OUT_CAND)
-    else:
+    if row_wanted(skip_ptr, r // skip_div, HAS_SKIP):
         _merge_row(ckey_ptr, ccol_ptr, starts_ptr, out_ptr, k, SK, table_ptr, stride_table, batch_ptr, page_size, r,
                    WIDTH, BLOCK, FUSE, OUT_CAND)
 
@@ -165,11 +162,12 @@ def _merge_row(ckey_ptr, ccol_ptr, starts_ptr, out_ptr, k, SK, table_ptr, stride
 
 
 def launch_bisect_split(logits, starts, ends, out, k, table, batch, page_size, *, split: int, groups: int = 1,
-                        keys_per_thread: int = 0, block: int = 1024, skip=None) -> None:
+                        keys_per_thread: int = 0, block: int = 1024, skip=None, pdl: bool = False) -> None:
     """``split`` programs per row, then the merge: one program per row (two launches), or with ``groups > 1``
     first one program per group of ``split / groups`` consecutive slices, then one per row over the groups'
     candidates (three launches; for few long rows whose ``split * k`` candidates one program cannot hold).
-    ``skip`` (int32 ``[R]``, optional): rows marked non-zero are already written and left alone."""
+    ``skip`` (int32 ``[R]``, optional): rows marked non-zero are already written and left alone. ``pdl``: every
+    launch is a programmatic dependent launch (:mod:`.pdl`; the caller checks the device supports it)."""
     rows, width = logits.shape
     slice_w = -(-width // split)
     if groups < 1 or split % groups:
@@ -182,7 +180,8 @@ def launch_bisect_split(logits, starts, ends, out, k, table, batch, page_size, *
     w1 = bisect_width(slice_w)
     _slice_kernel[(rows, split)](
         logits, logits.stride(0), starts, ends, cand[0], cand[1], k, split, slice_w, sk,
-        WIDTH=w1, BLOCK=min(block, w1), HAS_SKIP=skip is not None, num_warps=bisect_warps(w1, keys_per_thread),
+        WIDTH=w1, BLOCK=min(block, w1), HAS_SKIP=skip is not None, PDL=pdl,
+        num_warps=bisect_warps(w1, keys_per_thread), **pdl_kwargs(pdl),
     )
     if groups > 1:
         per = split // groups
@@ -190,14 +189,14 @@ def launch_bisect_split(logits, starts, ends, out, k, table, batch, page_size, *
         wg = bisect_width(per * k)
         _merge_kernel[(rows * groups,)](
             cand[0], cand[1], starts, merged[0], k, per * k, merged[1], 0, starts, 1, sk, groups,
-            WIDTH=wg, BLOCK=min(block, wg), FUSE=False, OUT_CAND=True, HAS_SKIP=skip is not None,
-            num_warps=bisect_warps(wg, keys_per_thread),
+            WIDTH=wg, BLOCK=min(block, wg), FUSE=False, OUT_CAND=True, HAS_SKIP=skip is not None, PDL=pdl,
+            num_warps=bisect_warps(wg, keys_per_thread), **pdl_kwargs(pdl),
         )
         cand, split = merged, groups
     table, stride_table, batch, page_size, fuse = table_args(out, starts, table, batch, page_size)
     w2 = bisect_width(split * k)
     _merge_kernel[(rows,)](
         cand[0], cand[1], starts, out, k, split * k, table, stride_table, batch, page_size, sk, 1,
-        WIDTH=w2, BLOCK=min(block, w2), FUSE=fuse, HAS_SKIP=skip is not None,
-        num_warps=bisect_warps(w2, keys_per_thread),
+        WIDTH=w2, BLOCK=min(block, w2), FUSE=fuse, HAS_SKIP=skip is not None, PDL=pdl,
+        num_warps=bisect_warps(w2, keys_per_thread), **pdl_kwargs(pdl),
     )

@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from dsa_runtime.plugins.cuda_hopper.triton.pdl import grid_sync, pdl_enabled, pdl_kwargs
 from dsa_runtime.plugins.cuda_hopper.triton.topk import SamplePlan
 from dsa_runtime.plugins.cuda_hopper.triton.topk_bisect import fill_tail, kth_key, rank_selected, threshold
 from dsa_runtime.plugins.cuda_hopper.triton.topk_radix import page_table_row, radix_key, table_args, to_slots
@@ -79,7 +80,8 @@ def sample_bound(row_ptr, lo, hi, k, sigmas, cap, SAMPLE: tl.constexpr, CHUNK: t
 
 @triton.jit
 def _sample_kernel(logits_ptr, stride_row, starts_ptr, ends_ptr, bound_ptr, k, sigmas, cap,
-                   SAMPLE: tl.constexpr, CHUNK: tl.constexpr):
+                   SAMPLE: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr = False):
+    grid_sync(PDL)
     r = tl.program_id(0)
     lo = tl.load(starts_ptr + r).to(tl.int32)
     hi = tl.load(ends_ptr + r).to(tl.int32)
@@ -93,9 +95,10 @@ def _sample_kernel(logits_ptr, stride_row, starts_ptr, ends_ptr, bound_ptr, k, s
 def _scan_kernel(logits_ptr, stride_row, starts_ptr, ends_ptr, bound_ptr, cnt_ptr, ckey_ptr, ccol_ptr,
                  k, S, CAPS, sigmas, cap,
                  SAMPLE: tl.constexpr, CHUNK: tl.constexpr, FUSED: tl.constexpr, BLOCK: tl.constexpr,
-                 STAGES: tl.constexpr = 1):
+                 STAGES: tl.constexpr = 1, PDL: tl.constexpr = False):
     """Program ``(r, s)``: the keys ``>= t`` of slice ``s`` and their columns to ``[r, s, :CAPS]`` in column
     order (none past ``CAPS``), the slice's full count to ``cnt[r, s]``."""
+    grid_sync(PDL)
     r = tl.program_id(0)
     s = tl.program_id(1)
     lo = tl.load(starts_ptr + r).to(tl.int32)
@@ -128,9 +131,11 @@ def _scan_kernel(logits_ptr, stride_row, starts_ptr, ends_ptr, bound_ptr, cnt_pt
 @triton.jit
 def _finish_kernel(starts_ptr, ends_ptr, cnt_ptr, ckey_ptr, ccol_ptr, out_ptr, done_ptr, k, S, CAPS,
                    table_ptr, stride_table, batch_ptr, page_size,
-                   CAP: tl.constexpr, SP: tl.constexpr, BLOCK: tl.constexpr, FUSE: tl.constexpr):
+                   CAP: tl.constexpr, SP: tl.constexpr, BLOCK: tl.constexpr, FUSE: tl.constexpr,
+                   PDL: tl.constexpr = False):
     """Program ``r``: the row's ``[k]`` output from its candidates when they hold the answer (``done[r] = 1``),
     or from the window itself when ``n <= k``; else nothing is written (``done[r] = 0``)."""
+    grid_sync(PDL)
     r = tl.program_id(0)
     lo = tl.load(starts_ptr + r).to(tl.int32)
     hi = tl.load(ends_ptr + r).to(tl.int32)
@@ -191,17 +196,20 @@ def launch_sample(logits, starts, ends, out, k, table, batch, page_size, *, plan
     bound, done = ws[:rows], ws[rows:2 * rows]
     cnt = ws[2 * rows:rows * (2 + S)]
     cand = ws[rows * (2 + S):].view(2, rows, S, caps)
+    pdl = pdl_enabled(plan.pdl, dev)
     if not plan.fused_sample:
         _sample_kernel[(rows,)](logits, logits.stride(0), starts, ends, bound, k, plan.sigmas, plan.cap,
-                                SAMPLE=plan.sample, CHUNK=plan.chunk, num_warps=plan.sample_warps)
+                                SAMPLE=plan.sample, CHUNK=plan.chunk, PDL=pdl, num_warps=plan.sample_warps,
+                                **pdl_kwargs(pdl))
     _scan_kernel[(rows, S)](
         logits, logits.stride(0), starts, ends, bound, cnt, cand[0], cand[1], k, S, caps, plan.sigmas, plan.cap,
-        SAMPLE=plan.sample, CHUNK=plan.chunk, FUSED=plan.fused_sample, BLOCK=plan.block, STAGES=plan.stages,
-        num_warps=max(plan.warps, plan.sample_warps) if plan.fused_sample else plan.warps,
+        SAMPLE=plan.sample, CHUNK=plan.chunk, FUSED=plan.fused_sample, BLOCK=plan.block, STAGES=plan.stages, PDL=pdl,
+        num_warps=max(plan.warps, plan.sample_warps) if plan.fused_sample else plan.warps, **pdl_kwargs(pdl),
     )
     tab, stab, bat, ps, fuse = table_args(out, starts, table, batch, page_size)
     _finish_kernel[(rows,)](
         starts, ends, cnt, cand[0], cand[1], out, done, k, S, caps, tab, stab, bat, ps,
-        CAP=plan.cap, SP=triton.next_power_of_2(S), BLOCK=1024, FUSE=fuse, num_warps=plan.finish_warps,
+        CAP=plan.cap, SP=triton.next_power_of_2(S), BLOCK=1024, FUSE=fuse, PDL=pdl, num_warps=plan.finish_warps,
+        **pdl_kwargs(pdl),
     )
     return done
