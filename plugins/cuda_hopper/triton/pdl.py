@@ -13,6 +13,8 @@ keeps the programmatic edges.
 
 from __future__ import annotations
 
+import functools
+
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -31,12 +33,17 @@ def grid_sync(PDL: tl.constexpr):
 
 def pdl_enabled(requested: bool, device) -> bool:
     """Whether to launch with PDL: asked for, a CUDA device of compute capability 9.0 or later, not the
-    interpreter."""
+    interpreter. Called per top-k call (eager decode steps too): the device query is cached."""
     if not requested or INTERPRET or getattr(device, "type", "cpu") != "cuda":
         return False
+    return _hopper_or_later(device.index)
+
+
+@functools.cache
+def _hopper_or_later(index: int | None) -> bool:
     import torch
 
-    return torch.cuda.get_device_capability(device)[0] >= 9
+    return torch.cuda.get_device_capability(index)[0] >= 9
 
 
 def pdl_kwargs(pdl: bool) -> dict:
