@@ -10,6 +10,8 @@ copy measured in the same run (bytes read + written). Subjects:
 
 * ``fewhead``: :func:`...sparse_mla_decode_fewhead.decode_fewhead` (default, and with ``--sweep`` every
   candidate of :data:`SWEEP`);
+* ``fewhead cuda``: the CUDA C++ kernel the Triton backend runs for ``fp8_656`` at up to 16 heads when NVRTC is
+  found (:func:`...cuda.fewhead_fp8.decode_fewhead_fp8_cuda`);
 * ``headblock``: the head-blocked kernels the backend ran before (``mla_fp8_decode`` / ``sparse_mla_decode_bf16``
   with their default configs);
 * ``flashmla``: FlashMLA's FP8 decode through our ``flashmla_kv`` adapter (heads padded to 64), when built;
@@ -30,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attention_setup import D_QK, PAGE, SM_SCALE, bound, cache_pool, decode_bytes  # noqa: E402
 from common import copy_ceiling_gbs, device_info, graph_ms, write_json  # noqa: E402
 
+from dsa_runtime.plugins.cuda_hopper.cuda import fewhead_fp8, nvrtc  # noqa: E402
 from dsa_runtime.plugins.cuda_hopper.triton.fewhead_plan import FewHeadConfig, default_config  # noqa: E402
 from dsa_runtime.plugins.cuda_hopper.triton.mla_fp8_decode import decode_fp8_656  # noqa: E402
 from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_decode_bf16 import decode_bf16  # noqa: E402
@@ -59,6 +62,12 @@ def inputs(cache: torch.Tensor, batch: int, n_q: int, heads: int, gen: torch.Gen
 
 def subjects(layout: str, heads: int, n_q: int, sweep: bool, merge: bool = False) -> dict:
     out = {"fewhead": lambda a: decode_fewhead(a["q"], a["cache"], a["indices"], SM_SCALE, layout=layout)}
+    if layout == "fp8_656" and fewhead_fp8.supported(heads, 512):
+        if nvrtc.available():
+            out["fewhead cuda"] = lambda a: fewhead_fp8.decode_fewhead_fp8_cuda(a["q"], a["cache"], a["indices"],
+                                                                             SM_SCALE)
+        else:
+            print("  fewhead cuda: NVRTC not found", flush=True)
     base = default_config(layout, heads)
     for cfg in (SWEEP if sweep else ()) + ((replace(base, fused=not base.fused),) if merge else ()):
         out[f"fewhead {cfg.label}"] = (lambda c: lambda a: decode_fewhead(

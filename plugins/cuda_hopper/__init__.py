@@ -126,7 +126,8 @@ def triton_backend() -> Backend:
         available=triton_available,
         platform="cuda_hopper",
         description="Triton kernels for SM90: lightning indexer, exact top-k, sparse MLA prefill/decode (bf16 and FP8 "
-        "caches), KV quantize/store, MoE routing and fused FP8/bf16 grouped experts",
+        "caches; FP8 decode at <= 16 heads in our CUDA C++ when NVRTC is found), KV quantize/store, MoE routing and "
+        "fused FP8/bf16 grouped experts",
     )
 
 

@@ -1,7 +1,9 @@
 """The ``sparse_attn`` family of the ``triton`` backend: sparse MLA prefill and paged decode.
 
 * :meth:`TritonSparseAttn.prefill`: :func:`.sparse_mla_prefill.sparse_mla_forward` over the flat bf16 buffer.
-* :meth:`TritonSparseAttn.decode`: up to :data:`FEWHEAD_MAX_HEADS` heads, both layouts ->
+* :meth:`TritonSparseAttn.decode`: ``fp8_656`` at up to 16 heads -> the CUDA C++ kernel of
+  :mod:`dsa_runtime.plugins.cuda_hopper.cuda.fewhead_fp8` (compiled by NVRTC; 1.6x the Triton kernel at 16 heads,
+  batch 64 on an H200) when NVRTC is found, else as below; up to :data:`FEWHEAD_MAX_HEADS` heads, both layouts ->
   :func:`.sparse_mla_decode_fewhead.decode_fewhead`; more heads: ``layout="bf16"`` -> :func:`.sparse_mla_decode_bf16.decode_bf16` (the
   same kernel on the flat view of the cache, split-K for small batches); ``layout="fp8_656"`` ->
   ``mla_fp8_decode.decode_fp8_656`` (another module, imported on first use).
@@ -71,6 +73,12 @@ class TritonSparseAttn:
         ``[B, Q, K]`` int32 slots -> out ``[B, Q, H, d_v]`` bf16, lse ``[B, Q, H]`` fp32."""
         if q.shape[-2] <= FEWHEAD_MAX_HEADS and self.config is None and self.decode_splits is None:
             from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_decode_fewhead import decode_fewhead
+
+            if layout == "fp8_656":
+                from dsa_runtime.plugins.cuda_hopper.cuda import fewhead_fp8
+
+                if fewhead_fp8.use_cuda_kernel(q, d_v):
+                    return fewhead_fp8.decode_fewhead_fp8_cuda(q, kv_cache, indices, sm_scale, d_v)
 
             return decode_fewhead(q, kv_cache, indices, sm_scale, d_v, layout=layout)
         if layout == "bf16":

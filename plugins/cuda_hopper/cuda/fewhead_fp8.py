@@ -1,0 +1,177 @@
+"""Few-head sparse MLA decode over an ``fp8_656`` cache in CUDA C++ (``fewhead_fp8.cu``; issue 24).
+
+At 16 heads per rank (V3.2 under TP 8) the Triton kernel (:mod:`..triton.sparse_mla_decode_fewhead`) spends about
+190 warp instructions per selected row: Triton converts each gathered e4m3 tile once per product through layout
+conversions, and holds two 4-warp programs per SM. Written against ``mma.sync`` fragments directly, a row costs
+about 70: the fp8 bytes go from shared memory into MMA operands with one conversion (scores) or one byte permute
+and one conversion (values) per register, and each warp copies and multiplies only its own 128 latent columns,
+so nothing but the scores crosses warps. See the ``.cu`` file for the layout of the work.
+
+Compiled at first use by NVRTC (:mod:`.nvrtc`); slices of each query's rows are planned from the loaded kernel's
+residency as in the Triton kernel (:func:`..triton.fewhead_plan.plan_splits`) and merged by its second launch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import os
+from dataclasses import dataclass
+from importlib import resources
+
+import torch
+import triton
+from torch import Tensor
+
+from dsa_runtime.families import D_LATENT, FP8_MLA_ROW_BYTES
+from dsa_runtime.plugins.cuda_hopper.cuda import nvrtc
+from dsa_runtime.plugins.cuda_hopper.triton.fewhead_plan import FewHeadConfig, plan_splits
+from dsa_runtime.plugins.cuda_hopper.triton.mla_fp8_decode import (
+    LOG2E,
+    _combine_kernel,
+    flatten_decode_inputs,
+    sm_count,
+)
+
+logger = logging.getLogger(__name__)
+MAX_HEADS = 16
+CHUNK = 32  # rows per step (the .cu file's CHUNK)
+THREADS = 128
+ENV_SWITCH = "DSA_FEWHEAD_CUDA"  # "0": the Triton backend keeps its Triton few-head kernel for fp8_656
+
+
+@dataclass(frozen=True)
+class CudaFewHeadConfig:
+    """``stages``: shared-memory ring depth per warp (chunks of 32 rows; ``stages - 1`` in flight);
+    ``min_blocks``: the launch bound (CTAs per SM the compiler must fit in registers); ``splits``: fixed slices per
+    query (0 = planned from the residency); ``min_rows``: fewest rows per planned slice; ``rescale_slack``: how far
+    (base 2) a head's score may pass the running max before the accumulators are rescaled (0 = every time it
+    moves); ``ref_slack``: likewise, the factor a row scale may pass the reference scale by."""
+
+    stages: int = 2
+    min_blocks: int = 2
+    splits: int = 0
+    min_rows: int = 128
+    rescale_slack: float = 8.0
+    ref_slack: float = 16.0
+
+    @property
+    def label(self) -> str:
+        return (f"cuda_s{self.stages}_b{self.min_blocks}_r{self.rescale_slack:g}_{self.ref_slack:g}"
+                + (f"_x{self.splits}" if self.splits else ""))
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        if self.stages < 2:
+            raise ValueError("stages must be at least 2")
+        if not (0.0 <= self.rescale_slack <= 10.0 and 1.0 <= self.ref_slack <= 16.0):
+            raise ValueError("rescale_slack must be in [0, 10] and ref_slack in [1, 16] (fp16 probabilities)")
+        return (f"-DSTAGES={self.stages}", f"-DMIN_BLOCKS={self.min_blocks}",
+                f"-DRESCALE_SLACK={self.rescale_slack:.1f}f", f"-DREF_SLACK={self.ref_slack:.1f}f")
+
+    @property
+    def dynamic_smem(self) -> int:
+        return self.stages * 4 * CHUNK * 176 + 2 * 4 * 4 * 32 * 16
+
+
+DEFAULT = CudaFewHeadConfig()
+
+
+@functools.cache
+def _source() -> str:
+    return resources.files(__package__).joinpath("fewhead_fp8.cu").read_text()
+
+
+def supported(heads: int, d_v: int) -> bool:
+    """Shapes this kernel takes (others go to the Triton kernels)."""
+    return 1 <= heads <= MAX_HEADS and d_v == D_LATENT
+
+
+def use_cuda_kernel(q: Tensor, d_v: int) -> bool:
+    """Whether a decode call with queries ``q`` (``[B, Q, H, 576]``) runs this kernel: a CUDA tensor, a
+    :func:`supported` shape, and :func:`enabled` on its device."""
+    if not (q.is_cuda and q.dim() == 4 and supported(q.shape[-2], d_v)):
+        return False
+    return enabled(q.device.index if q.device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def enabled(device_index: int) -> bool:
+    """Whether the Triton backend sends ``fp8_656`` decode at up to 16 heads here: NVRTC found, an SM89+ device
+    (``cvt.rn.f16x2.e4m3x2``), and :data:`ENV_SWITCH` not ``"0"``. Logged once per device when it is not."""
+    if os.environ.get(ENV_SWITCH, "1") == "0":
+        logger.info("few-head fp8_656 decode: the CUDA kernel is off (%s=0); the Triton kernel runs", ENV_SWITCH)
+        return False
+    if torch.cuda.get_device_capability(device_index) < (8, 9):
+        return False
+    try:
+        nvrtc.nvrtc()
+    except nvrtc.NvrtcUnavailable as exc:
+        logger.info("few-head fp8_656 decode: %s; the Triton kernel runs", exc)
+        return False
+    return True
+
+
+def _kernel(cfg: CudaFewHeadConfig, device: torch.device) -> nvrtc.CudaKernel:
+    return nvrtc.load_kernel(_source(), "fewhead_fp8_decode", cfg.options, cfg.dynamic_smem, device)
+
+
+def decode_fewhead_fp8_cuda(q: Tensor, kv_cache: Tensor, indices: Tensor, sm_scale: float, d_v: int = D_LATENT,
+                            *, config: CudaFewHeadConfig | None = None) -> tuple[Tensor, Tensor]:
+    """Sparse MLA decode, ``fp8_656`` cache, up to 16 heads.
+
+    Args:
+        q: ``[B, Q, H, 576]`` bf16, ``1 <= H <= 16``, last dim contiguous.
+        kv_cache: ``[pages, page_size, 656]`` uint8; slot = page * page_size + offset.
+        indices: ``[B, Q, K]`` int32 slots, ``-1`` = empty (never read).
+        sm_scale: softmax scale. d_v: must be 512.
+    Returns:
+        ``out`` ``[B, Q, H, 512]`` bf16 and ``lse`` ``[B, Q, H]`` fp32 (natural log; ``+inf`` with no valid slot).
+    """
+    if kv_cache.dim() != 3 or kv_cache.shape[-1] != FP8_MLA_ROW_BYTES or kv_cache.dtype != torch.uint8:
+        raise ValueError(f"fp8_656 cache must be [pages, page_size, 656] uint8, got {tuple(kv_cache.shape)} "
+                         f"{kv_cache.dtype}")
+    batch, n_q, heads, _ = q.shape
+    if not supported(heads, d_v):
+        raise ValueError(f"the CUDA few-head kernel takes 1..{MAX_HEADS} heads and d_v 512, got {heads}, {d_v}")
+    if q.dtype != torch.bfloat16:
+        raise ValueError(f"q must be bf16, got {q.dtype}")
+    cfg = config or DEFAULT
+    qf, idx = flatten_decode_inputs(q, indices)
+    if qf.stride(2) != 1 or qf.stride(1) % 8 or qf.stride(0) % 8 or qf.data_ptr() % 16:
+        qf = qf.contiguous()
+    idx = idx.to(torch.int32)
+    top_k = idx.shape[1]
+    mq = batch * n_q
+    out = torch.empty(mq, heads, d_v, dtype=torch.bfloat16, device=q.device)
+    lse = torch.empty(mq, heads, dtype=torch.float32, device=q.device)
+    if mq == 0:
+        return out.reshape(batch, n_q, heads, d_v), lse.reshape(batch, n_q, heads)
+    rows = kv_cache.contiguous()
+    kern = _kernel(cfg, q.device)
+    plan = FewHeadConfig(block_n=CHUNK, splits=cfg.splits, min_rows=cfg.min_rows)
+    splits = plan_splits(mq, top_k, sm_count(q.device), kern.resident_blocks(THREADS), plan)
+    per_split = triton.cdiv(triton.cdiv(max(top_k, 1), splits), CHUNK) * CHUNK
+    splits = triton.cdiv(max(top_k, 1), per_split)  # no slice without rows
+    if splits > 1:
+        part = torch.empty(mq, splits, heads, D_LATENT, dtype=torch.float32, device=q.device)
+        plse = torch.empty(mq, splits, heads, dtype=torch.float32, device=q.device)
+    else:
+        part = plse = lse  # unread with one slice
+    ptr = ctypes.c_void_p
+    kern.launch((splits, mq, 1), (THREADS, 1, 1), [
+        ptr(qf.data_ptr()), ptr(rows.data_ptr()), ptr(idx.data_ptr()), ptr(part.data_ptr()), ptr(plse.data_ptr()),
+        ptr(out.data_ptr()), ptr(lse.data_ptr()), ctypes.c_int(heads), ctypes.c_int(top_k),
+        ctypes.c_int(per_split), ctypes.c_int(splits), ctypes.c_float(float(sm_scale) * LOG2E),
+        ctypes.c_longlong(qf.stride(0)), ctypes.c_longlong(qf.stride(1)), ctypes.c_longlong(idx.stride(0))])
+    if splits > 1:
+        block_s = max(triton.next_power_of_2(splits), 2)
+        cb_h = 16  # heads per merge program: enough programs to cover the GPU four times
+        while cb_h > 1 and mq * triton.cdiv(heads, cb_h) < 4 * sm_count(q.device):
+            cb_h //= 2
+        _combine_kernel[(mq, triton.cdiv(heads, cb_h))](
+            part, plse, out, lse, heads, splits, part.stride(0), part.stride(1), part.stride(2),
+            plse.stride(0), plse.stride(1), out.stride(0), out.stride(1), lse.stride(0),
+            D_OUT=d_v, BLOCK_H=cb_h, BLOCK_S=block_s, num_warps=4)
+    return out.reshape(batch, n_q, heads, d_v), lse.reshape(batch, n_q, heads)

@@ -1,0 +1,158 @@
+"""Run-time compilation (NVRTC) and launching (the driver API) of our own CUDA C++ kernels, through ctypes.
+
+No toolkit install and no build step: NVRTC ships with PyTorch's CUDA wheels (``nvidia-cuda-nvrtc``) and with
+every CUDA toolkit, and the driver is already loaded by torch. Kernels are ``extern "C"`` functions without
+headers; a compiled module is cached per (source, name, options, device). A launch goes on the current torch
+stream through ``cuLaunchKernel``, so CUDA graphs capture it like any other kernel.
+
+Also usable without a GPU: :func:`compile_cubin` needs only NVRTC (``bench/fewhead_cuda_compile.py`` checks the
+source and its register use on the CPU machine).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import glob
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+class NvrtcUnavailable(RuntimeError):
+    """No NVRTC library could be loaded."""
+
+
+def _candidates() -> list[str]:
+    paths: list[str] = []
+    for base in sys.path:  # pip wheels: nvidia/cuda_nvrtc/lib (CUDA 12) or nvidia/cu13/lib (CUDA 13)
+        paths += sorted(glob.glob(os.path.join(base, "nvidia", "cuda_nvrtc", "lib", "libnvrtc.so*")), reverse=True)
+        paths += sorted(glob.glob(os.path.join(base, "nvidia", "cu*", "lib", "libnvrtc.so*")), reverse=True)
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home:
+            paths += sorted(glob.glob(os.path.join(home, "lib64", "libnvrtc.so*")), reverse=True)
+    extra = os.environ.get("DSA_NVRTC_LIB")
+    return ([extra] if extra else []) + ["libnvrtc.so"] + [p for p in paths if "builtins" not in p and ".alt." not in p]
+
+
+@functools.cache
+def nvrtc() -> ctypes.CDLL:
+    """The NVRTC library (``DSA_NVRTC_LIB`` first, then pip wheels, ``CUDA_HOME``, ``/usr/local/cuda``)."""
+    errors = []
+    for path in _candidates():
+        try:
+            return ctypes.CDLL(path)
+        except OSError as exc:
+            errors.append(f"{path}: {exc}")
+    raise NvrtcUnavailable("NVRTC not found (pip install nvidia-cuda-nvrtc-cu12, or set DSA_NVRTC_LIB); tried "
+                           + "; ".join(errors[:4]))
+
+
+def available() -> bool:
+    try:
+        nvrtc()
+    except NvrtcUnavailable:
+        return False
+    return True
+
+
+def compile_cubin(source: str, arch: str, options: Sequence[str] = ()) -> bytes:
+    """Compile ``source`` for ``arch`` (``"sm_90"``) to a cubin; raises ``RuntimeError`` with NVRTC's log."""
+    lib = nvrtc()
+    prog = ctypes.c_void_p()
+    lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"kernel.cu", 0, None, None)
+    opts = [f"--gpu-architecture={arch}".encode(), b"--std=c++17", b"-default-device"] + [o.encode() for o in options]
+    arr = (ctypes.c_char_p * len(opts))(*opts)
+    try:
+        res = lib.nvrtcCompileProgram(prog, len(opts), arr)
+        size = ctypes.c_size_t()
+        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+        log = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetProgramLog(prog, log)
+        if res != 0:
+            raise RuntimeError(f"NVRTC failed ({res}) for {arch}:\n{log.value.decode(errors='replace')}")
+        lib.nvrtcGetCUBINSize(prog, ctypes.byref(size))
+        cubin = ctypes.create_string_buffer(size.value)
+        if lib.nvrtcGetCUBIN(prog, cubin) != 0:
+            raise RuntimeError("NVRTC produced no cubin")
+        return cubin.raw
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+@functools.cache
+def _driver() -> ctypes.CDLL:
+    return ctypes.CDLL("libcuda.so.1")
+
+
+def _check(res: int, what: str) -> None:
+    if res != 0:
+        msg = ctypes.c_char_p()
+        _driver().cuGetErrorString(res, ctypes.byref(msg))
+        raise RuntimeError(f"{what} failed: CUDA error {res} ({(msg.value or b'?').decode()})")
+
+
+_CU_FUNC_ATTRIBUTE_NUM_REGS = 4
+_CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES = 3
+_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+
+
+@dataclass
+class CudaKernel:
+    """A loaded kernel: launch with :meth:`launch` on the current stream."""
+
+    function: ctypes.c_void_p
+    module: ctypes.c_void_p
+    dynamic_smem: int
+    registers: int
+    local_bytes: int
+
+    def resident_blocks(self, block_threads: int) -> int:
+        """Blocks of ``block_threads`` threads one SM holds at once (the driver's occupancy calculator)."""
+        n = ctypes.c_int()
+        _check(_driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            ctypes.byref(n), self.function, ctypes.c_int(block_threads), ctypes.c_size_t(self.dynamic_smem)),
+            "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+        return n.value
+
+    def launch(self, grid: tuple[int, int, int], block: tuple[int, int, int], args: Sequence[ctypes._SimpleCData],
+               stream: int | None = None) -> None:
+        """Launch with ``args`` as ctypes scalars (``c_void_p`` for device pointers) on ``stream`` (the
+        current torch stream by default)."""
+        if stream is None:
+            stream = torch.cuda.current_stream().cuda_stream
+        ptrs = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args])
+        _check(_driver().cuLaunchKernel(self.function, *[ctypes.c_uint(v) for v in grid],
+                                        *[ctypes.c_uint(v) for v in block], ctypes.c_uint(self.dynamic_smem),
+                                        ctypes.c_void_p(stream), ptrs, None), "cuLaunchKernel")
+
+
+_LOADED: dict[tuple, CudaKernel] = {}
+
+
+def load_kernel(source: str, name: str, options: Sequence[str], dynamic_smem: int, device: torch.device) -> CudaKernel:
+    """Compile (once per source, options and device architecture) and load kernel ``name`` on ``device``."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    key = (hash(source), name, tuple(options), dynamic_smem, index)
+    kern = _LOADED.get(key)
+    if kern is not None:
+        return kern
+    major, minor = torch.cuda.get_device_capability(index)
+    cubin = compile_cubin(source, f"sm_{major}{minor}", options)
+    with torch.cuda.device(index):  # torch's (primary) context of that device is current on this thread
+        drv = _driver()
+        module = ctypes.c_void_p()
+        _check(drv.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(cubin)), "cuModuleLoadData")
+        function = ctypes.c_void_p()
+        _check(drv.cuModuleGetFunction(ctypes.byref(function), module, name.encode()), "cuModuleGetFunction")
+        if dynamic_smem > 48 * 1024:
+            _check(drv.cuFuncSetAttribute(function, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                          ctypes.c_int(dynamic_smem)), "cuFuncSetAttribute")
+        regs, local = ctypes.c_int(), ctypes.c_int()
+        drv.cuFuncGetAttribute(ctypes.byref(regs), _CU_FUNC_ATTRIBUTE_NUM_REGS, function)
+        drv.cuFuncGetAttribute(ctypes.byref(local), _CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, function)
+    kern = _LOADED[key] = CudaKernel(function, module, dynamic_smem, regs.value, local.value)
+    return kern

@@ -1,0 +1,71 @@
+"""The CUDA few-head decode's host side without a GPU: configurations, the packaged source, NVRTC discovery and
+the switch that keeps the Triton kernel."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("triton", reason="needs the triton package (pip install -e '.[test]')")
+torch = pytest.importorskip("torch")
+
+from dsa_runtime.plugins.cuda_hopper.cuda import fewhead_fp8, nvrtc  # noqa: E402
+from dsa_runtime.plugins.cuda_hopper.cuda.fewhead_fp8 import CudaFewHeadConfig  # noqa: E402
+
+
+def test_default_options_and_shared_memory():
+    cfg = CudaFewHeadConfig()
+    assert cfg.options == ("-DSTAGES=2", "-DMIN_BLOCKS=2", "-DRESCALE_SLACK=8.0f", "-DREF_SLACK=16.0f")
+    assert cfg.dynamic_smem == 2 * 4 * 32 * 176 + 16384  # two stages of four warps' rows + the score exchange
+    assert cfg.label == "cuda_s2_b2_r8_16"
+    assert CudaFewHeadConfig(splits=3).label.endswith("_x3")
+
+
+@pytest.mark.parametrize(
+    "bad", [CudaFewHeadConfig(stages=1), CudaFewHeadConfig(rescale_slack=11.0), CudaFewHeadConfig(ref_slack=0.5)]
+)
+def test_configurations_that_could_overflow_fp16_are_refused(bad):
+    with pytest.raises(ValueError):
+        bad.options  # noqa: B018 - the property validates
+
+
+def test_supported_shapes():
+    assert fewhead_fp8.supported(16, 512) and fewhead_fp8.supported(1, 512)
+    assert not fewhead_fp8.supported(17, 512)
+    assert not fewhead_fp8.supported(16, 256)
+    assert not fewhead_fp8.supported(0, 512)
+
+
+def test_source_is_packaged_with_its_entry_point():
+    src = fewhead_fp8._source()
+    assert 'extern "C" __global__' in src and "fewhead_fp8_decode(" in src
+
+
+def test_cpu_tensors_never_take_the_cuda_kernel():
+    q = torch.zeros(1, 1, 16, 576, dtype=torch.bfloat16)
+    assert fewhead_fp8.use_cuda_kernel(q, 512) is False
+
+
+def test_switch_off_is_honoured_before_any_device_query(monkeypatch):
+    monkeypatch.setenv(fewhead_fp8.ENV_SWITCH, "0")
+    fewhead_fp8.enabled.cache_clear()
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: pytest.fail("queried the device"))
+    try:
+        assert fewhead_fp8.enabled(0) is False
+    finally:
+        fewhead_fp8.enabled.cache_clear()
+
+
+def test_nvrtc_override_is_tried_first(monkeypatch):
+    monkeypatch.setenv("DSA_NVRTC_LIB", "/opt/custom/libnvrtc.so.13")
+    assert nvrtc._candidates()[0] == "/opt/custom/libnvrtc.so.13"
+
+
+def test_missing_nvrtc_says_how_to_get_it(monkeypatch):
+    monkeypatch.setattr(nvrtc, "_candidates", lambda: ["/nonexistent/libnvrtc.so.99"])
+    nvrtc.nvrtc.cache_clear()
+    try:
+        with pytest.raises(nvrtc.NvrtcUnavailable, match="nvidia-cuda-nvrtc"):
+            nvrtc.nvrtc()
+        assert nvrtc.available() is False
+    finally:
+        nvrtc.nvrtc.cache_clear()
