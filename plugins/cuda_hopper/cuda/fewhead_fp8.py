@@ -30,8 +30,8 @@ from dsa_runtime.plugins.cuda_hopper.cuda import nvrtc
 from dsa_runtime.plugins.cuda_hopper.triton.fewhead_plan import FewHeadConfig, plan_splits
 from dsa_runtime.plugins.cuda_hopper.triton.mla_fp8_decode import (
     LOG2E,
-    _combine_kernel,
     flatten_decode_inputs,
+    merge_slices,
     sm_count,
 )
 
@@ -166,13 +166,6 @@ def decode_fewhead_fp8_cuda(q: Tensor, kv_cache: Tensor, indices: Tensor, sm_sca
         ptr(out.data_ptr()), ptr(lse.data_ptr()), ctypes.c_int(heads), ctypes.c_int(top_k),
         ctypes.c_int(per_split), ctypes.c_int(splits), ctypes.c_float(float(sm_scale) * LOG2E),
         ctypes.c_longlong(qf.stride(0)), ctypes.c_longlong(qf.stride(1)), ctypes.c_longlong(idx.stride(0))])
-    if splits > 1:
-        block_s = max(triton.next_power_of_2(splits), 2)
-        cb_h = 16  # heads per merge program: enough programs to cover the GPU four times
-        while cb_h > 1 and mq * triton.cdiv(heads, cb_h) < 4 * sm_count(q.device):
-            cb_h //= 2
-        _combine_kernel[(mq, triton.cdiv(heads, cb_h))](
-            part, plse, out, lse, heads, splits, part.stride(0), part.stride(1), part.stride(2),
-            plse.stride(0), plse.stride(1), out.stride(0), out.stride(1), lse.stride(0),
-            D_OUT=d_v, BLOCK_H=cb_h, BLOCK_S=block_s, num_warps=4)
+    if splits > 1:  # enough merge programs to cover the GPU four times
+        merge_slices(part, plse, out, lse, d_v, min_programs=4 * sm_count(q.device))
     return out.reshape(batch, n_q, heads, d_v), lse.reshape(batch, n_q, heads)

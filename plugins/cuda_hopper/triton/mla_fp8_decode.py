@@ -224,6 +224,25 @@ def _combine_kernel(part_ptr, plse_ptr, out_ptr, lse_ptr, H, SPLITS,
     tl.store(lse_ptr + m * stride_fm + h, lse, mask=hmask)
 
 
+def merge_slices(part: Tensor, plse: Tensor, out: Tensor, lse: Tensor, d_v: int, min_programs: int = 0) -> None:
+    """Merge per-slice partials into ``out`` / ``lse`` (log-sum-exp rule, :func:`_combine_kernel`).
+
+    Args:
+        part: ``[M, S, H, 512]`` fp32 normalised partials; plse: ``[M, S, H]`` fp32 base-2 lse (``-inf`` empty).
+        out: ``[M, H, d_v]`` bf16; lse: ``[M, H]`` fp32 (natural log, ``+inf`` when every slice was empty).
+        min_programs: heads per program are halved (from 16) while fewer programs than this would run, so a
+            small batch still spreads over the GPU (the merge is then the tail).
+    """
+    mq, splits, heads, _ = part.shape
+    cb_h = 16
+    while cb_h > 1 and mq * triton.cdiv(heads, cb_h) < min_programs:
+        cb_h //= 2
+    _combine_kernel[(mq, triton.cdiv(heads, cb_h))](
+        part, plse, out, lse, heads, splits, part.stride(0), part.stride(1), part.stride(2),
+        plse.stride(0), plse.stride(1), out.stride(0), out.stride(1), lse.stride(0),
+        D_OUT=d_v, BLOCK_H=cb_h, BLOCK_S=max(triton.next_power_of_2(splits), 2), num_warps=4)
+
+
 def _kernels():
     from dsa_runtime.plugins.cuda_hopper.triton.mla_fp8_decode_pipe import _decode_pipe_kernel
 
@@ -290,10 +309,6 @@ def decode_fp8_656(q: Tensor, kv_cache: Tensor, indices: Tensor, sm_scale: float
             qf.stride(0), qf.stride(1), idx.stride(0), part.stride(0), part.stride(1), part.stride(2),
             plse.stride(0), plse.stride(1), D_OUT=D_LATENT, SPLIT=True, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
             UPCAST=INTERPRET, **launch)
-        cb_h = 16
-        _combine_kernel[(mq, triton.cdiv(heads, cb_h))](
-            part, plse, out, lse, heads, splits, part.stride(0), part.stride(1), part.stride(2),
-            plse.stride(0), plse.stride(1), out.stride(0), out.stride(1), lse.stride(0),
-            D_OUT=d_v, BLOCK_H=cb_h, BLOCK_S=max(triton.next_power_of_2(splits), 2), num_warps=4)
+        merge_slices(part, plse, out, lse, d_v)
     return out.reshape(batch, n_q, heads, d_v), lse.reshape(batch, n_q, heads)
 

@@ -53,9 +53,9 @@ from dsa_runtime.plugins.cuda_hopper.triton.fewhead_plan import (
 )
 from dsa_runtime.plugins.cuda_hopper.triton.mla_fp8_decode import (
     LOG2E,
-    _combine_kernel,
     _dot,
     flatten_decode_inputs,
+    merge_slices,
     sm_count,
 )
 from dsa_runtime.plugins.cuda_hopper.triton.moe_quant import INTERPRET
@@ -362,12 +362,6 @@ def decode_fewhead(q: Tensor, kv_cache: Tensor, indices: Tensor, sm_scale: float
     count = _counters(q.device, mq) if cfg.fused else plse  # (unread without the fused merge)
     block_s = max(triton.next_power_of_2(splits), 2)
     kernel[(splits, mq)](*args(part, plse, count, splits, per_split), FUSED=cfg.fused, BLOCK_S=block_s, **consts)
-    if not cfg.fused:
-        cb_h = 16  # heads per merge program; fewer when that leaves SMs idle (small batches: the merge is the tail)
-        while cb_h > 1 and mq * triton.cdiv(heads, cb_h) < sm_count(q.device):
-            cb_h //= 2
-        _combine_kernel[(mq, triton.cdiv(heads, cb_h))](
-            part, plse, out, lse, heads, splits, part.stride(0), part.stride(1), part.stride(2),
-            plse.stride(0), plse.stride(1), out.stride(0), out.stride(1), lse.stride(0),
-            D_OUT=d_v, BLOCK_H=cb_h, BLOCK_S=block_s, num_warps=4)
+    if not cfg.fused:  # fewer heads per merge program when a small batch would leave SMs idle
+        merge_slices(part, plse, out, lse, d_v, min_programs=sm_count(q.device))
     return out.reshape(batch, n_q, heads, d_v), lse.reshape(batch, n_q, heads)
