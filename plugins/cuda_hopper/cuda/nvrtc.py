@@ -17,7 +17,7 @@ import glob
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -109,14 +109,19 @@ class CudaKernel:
     dynamic_smem: int
     registers: int
     local_bytes: int
+    _resident: dict[int, int] = field(default_factory=dict, repr=False)
 
     def resident_blocks(self, block_threads: int) -> int:
-        """Blocks of ``block_threads`` threads one SM holds at once (the driver's occupancy calculator)."""
-        n = ctypes.c_int()
-        _check(_driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(
-            ctypes.byref(n), self.function, ctypes.c_int(block_threads), ctypes.c_size_t(self.dynamic_smem)),
-            "cuOccupancyMaxActiveBlocksPerMultiprocessor")
-        return n.value
+        """Blocks of ``block_threads`` threads one SM holds at once (the driver's occupancy calculator, asked
+        once per block size: decode steps call this every time)."""
+        n = self._resident.get(block_threads)
+        if n is None:
+            got = ctypes.c_int()
+            _check(_driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                ctypes.byref(got), self.function, ctypes.c_int(block_threads), ctypes.c_size_t(self.dynamic_smem)),
+                "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+            n = self._resident[block_threads] = got.value
+        return n
 
     def launch(self, grid: tuple[int, int, int], block: tuple[int, int, int], args: Sequence[ctypes._SimpleCData],
                stream: int | None = None) -> None:
