@@ -21,7 +21,8 @@ from pathlib import Path
 from dsa_runtime.plugins.cuda_hopper.cuda import fewhead_fp8, nvrtc
 from dsa_runtime.plugins.cuda_hopper.cuda.fewhead_fp8 import CudaFewHeadConfig
 
-CONFIGS = (CudaFewHeadConfig(), CudaFewHeadConfig(stages=3), CudaFewHeadConfig(min_blocks=3))
+CONFIGS = (CudaFewHeadConfig(), CudaFewHeadConfig(stages=3), CudaFewHeadConfig(min_blocks=3),
+           CudaFewHeadConfig(l2_prefetch=128), CudaFewHeadConfig(l2_prefetch=256))
 
 
 def cuobjdump() -> str:

@@ -1,6 +1,7 @@
 """The CUDA C++ few-head ``fp8_656`` decode (NVRTC) against the reference backend on a Hopper GPU: ragged and
 padded slots, empty queries, 1-16 heads, MTP queries, huge and tiny q, non-power-of-two scales, every slice
-plan; the Triton backend routes to it (and back with ``DSA_FEWHEAD_CUDA=0``); CUDA-graph replays match."""
+plan, the merge launched as a programmatic dependent or plainly; the Triton backend routes to it (and back with
+``DSA_FEWHEAD_CUDA=0``); CUDA-graph replays match."""
 
 from __future__ import annotations
 
@@ -95,13 +96,36 @@ def test_matches_reference(cache, batch, n_q, heads, k, missing, empty, wild_q):
 @pytest.mark.parametrize(
     "cfg",
     [CudaFewHeadConfig(rescale_slack=0.0, ref_slack=1.0), CudaFewHeadConfig(stages=3), CudaFewHeadConfig(splits=3),
-     CudaFewHeadConfig(splits=1), CudaFewHeadConfig(min_blocks=3)],
+     CudaFewHeadConfig(splits=1), CudaFewHeadConfig(min_blocks=3), CudaFewHeadConfig(pdl_merge=False),
+     CudaFewHeadConfig(l2_prefetch=0), CudaFewHeadConfig(l2_prefetch=256)],
     ids=lambda c: c.label,
 )
 def test_every_configuration_matches_reference(cache, cfg):
     gen = torch.Generator(device="cuda").manual_seed(7)
     q, idx = inputs(cache, 9, 1, 16, 2048, gen, missing=0.2)
     check(q, cache, idx, cfg)
+
+
+def test_dependent_launch_merge_is_the_plain_merge(cache):
+    """The merge launched as a programmatic dependent (waiting for the decode grid inside) reads the finished
+    partials: bit for bit the plain launch's result, eager and replayed, with the slice plan changing between calls."""
+    from dsa_runtime.plugins.cuda_hopper.triton.pdl import pdl_enabled
+
+    assert pdl_enabled(True, torch.device("cuda"))  # SM90: the default config takes the dependent launch
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    q, idx = inputs(cache, 6, 2, 16, 2048, gen, missing=0.3, empty=True)
+    for splits in (3, 16, 0):
+        plain = decode_fewhead_fp8_cuda(q, cache, idx, SCALE, config=CudaFewHeadConfig(splits=splits, pdl_merge=False))
+        dependent = check(q, cache, idx, CudaFewHeadConfig(splits=splits))
+        assert torch.equal(plain[0], dependent[0]) and torch.equal(plain[1], dependent[1])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = decode_fewhead_fp8_cuda(q, cache, idx, SCALE)
+    for _ in range(3):
+        q.copy_(torch.randn(q.shape, device="cuda", generator=gen).to(torch.bfloat16))
+        graph.replay()
+        plain = decode_fewhead_fp8_cuda(q, cache, idx, SCALE, config=CudaFewHeadConfig(pdl_merge=False))
+        assert torch.equal(plain[0], captured[0]) and torch.equal(plain[1], captured[1])
 
 
 def test_scales_that_are_not_powers_of_two():
@@ -139,14 +163,17 @@ def test_cuda_graph_replay_matches_eager(cache):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = decode_fewhead_fp8_cuda(q, cache, idx, SCALE)
-    q2, idx2 = inputs(cache, 32, 1, 16, 2048, gen)
-    q.copy_(q2)
-    idx.copy_(idx2)
-    graph.replay()
-    torch.cuda.synchronize()
-    again = decode_fewhead_fp8_cuda(q, cache, idx, SCALE)
-    assert torch.equal(captured[0], again[0]) and torch.equal(captured[1], again[1])
-    assert not torch.equal(eager[0], again[0])
+    for _ in range(3):  # every replay must find the slice counters back at zero
+        q2, idx2 = inputs(cache, 32, 1, 16, 2048, gen)
+        q.copy_(q2)
+        idx.copy_(idx2)
+        graph.replay()
+        torch.cuda.synchronize()
+        again = decode_fewhead_fp8_cuda(q, cache, idx, SCALE)
+        assert torch.equal(captured[0], again[0]) and torch.equal(captured[1], again[1])
+        assert not torch.equal(eager[0], again[0])
+        want = ReferenceSparseAttn().decode(q, cache, idx, SCALE, layout="fp8_656")
+        assert out_and_lse(*captured, *want, tolerance("sparse_attn.out"), tolerance("sparse_attn.lse")) is None
 
 
 def test_bad_inputs_are_refused(cache):

@@ -15,8 +15,11 @@
 //     and heads as N, so the score registers are the B operand as they stand (P' = P * row scale / running
 //     largest scale, fp16 in [0, 1]); V^T's fragments come from 16-byte shared loads of four rows and one byte
 //     permute per register: every stored byte is converted twice (once per product) and never written back.
-// Slices write a normalised fp32 partial and its base-2 log-sum-exp (merged by a second launch), or, with one
-// slice, the bf16 output and the natural-log lse (+inf for a query without a valid slot).
+// Slices write a normalised fp32 partial and its base-2 log-sum-exp, or, with one slice, the bf16 output and the
+// natural-log lse (+inf for a query without a valid slot); the host merges the partials with a second launch, which
+// may be scheduled (programmatic dependent launch) as soon as every CTA of this one has started.
+//
+// The host sizes shared memory from CHUNK, PITCH and XCHG_BYTES as defined here (fewhead_fp8.py reads them).
 
 #define ROW_BYTES 656
 #define SCALE_OFFSET 512
@@ -39,6 +42,21 @@ static_assert(STAGES >= 2, "a chunk in use and one in flight");
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 2
 #endif
+// L2_PREFETCH (0, 64, 128 or 256): the prefetch size the row copies ask the L2 for (cp.async's .L2::<n>B).
+#ifndef L2_PREFETCH
+#define L2_PREFETCH 0
+#endif
+#if L2_PREFETCH == 256
+#define CP_ASYNC_CG "cp.async.cg.shared.global.L2::256B"
+#elif L2_PREFETCH == 128
+#define CP_ASYNC_CG "cp.async.cg.shared.global.L2::128B"
+#elif L2_PREFETCH == 64
+#define CP_ASYNC_CG "cp.async.cg.shared.global.L2::64B"
+#elif L2_PREFETCH == 0
+#define CP_ASYNC_CG "cp.async.cg.shared.global"
+#else
+#error "L2_PREFETCH must be 0, 64, 128 or 256"
+#endif
 #define Q_FP16_MAX 16384.0f
 #define NEG_INF __int_as_float(0xff800000)
 
@@ -47,7 +65,7 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
 }
 
 __device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+    asm volatile(CP_ASYNC_CG " [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
 }
 
 __device__ __forceinline__ void cp_async4(unsigned dst, const void* src, int bytes) {
@@ -156,6 +174,11 @@ fewhead_fp8_decode(const unsigned short* __restrict__ q, const unsigned char* __
     unsigned char* ring = smem + w * WARP_STAGE;  // + stage * CTA_STAGE
     float4* xchg = reinterpret_cast<float4*>(smem + STAGES * CTA_STAGE);
     const int* idx_row = idx + m * stride_im;
+#if __CUDA_ARCH__ >= 900
+    // The merge launch (launched as a programmatic dependent, waiting for this grid's completion before it reads
+    // anything) may be scheduled once every CTA of this grid has started.
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
 
     // Start the first STAGES - 1 chunks' copies before anything else.
     int pending = lo + lane < hi ? idx_row[lo + lane] : -1;

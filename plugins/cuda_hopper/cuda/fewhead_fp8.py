@@ -9,7 +9,9 @@ scores crosses warps. See the ``.cu`` file for the layout of the work. On an H20
 0.056 ms against the Triton kernel's 0.089 and padded FlashMLA's 0.090 (``docs/benchmarks.md``).
 
 Compiled at first use by NVRTC (:mod:`.nvrtc`); slices of each query's rows are planned from the loaded kernel's
-residency as in the Triton kernel (:func:`..triton.fewhead_plan.plan_splits`) and merged by its second launch.
+residency as in the Triton kernel (:func:`..triton.fewhead_plan.plan_splits`) and merged by a second launch, a
+programmatic dependent one on Hopper (:mod:`..triton.pdl`): it is scheduled while this kernel's last CTAs run.
+(Merging in the same launch, by the last slice of each query to finish, was measured slower: docs/benchmarks.md.)
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import math
 import os
+import re
 from dataclasses import dataclass
 from importlib import resources
 
@@ -34,11 +38,12 @@ from dsa_runtime.plugins.cuda_hopper.triton.mla_fp8_decode import (
     merge_slices,
     sm_count,
 )
+from dsa_runtime.plugins.cuda_hopper.triton.pdl import pdl_enabled
 
 logger = logging.getLogger(__name__)
 MAX_HEADS = 16
-CHUNK = 32  # rows per step (the .cu file's CHUNK)
 THREADS = 128
+L2_PREFETCH_BYTES = (0, 64, 128, 256)
 ENV_SWITCH = "DSA_FEWHEAD_CUDA"  # "0": the Triton backend keeps its Triton few-head kernel for fp8_656
 
 
@@ -48,7 +53,9 @@ class CudaFewHeadConfig:
     ``min_blocks``: the launch bound (CTAs per SM the compiler must fit in registers); ``splits``: fixed slices per
     query (0 = planned from the residency); ``min_rows``: fewest rows per planned slice; ``rescale_slack``: how far
     (base 2) a head's score may pass the running max before the accumulators are rescaled (0 = every time it
-    moves); ``ref_slack``: likewise, the factor a row scale may pass the reference scale by."""
+    moves); ``ref_slack``: likewise, the factor a row scale may pass the reference scale by; ``l2_prefetch``: the
+    L2 prefetch size in bytes the row copies ask for (0 = none); ``pdl_merge``: launch the merge of the slices as
+    a programmatic dependent (Hopper and later)."""
 
     stages: int = 2
     min_blocks: int = 2
@@ -56,11 +63,14 @@ class CudaFewHeadConfig:
     min_rows: int = 128
     rescale_slack: float = 8.0
     ref_slack: float = 16.0
+    l2_prefetch: int = 128
+    pdl_merge: bool = True
 
     @property
     def label(self) -> str:
         return (f"cuda_s{self.stages}_b{self.min_blocks}_r{self.rescale_slack:g}_{self.ref_slack:g}"
-                + (f"_x{self.splits}" if self.splits else ""))
+                + (f"_x{self.splits}" if self.splits else "") + f"_l2p{self.l2_prefetch}"
+                + ("" if self.pdl_merge else "_nopdl"))
 
     @property
     def options(self) -> tuple[str, ...]:
@@ -68,12 +78,17 @@ class CudaFewHeadConfig:
             raise ValueError("stages must be at least 2")
         if not (0.0 <= self.rescale_slack <= 10.0 and 1.0 <= self.ref_slack <= 16.0):
             raise ValueError("rescale_slack must be in [0, 10] and ref_slack in [1, 16] (fp16 probabilities)")
+        if self.l2_prefetch not in L2_PREFETCH_BYTES:
+            raise ValueError(f"l2_prefetch must be one of {L2_PREFETCH_BYTES}, got {self.l2_prefetch}")
         return (f"-DSTAGES={self.stages}", f"-DMIN_BLOCKS={self.min_blocks}",
-                f"-DRESCALE_SLACK={self.rescale_slack:.1f}f", f"-DREF_SLACK={self.ref_slack:.1f}f")
+                f"-DRESCALE_SLACK={self.rescale_slack:.1f}f", f"-DREF_SLACK={self.ref_slack:.1f}f",
+                f"-DL2_PREFETCH={self.l2_prefetch}")
 
     @property
     def dynamic_smem(self) -> int:
-        return self.stages * 4 * CHUNK * 176 + 2 * 4 * 4 * 32 * 16
+        """Bytes of dynamic shared memory: ``stages`` ring stages of four warps' rows and the score exchange."""
+        lay = source_layout()
+        return self.stages * 4 * lay["CHUNK"] * lay["PITCH"] + lay["XCHG_BYTES"]
 
 
 DEFAULT = CudaFewHeadConfig()
@@ -82,6 +97,17 @@ DEFAULT = CudaFewHeadConfig()
 @functools.cache
 def _source() -> str:
     return resources.files(__package__).joinpath("fewhead_fp8.cu").read_text()
+
+
+@functools.cache
+def source_layout() -> dict[str, int]:
+    """The ``.cu`` file's ``CHUNK`` (rows per step), ``PITCH`` (ring bytes per row) and ``XCHG_BYTES`` (score
+    exchange), read from its ``#define`` lines (a number or a product of numbers), so shared memory is sized from
+    the one definition."""
+    defines = dict(re.findall(r"^#define (CHUNK|PITCH|XCHG_BYTES) \(?([\d *]+?)\)?\s*(?://|$)", _source(), flags=re.M))
+    if set(defines) != {"CHUNK", "PITCH", "XCHG_BYTES"}:
+        raise RuntimeError(f"fewhead_fp8.cu: expected CHUNK, PITCH and XCHG_BYTES as products of numbers, got {defines}")
+    return {name: math.prod(int(f) for f in value.split("*")) for name, value in defines.items()}
 
 
 def supported(heads: int, d_v: int) -> bool:
@@ -114,6 +140,7 @@ def enabled(device_index: int) -> bool:
     return True
 
 
+@functools.cache
 def _kernel(cfg: CudaFewHeadConfig, device: torch.device) -> nvrtc.CudaKernel:
     return nvrtc.load_kernel(_source(), "fewhead_fp8_decode", cfg.options, cfg.dynamic_smem, device)
 
@@ -139,10 +166,9 @@ def decode_fewhead_fp8_cuda(q: Tensor, kv_cache: Tensor, indices: Tensor, sm_sca
     if q.dtype != torch.bfloat16:
         raise ValueError(f"q must be bf16, got {q.dtype}")
     cfg = config or DEFAULT
-    qf, idx = flatten_decode_inputs(q, indices)
-    if qf.stride(2) != 1 or qf.stride(1) % 8 or qf.stride(0) % 8 or qf.data_ptr() % 16:
+    qf, idx = flatten_decode_inputs(q, indices)  # unit-stride q columns, int32 indices
+    if qf.stride(1) % 8 or qf.stride(0) % 8 or qf.data_ptr() % 16:  # the kernel reads q 16 bytes at a time
         qf = qf.contiguous()
-    idx = idx.to(torch.int32)
     top_k = idx.shape[1]
     mq = batch * n_q
     out = torch.empty(mq, heads, d_v, dtype=torch.bfloat16, device=q.device)
@@ -151,9 +177,10 @@ def decode_fewhead_fp8_cuda(q: Tensor, kv_cache: Tensor, indices: Tensor, sm_sca
         return out.reshape(batch, n_q, heads, d_v), lse.reshape(batch, n_q, heads)
     rows = kv_cache.contiguous()
     kern = _kernel(cfg, q.device)
-    plan = FewHeadConfig(block_n=CHUNK, splits=cfg.splits, min_rows=cfg.min_rows)
+    chunk = source_layout()["CHUNK"]
+    plan = FewHeadConfig(block_n=chunk, splits=cfg.splits, min_rows=cfg.min_rows)
     splits = plan_splits(mq, top_k, sm_count(q.device), kern.resident_blocks(THREADS), plan)
-    per_split = triton.cdiv(triton.cdiv(max(top_k, 1), splits), CHUNK) * CHUNK
+    per_split = triton.cdiv(triton.cdiv(max(top_k, 1), splits), chunk) * chunk
     splits = triton.cdiv(max(top_k, 1), per_split)  # no slice without rows
     if splits > 1:
         part = torch.empty(mq, splits, heads, D_LATENT, dtype=torch.float32, device=q.device)
@@ -167,5 +194,6 @@ def decode_fewhead_fp8_cuda(q: Tensor, kv_cache: Tensor, indices: Tensor, sm_sca
         ctypes.c_int(per_split), ctypes.c_int(splits), ctypes.c_float(float(sm_scale) * LOG2E),
         ctypes.c_longlong(qf.stride(0)), ctypes.c_longlong(qf.stride(1)), ctypes.c_longlong(idx.stride(0))])
     if splits > 1:  # enough merge programs to cover the GPU four times
-        merge_slices(part, plse, out, lse, d_v, min_programs=4 * sm_count(q.device))
+        merge_slices(part, plse, out, lse, d_v, min_programs=4 * sm_count(q.device),
+                     pdl=pdl_enabled(cfg.pdl_merge, q.device))
     return out.reshape(batch, n_q, heads, d_v), lse.reshape(batch, n_q, heads)

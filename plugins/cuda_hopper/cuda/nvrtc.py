@@ -141,7 +141,7 @@ _LOADED: dict[tuple, CudaKernel] = {}
 def load_kernel(source: str, name: str, options: Sequence[str], dynamic_smem: int, device: torch.device) -> CudaKernel:
     """Compile (once per source, options and device architecture) and load kernel ``name`` on ``device``."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    key = (hash(source), name, tuple(options), dynamic_smem, index)
+    key = (source, name, tuple(options), dynamic_smem, index)  # the text itself: a hash may collide
     kern = _LOADED.get(key)
     if kern is not None:
         return kern

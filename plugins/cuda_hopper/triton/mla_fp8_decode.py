@@ -25,6 +25,7 @@ from torch import Tensor
 from dsa_runtime.families import D_LATENT, D_QK, FP8_MLA_ROW_BYTES
 from dsa_runtime.plugins.cuda_hopper.triton.moe_quant import INTERPRET
 from dsa_runtime.plugins.cuda_hopper.triton.online_softmax import softmax_block
+from dsa_runtime.plugins.cuda_hopper.triton.pdl import grid_sync, pdl_kwargs
 
 LOG2E = 1.4426950408889634
 
@@ -197,8 +198,10 @@ def _decode_kernel(q_ptr, c8_ptr, s32_ptr, pe16_ptr, idx_ptr, out_ptr, lse_ptr,
 @triton.jit
 def _combine_kernel(part_ptr, plse_ptr, out_ptr, lse_ptr, H, SPLITS,
                     stride_pm, stride_ps, stride_ph, stride_lm, stride_ls, stride_om, stride_oh, stride_fm,
-                    D_OUT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr):
-    """Log-sum-exp merge of the splits of one request-query and ``BLOCK_H`` heads."""
+                    D_OUT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr = False):
+    """Log-sum-exp merge of the splits of one request-query and ``BLOCK_H`` heads (``PDL``: launched as a
+    programmatic dependent, it waits for the previous grid first: :func:`.pdl.grid_sync`)."""
+    grid_sync(PDL)
     m = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = h < H
@@ -224,7 +227,8 @@ def _combine_kernel(part_ptr, plse_ptr, out_ptr, lse_ptr, H, SPLITS,
     tl.store(lse_ptr + m * stride_fm + h, lse, mask=hmask)
 
 
-def merge_slices(part: Tensor, plse: Tensor, out: Tensor, lse: Tensor, d_v: int, min_programs: int = 0) -> None:
+def merge_slices(part: Tensor, plse: Tensor, out: Tensor, lse: Tensor, d_v: int, min_programs: int = 0,
+                 pdl: bool = False) -> None:
     """Merge per-slice partials into ``out`` / ``lse`` (log-sum-exp rule, :func:`_combine_kernel`).
 
     Args:
@@ -232,6 +236,8 @@ def merge_slices(part: Tensor, plse: Tensor, out: Tensor, lse: Tensor, d_v: int,
         out: ``[M, H, d_v]`` bf16; lse: ``[M, H]`` fp32 (natural log, ``+inf`` when every slice was empty).
         min_programs: heads per program are halved (from 16) while fewer programs than this would run, so a
             small batch still spreads over the GPU (the merge is then the tail).
+        pdl: launch as a programmatic dependent of the previous kernel (:mod:`.pdl`; on where it is supported),
+            so its scheduling overlaps that kernel's last wave.
     """
     mq, splits, heads, _ = part.shape
     cb_h = 16
@@ -240,7 +246,8 @@ def merge_slices(part: Tensor, plse: Tensor, out: Tensor, lse: Tensor, d_v: int,
     _combine_kernel[(mq, triton.cdiv(heads, cb_h))](
         part, plse, out, lse, heads, splits, part.stride(0), part.stride(1), part.stride(2),
         plse.stride(0), plse.stride(1), out.stride(0), out.stride(1), lse.stride(0),
-        D_OUT=d_v, BLOCK_H=cb_h, BLOCK_S=max(triton.next_power_of_2(splits), 2), num_warps=4)
+        D_OUT=d_v, BLOCK_H=cb_h, BLOCK_S=max(triton.next_power_of_2(splits), 2), PDL=pdl, num_warps=4,
+        **pdl_kwargs(pdl))
 
 
 def _kernels():
