@@ -51,6 +51,7 @@ CONFIGS = {
     "sample_st3": TopKConfig(sample=SamplePlan(stages=3)),
     "sample_w8": TopKConfig(sample=SamplePlan(block=4096, warps=8)),
     "sample_nopdl": TopKConfig(sample=SamplePlan(pdl=False)),  # every launch after the previous one (before 2026-11-26)
+    "sample_triton_scan": TopKConfig(sample=SamplePlan(cuda_scan=False)),  # the Triton scan (before 2026-11-27)
     "cand": TopKConfig(**NO_BISECT),
     "cand_blk4096": TopKConfig(block=4096, split_block=4096, **NO_BISECT),
     "cand_blk8192_w16": TopKConfig(block=8192, warps=16, split_block=4096, split_warps=8, **NO_BISECT),

@@ -5,7 +5,7 @@ every CUDA toolkit, and the driver is already loaded by torch. Kernels are ``ext
 headers; a compiled module is cached per (source, name, options, device). A launch goes on the current torch
 stream through ``cuLaunchKernel``, so CUDA graphs capture it like any other kernel.
 
-Also usable without a GPU: :func:`compile_cubin` needs only NVRTC (``bench/fewhead_cuda_compile.py`` checks the
+Also usable without a GPU: :func:`compile_cubin` needs only NVRTC (``bench/cuda_compile.py`` checks the
 source and its register use on the CPU machine).
 """
 
@@ -98,6 +98,20 @@ def _check(res: int, what: str) -> None:
 _CU_FUNC_ATTRIBUTE_NUM_REGS = 4
 _CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES = 3
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+
+
+class _LaunchAttribute(ctypes.Structure):
+    """``CUlaunchAttribute``: an id, padding to 8 bytes, a 64-byte value union."""
+
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    """``CUlaunchConfig`` (cuLaunchKernelEx, CUDA 12+)."""
+
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared_mem_bytes", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
 
 
 @dataclass
@@ -124,15 +138,24 @@ class CudaKernel:
         return n
 
     def launch(self, grid: tuple[int, int, int], block: tuple[int, int, int], args: Sequence[ctypes._SimpleCData],
-               stream: int | None = None) -> None:
+               stream: int | None = None, pdl: bool = False) -> None:
         """Launch with ``args`` as ctypes scalars (``c_void_p`` for device pointers) on ``stream`` (the
-        current torch stream by default)."""
+        current torch stream by default). ``pdl``: as a programmatic dependent launch (``cuLaunchKernelEx``,
+        Hopper and later): the kernel may start while the previous one drains, so it must execute
+        ``griddepcontrol.wait`` before it touches memory (see :mod:`..triton.pdl`)."""
         if stream is None:
             stream = torch.cuda.current_stream().cuda_stream
         ptrs = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args])
-        _check(_driver().cuLaunchKernel(self.function, *[ctypes.c_uint(v) for v in grid],
-                                        *[ctypes.c_uint(v) for v in block], ctypes.c_uint(self.dynamic_smem),
-                                        ctypes.c_void_p(stream), ptrs, None), "cuLaunchKernel")
+        if not pdl:
+            _check(_driver().cuLaunchKernel(self.function, *[ctypes.c_uint(v) for v in grid],
+                                            *[ctypes.c_uint(v) for v in block], ctypes.c_uint(self.dynamic_smem),
+                                            ctypes.c_void_p(stream), ptrs, None), "cuLaunchKernel")
+            return
+        attr = _LaunchAttribute(id=_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+        attr.value[0] = 1  # programmaticStreamSerializationAllowed
+        config = _LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), self.dynamic_smem,
+                               ctypes.c_void_p(stream), ctypes.pointer(attr), 1)
+        _check(_driver().cuLaunchKernelEx(ctypes.byref(config), self.function, ptrs, None), "cuLaunchKernelEx")
 
 
 _LOADED: dict[tuple, CudaKernel] = {}

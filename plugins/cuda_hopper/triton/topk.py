@@ -42,7 +42,8 @@ class SamplePlan:
     """Launch shape of the sampled-bound search of :mod:`.topk_sample`.
 
     Attributes:
-        slices: scan programs per row (0: :func:`.topk_sample.sample_slices` picks, about four programs per SM).
+        slices: scan programs per row (0: :func:`.topk_sample.sample_slices` picks, about four programs per SM,
+            eight for the CUDA scan).
         cap: most candidates per row (a power of two; the finish holds them in registers).
         sample: sampled keys per row (a power of two).
         chunk: columns per sampled run (a power of two dividing ``sample``; 32 fp32 = one 128-byte line).
@@ -57,6 +58,12 @@ class SamplePlan:
         pdl: the sampled search and its fallback launch as programmatic dependent launches (Hopper and later,
             :mod:`.pdl`: each kernel is scheduled while the previous one drains; H200, 2026-11-26: 1 x 128K
             0.039 against 0.042-0.043 ms, no change at 64 or 256 rows).
+        cuda_scan: the scan runs as CUDA C++ (:mod:`...cuda.topk_scan`, same buffers) where NVRTC is found and
+            the logits' alignment allows; else (and with ``DSA_TOPK_SCAN_CUDA=0``) the Triton scan. Only the
+            Triton scan runs ``fused_sample`` and ``stages``.
+        cuda_round: the CUDA scan's 1024-column steps per round (16-byte loads a thread has in flight, doubled by
+            the next round's prefetch).
+        cuda_threads: threads of a CUDA scan program (4 columns each per step).
     """
 
     slices: int = 0
@@ -71,6 +78,9 @@ class SamplePlan:
     sample_warps: int = 8
     finish_warps: int = 8
     pdl: bool = True
+    cuda_scan: bool = True
+    cuda_round: int = 2
+    cuda_threads: int = 256
 
 
 @dataclass(frozen=True)
@@ -244,12 +254,17 @@ class TritonTopK:
     def _sample(self, x: Tensor, starts: Tensor, ends: Tensor, out: Tensor, k: int, table: Tensor | None,
                 batch: Tensor | None, page_size: int) -> Tensor:
         """The sampled-bound search (:mod:`.topk_sample`); returns the rows it wrote (int32 ``[R]``)."""
-        from dsa_runtime.plugins.cuda_hopper.triton.topk_sample import launch_sample, sample_slices
+        from dsa_runtime.plugins.cuda_hopper.triton.topk_sample import (
+            launch_sample,
+            sample_slices,
+            uses_cuda_scan,
+        )
 
         plan = self.config.sample
         assert plan is not None
         if not plan.slices:
-            plan = replace(plan, slices=sample_slices(x.shape[0], x.shape[1], _sms(x.device)))
+            per_sm = 8 if uses_cuda_scan(plan, x) else 4  # the CUDA scan's programs are smaller
+            plan = replace(plan, slices=sample_slices(x.shape[0], x.shape[1], _sms(x.device), per_sm=per_sm))
         return launch_sample(x, starts, ends, out, k, table, batch, page_size, plan=plan)
 
     def topk(self, logits: Tensor, row_starts: Tensor, row_ends: Tensor, k: int) -> Tensor:

@@ -41,15 +41,17 @@ SKIP = tl.constexpr(2147483647)  # a bound no key reaches (radix_key's largest i
 
 
 def sample_slices(rows: int, width: int, sms: int, min_slice: int = 4096, max_slice: int = 16384,
-                  most: int = 64) -> int:
+                  most: int = 64, per_sm: int = 4) -> int:
     """Scan programs per row: a power of two giving slices of at most ``max_slice`` columns (a program's chunks
     are read one after another: many rows must not leave one program a whole 128K row), then doubled while the
-    rows give fewer than about four programs per SM and slices stay at least ``min_slice`` wide; at most
-    ``most`` (H200 sweep: 64 x 128K 8 slices 0.062 ms, 4 0.073, 16 0.063; 1 x 128K 32 slices 0.040, 8 0.048)."""
+    rows give fewer than about ``per_sm`` programs per SM and slices stay at least ``min_slice`` wide; at most
+    ``most``. H200 sweeps: the Triton scan (4 per SM) at 64 x 128K 8 slices 0.062 ms, 4 0.073, 16 0.063, at
+    1 x 128K 32 slices 0.040, 8 0.048; the CUDA scan (8 per SM, its programs are smaller) at 64 x 128K 16 slices
+    0.0506-0.0516 ms against 0.0516-0.0544 for 8 (three runs), at 256 rows 8 slices either way."""
     s = 1
     while width > s * max_slice and s * 2 <= most:
         s *= 2
-    while rows * s * 2 <= 4 * sms and width // (s * 2) >= min_slice and s * 2 <= most:
+    while rows * s * 2 <= per_sm * sms and width // (s * 2) >= min_slice and s * 2 <= most:
         s *= 2
     return s
 
@@ -179,6 +181,16 @@ def _finish_kernel(starts_ptr, ends_ptr, cnt_ptr, ckey_ptr, ccol_ptr, out_ptr, d
     tl.store(done_ptr + r, done)
 
 
+def uses_cuda_scan(plan: SamplePlan, logits: torch.Tensor) -> bool:
+    """Whether the scan runs as CUDA C++ (:mod:`...cuda.topk_scan`): asked for, a separate sample launch (the
+    CUDA scan reads the bound), and the kernel usable on these logits."""
+    if not plan.cuda_scan or plan.fused_sample or not logits.is_cuda:
+        return False
+    from dsa_runtime.plugins.cuda_hopper.cuda.topk_scan import usable
+
+    return usable(logits)
+
+
 def launch_sample(logits, starts, ends, out, k, table, batch, page_size, *, plan: SamplePlan) -> torch.Tensor:
     """Steps 1-3 over ``[R, L]`` fp32 logits into ``out`` ``[R, k]``; returns ``done`` (int32 ``[R]``, 1 where the
     row is written) for the fallback's ``skip_ptr``."""
@@ -201,11 +213,18 @@ def launch_sample(logits, starts, ends, out, k, table, batch, page_size, *, plan
         _sample_kernel[(rows,)](logits, logits.stride(0), starts, ends, bound, k, plan.sigmas, plan.cap,
                                 SAMPLE=plan.sample, CHUNK=plan.chunk, PDL=pdl, num_warps=plan.sample_warps,
                                 **pdl_kwargs(pdl))
-    _scan_kernel[(rows, S)](
-        logits, logits.stride(0), starts, ends, bound, cnt, cand[0], cand[1], k, S, caps, plan.sigmas, plan.cap,
-        SAMPLE=plan.sample, CHUNK=plan.chunk, FUSED=plan.fused_sample, BLOCK=plan.block, STAGES=plan.stages, PDL=pdl,
-        num_warps=max(plan.warps, plan.sample_warps) if plan.fused_sample else plan.warps, **pdl_kwargs(pdl),
-    )
+    if uses_cuda_scan(plan, logits):
+        from dsa_runtime.plugins.cuda_hopper.cuda.topk_scan import launch_scan
+
+        launch_scan(logits, starts, ends, bound, cnt, cand[0], cand[1], k, S, caps, plan.cuda_round, pdl=pdl,
+                    threads=plan.cuda_threads)
+    else:
+        _scan_kernel[(rows, S)](
+            logits, logits.stride(0), starts, ends, bound, cnt, cand[0], cand[1], k, S, caps, plan.sigmas, plan.cap,
+            SAMPLE=plan.sample, CHUNK=plan.chunk, FUSED=plan.fused_sample, BLOCK=plan.block, STAGES=plan.stages,
+            PDL=pdl, num_warps=max(plan.warps, plan.sample_warps) if plan.fused_sample else plan.warps,
+            **pdl_kwargs(pdl),
+        )
     tab, stab, bat, ps, fuse = table_args(out, starts, table, batch, page_size)
     _finish_kernel[(rows,)](
         starts, ends, cnt, cand[0], cand[1], out, done, k, S, caps, tab, stab, bat, ps,

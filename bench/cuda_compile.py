@@ -1,8 +1,8 @@
-"""Compile the CUDA few-head ``fp8_656`` decode (``plugins/cuda_hopper/cuda/fewhead_fp8.cu``) for sm_90 with NVRTC,
-no GPU needed, and print each configuration's registers, spills and SASS instruction mix (Triton's bundled
-``cuobjdump``).
+"""Compile our CUDA C++ kernels (``plugins/cuda_hopper/cuda/*.cu``: the few-head ``fp8_656`` decode and the top-k
+scan) for sm_90 with NVRTC, no GPU needed, and print each configuration's registers, spills and SASS instruction
+mix (Triton's bundled ``cuobjdump``).
 
-    DSA_NVRTC_LIB=/path/to/libnvrtc.so.12 python bench/fewhead_cuda_compile.py
+    DSA_NVRTC_LIB=/path/to/libnvrtc.so.12 python bench/cuda_compile.py
 
 NVRTC comes with torch's CUDA wheels; on a CPU-only machine ``pip download nvidia-cuda-nvrtc-cu12`` and unzip it.
 Exits 1 when a configuration spills to local memory.
@@ -18,11 +18,20 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dsa_runtime.plugins.cuda_hopper.cuda import fewhead_fp8, nvrtc
+from dsa_runtime.plugins.cuda_hopper.cuda import fewhead_fp8, nvrtc, topk_scan
 from dsa_runtime.plugins.cuda_hopper.cuda.fewhead_fp8 import CudaFewHeadConfig
 
-CONFIGS = (CudaFewHeadConfig(), CudaFewHeadConfig(stages=3), CudaFewHeadConfig(min_blocks=3),
-           CudaFewHeadConfig(l2_prefetch=128), CudaFewHeadConfig(l2_prefetch=256))
+FEWHEAD = (CudaFewHeadConfig(), CudaFewHeadConfig(stages=3), CudaFewHeadConfig(min_blocks=3),
+           CudaFewHeadConfig(l2_prefetch=0), CudaFewHeadConfig(l2_prefetch=256))
+SCAN = ((2, 256), (4, 256), (2, 128), (2, 512))  # (round steps, threads)
+
+
+def targets():
+    """(label, source, options) of every configuration compiled."""
+    for cfg in FEWHEAD:
+        yield f"fewhead {cfg.label}", fewhead_fp8._source(), cfg.options
+    for steps, threads in SCAN:
+        yield f"topk_scan r{steps} t{threads}", topk_scan._source(), (f"-DROUND={steps}", f"-DTHREADS={threads}")
 
 
 def cuobjdump() -> str:
@@ -41,8 +50,8 @@ def main() -> int:
     spilled = False
     print("| config | registers | stack bytes | SASS instructions | F2FP | HMMA | PRMT | LDS |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for cfg in CONFIGS:
-        cubin = nvrtc.compile_cubin(fewhead_fp8._source(), "sm_90", cfg.options)
+    for label, source, options in targets():
+        cubin = nvrtc.compile_cubin(source, "sm_90", options)
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(cubin)
             f.flush()
@@ -54,7 +63,7 @@ def main() -> int:
         ops = collections.Counter(op.split(".")[0] for op in re.findall(
             r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", sass))
         spilled |= stack > 0
-        print(f"| {cfg.label} | {regs} | {stack} | {sum(ops.values())} | {ops['F2FP']} | {ops['HMMA']} | "
+        print(f"| {label} | {regs} | {stack} | {sum(ops.values())} | {ops['F2FP']} | {ops['HMMA']} | "
               f"{ops['PRMT']} | {ops['LDS']} |")
     return 1 if spilled else 0
 
