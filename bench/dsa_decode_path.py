@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     needs = {"heads": HEADS, "k": TOPK, "page_size": PAGE, "decode_queries": 1, "index_heads": INDEX_HEADS,
              "scale_fmt": "ue8m0"}
     sparse_k = resolve_kernels(KernelConfig(kv_layout="fp8_656"), needs=needs)
-    dense_k = resolve_kernels(KernelConfig(kv_layout="bf16"), needs={"heads": HEADS, "page_size": PAGE,
+    # k = the whole context: a backend whose claim stops short of it (TileLang's 16K) is not picked
+    dense_k = resolve_kernels(KernelConfig(kv_layout="bf16"), needs={"heads": HEADS, "k": ctx, "page_size": PAGE,
                                                                      "decode_queries": 1})
     chosen = {m: c.backend for m, c in sparse_k.choices.items() if m in (
         "indexer.logits_paged", "topk.topk_transform", "sparse_attn.decode")}
