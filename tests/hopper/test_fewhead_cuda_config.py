@@ -1,5 +1,5 @@
 """The CUDA few-head decode's host side without a GPU: configurations, the packaged source, NVRTC discovery and
-the switch that keeps the Triton kernel."""
+the switches that keep the Triton kernels (few-head decode and top-k scan)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("triton", reason="needs the triton package (pip install -e '.[test]')")
 torch = pytest.importorskip("torch")
 
-from dsa_runtime.plugins.cuda_hopper.cuda import fewhead_fp8, nvrtc  # noqa: E402
+from dsa_runtime.plugins.cuda_hopper.cuda import fewhead_fp8, nvrtc, topk_scan  # noqa: E402
 from dsa_runtime.plugins.cuda_hopper.cuda.fewhead_fp8 import CudaFewHeadConfig  # noqa: E402
 
 
@@ -64,14 +64,15 @@ def test_cpu_tensors_never_take_the_cuda_kernel():
     assert fewhead_fp8.use_cuda_kernel(q, 512) is False
 
 
-def test_switch_off_is_honoured_before_any_device_query(monkeypatch):
-    monkeypatch.setenv(fewhead_fp8.ENV_SWITCH, "0")
-    fewhead_fp8.enabled.cache_clear()
+@pytest.mark.parametrize("module", [fewhead_fp8, topk_scan], ids=["fewhead_fp8", "topk_scan"])
+def test_switch_off_is_honoured_before_any_device_query(monkeypatch, module):
+    monkeypatch.setenv(module.ENV_SWITCH, "0")
+    module.enabled.cache_clear()
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: pytest.fail("queried the device"))
     try:
-        assert fewhead_fp8.enabled(0) is False
+        assert module.enabled(0) is False
     finally:
-        fewhead_fp8.enabled.cache_clear()
+        module.enabled.cache_clear()
 
 
 def test_nvrtc_override_is_tried_first(monkeypatch):

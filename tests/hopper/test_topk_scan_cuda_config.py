@@ -1,4 +1,5 @@
-"""The CUDA top-k scan's host side without a GPU: the packaged source, when it may run, the switch."""
+"""The CUDA top-k scan's host side without a GPU: the packaged source and when it may run (its switch:
+test_fewhead_cuda_config.py)."""
 
 from __future__ import annotations
 
@@ -31,12 +32,3 @@ def test_fused_sample_and_the_plan_switch_keep_the_triton_scan(monkeypatch):
     assert uses_cuda_scan(SamplePlan(cuda_scan=False), x) is False
     assert uses_cuda_scan(SamplePlan(fused_sample=True), x) is False
 
-
-def test_switch_off_is_honoured_before_any_device_query(monkeypatch):
-    monkeypatch.setenv(topk_scan.ENV_SWITCH, "0")
-    topk_scan.enabled.cache_clear()
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: pytest.fail("queried the device"))
-    try:
-        assert topk_scan.enabled(0) is False
-    finally:
-        topk_scan.enabled.cache_clear()

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
 import math
-import os
 import re
 from dataclasses import dataclass
 from importlib import resources
@@ -40,7 +38,6 @@ from dsa_runtime.plugins.cuda_hopper.triton.mla_fp8_decode import (
 )
 from dsa_runtime.plugins.cuda_hopper.triton.pdl import pdl_enabled
 
-logger = logging.getLogger(__name__)
 MAX_HEADS = 16
 THREADS = 128
 L2_PREFETCH_BYTES = (0, 64, 128, 256)
@@ -127,17 +124,7 @@ def use_cuda_kernel(q: Tensor, d_v: int) -> bool:
 def enabled(device_index: int) -> bool:
     """Whether the Triton backend sends ``fp8_656`` decode at up to 16 heads here: NVRTC found, an SM89+ device
     (``cvt.rn.f16x2.e4m3x2``), and :data:`ENV_SWITCH` not ``"0"``. Logged once per device when it is not."""
-    if os.environ.get(ENV_SWITCH, "1") == "0":
-        logger.info("few-head fp8_656 decode: the CUDA kernel is off (%s=0); the Triton kernel runs", ENV_SWITCH)
-        return False
-    if torch.cuda.get_device_capability(device_index) < (8, 9):
-        return False
-    try:
-        nvrtc.nvrtc()
-    except nvrtc.NvrtcUnavailable as exc:
-        logger.info("few-head fp8_656 decode: %s; the Triton kernel runs", exc)
-        return False
-    return True
+    return nvrtc.kernel_enabled("few-head fp8_656 decode", ENV_SWITCH, device_index, (8, 9), "the Triton kernel")
 
 
 @functools.cache

@@ -14,12 +14,15 @@ from __future__ import annotations
 import ctypes
 import functools
 import glob
+import logging
 import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 
 class NvrtcUnavailable(RuntimeError):
@@ -55,6 +58,24 @@ def available() -> bool:
     try:
         nvrtc()
     except NvrtcUnavailable:
+        return False
+    return True
+
+
+def kernel_enabled(what: str, env_switch: str, device_index: int, min_capability: tuple[int, int],
+                   fallback: str) -> bool:
+    """Whether one of our CUDA kernels runs on a device: ``env_switch`` not ``"0"`` (read before any device
+    query), compute capability ``>= min_capability`` and NVRTC found. When it is not, the reason is logged at
+    INFO as ``"<what>: <reason>; <fallback> runs"``. Callers cache the answer per device."""
+    if os.environ.get(env_switch, "1") == "0":
+        logger.info("%s: the CUDA kernel is off (%s=0); %s runs", what, env_switch, fallback)
+        return False
+    if torch.cuda.get_device_capability(device_index) < min_capability:
+        return False
+    try:
+        nvrtc()
+    except NvrtcUnavailable as exc:
+        logger.info("%s: %s; %s runs", what, exc, fallback)
         return False
     return True
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
-import os
 from importlib import resources
 
 import torch
@@ -22,7 +20,6 @@ from torch import Tensor
 
 from dsa_runtime.plugins.cuda_hopper.cuda import nvrtc
 
-logger = logging.getLogger(__name__)
 ENV_SWITCH = "DSA_TOPK_SCAN_CUDA"  # "0": the Triton scan
 
 
@@ -34,17 +31,7 @@ def _source() -> str:
 @functools.cache
 def enabled(device_index: int) -> bool:
     """NVRTC found, an SM80+ device and :data:`ENV_SWITCH` not ``"0"`` (logged once per device when not)."""
-    if os.environ.get(ENV_SWITCH, "1") == "0":
-        logger.info("top-k scan: the CUDA kernel is off (%s=0); the Triton scan runs", ENV_SWITCH)
-        return False
-    if torch.cuda.get_device_capability(device_index) < (8, 0):
-        return False
-    try:
-        nvrtc.nvrtc()
-    except nvrtc.NvrtcUnavailable as exc:
-        logger.info("top-k scan: %s; the Triton scan runs", exc)
-        return False
-    return True
+    return nvrtc.kernel_enabled("top-k scan", ENV_SWITCH, device_index, (8, 0), "the Triton scan")
 
 
 def usable(logits: Tensor) -> bool:
