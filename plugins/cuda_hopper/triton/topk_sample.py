@@ -161,13 +161,15 @@ def _finish_kernel(starts_ptr, ends_ptr, cnt_ptr, ckey_ptr, ccol_ptr, out_ptr, d
         cnts = tl.load(cnt_ptr + r * S + sidx, mask=sidx < S, other=0)
         m = tl.sum(cnts, 0)
         if (m >= k) & (m <= CAP) & (tl.max(cnts, 0) <= CAPS):
-            before = tl.cumsum(cnts, 0) - cnts  # candidates of the slices before each slice
+            # Candidate i of the row is slice j's (i - pre) when pre <= i < pre + cnt[j], pre the candidates of the
+            # slices before j: a running sum of scalar loads (two block-wide sums per slice cost more).
             i = tl.arange(0, CAP)
             src = tl.zeros([CAP], dtype=tl.int32)
+            pre = tl.zeros([], dtype=tl.int32)
             for j in range(0, S):
-                pre = tl.sum(tl.where(sidx == j, before, 0), 0)
-                cj = tl.sum(tl.where(sidx == j, cnts, 0), 0)
+                cj = tl.load(cnt_ptr + r * S + j)
                 src = tl.where((i >= pre) & (i < pre + cj), j * CAPS + i - pre, src)
+                pre += cj
             valid = i < m
             base = r.to(tl.int64) * S * CAPS
             key = tl.load(ckey_ptr + base + src, mask=valid, other=INT_MIN)
