@@ -4,8 +4,9 @@
 //
 // One CTA = one query (blockIdx.y) x one slice of its selected rows (blockIdx.x); four warps, warp w owning
 // latent columns [128 w, 128 w + 128) and rope columns [16 w, 16 w + 16):
-//   * each warp copies only its own 164 bytes of every selected row into its own shared-memory ring (cp.async,
-//     STAGES deep, zero-filled for a slot -1), so warps never wait on each other's copies;
+//   * the CTA copies whole rows, 32 a chunk, into a shared ring STAGES deep (cp.async, consecutive 16-byte pieces
+//     across the CTA, zero-filled for a slot -1); STAGES - 2 chunks are in flight while one is multiplied, and the
+//     barrier each chunk needs anyway (the score exchange below) is also the one that hands the next chunk over;
 //   * scores: mma.sync m16n8k16 with the 16 heads as M and rows as N; the e4m3 values are converted to fp16
 //     exactly (cvt.rn.f16x2.e4m3x2) in registers, q runs in fp16 (each head's block divided by a power of two
 //     when it would leave fp16's range); each warp's partial is multiplied by its column block's row scales,
@@ -19,20 +20,22 @@
 // natural-log lse (+inf for a query without a valid slot); the host merges the partials with a second launch, which
 // may be scheduled (programmatic dependent launch) as soon as every CTA of this one has started.
 //
-// The host sizes shared memory from CHUNK, PITCH and XCHG_BYTES as defined here (fewhead_fp8.py reads them).
+// The host sizes shared memory (STAGES x CHUNK x PITCH + XCHG_BYTES) from the values defined here (fewhead_fp8.py
+// reads them).
 
 #define ROW_BYTES 656
 #define SCALE_OFFSET 512
 #define ROPE_OFFSET 528
+#define BIAS_OFFSET 656              // in the ring: the row's score bias (0 or -inf) after its 656 bytes
+#define PIECES 41                    // 16-byte pieces per row
 #define CHUNK 32                     // rows per step
-#define PITCH 176                    // bytes per row in a warp's ring: 128 latent + 32 rope + scale + bias + pad
-#define WARP_STAGE (CHUNK * PITCH)   // one warp's bytes per stage
-#define CTA_STAGE (4 * WARP_STAGE)
+#define PITCH 688                    // ring bytes per row; 688 % 128 = 48 keeps the fragment loads' banks apart
+#define CTA_STAGE (CHUNK * PITCH)
 #define XCHG_BYTES (2 * 4 * 4 * 32 * 16)  // two buffers x 4 warps x 4 row tiles x 32 lanes x float4
 #ifndef STAGES
-#define STAGES 2
+#define STAGES 4
 #endif
-static_assert(STAGES >= 2, "a chunk in use and one in flight");
+static_assert(STAGES >= 3, "the chunk in use, the next one landed, one in flight");
 #ifndef RESCALE_SLACK
 #define RESCALE_SLACK 8.0f
 #endif
@@ -126,33 +129,33 @@ __device__ __forceinline__ uint2 lds64(unsigned addr) {
     return v;
 }
 
+__device__ __forceinline__ float lds32f(unsigned addr) {
+    float v;
+    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr));
+    return v;
+}
+
 __device__ __forceinline__ unsigned word(const uint4& v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// Copy warp ``w``'s columns of the chunk's rows (``slot``: this lane's row's slot, -1 = none) into ``stage`` (this
-// warp's ring entry) and write the rows' score biases (0 or -inf). Eight consecutive lanes copy one row's 128
-// latent bytes, so a request covers whole 32-byte sectors (a lane per row read half sectors: 0.067 -> 0.056 ms).
+// Copy the chunk's whole rows (``slot``: lane r's row r's slot, -1 = none; every warp holds the same 32) into
+// ``stage`` and write the rows' score biases (0 or -inf). The CTA's 128 threads take consecutive 16-byte pieces, so
+// a warp's request covers 512 contiguous bytes of one or two rows: whole rows ask the L2 for about half as many
+// requests as each warp copying its own columns (9 requests per row and warp, and 4-byte scale reads).
 __device__ __forceinline__ void issue_chunk(const unsigned char* kv, int slot, int w, int lane, unsigned char* stage) {
     const unsigned d = smem_addr(stage);
-    const int piece = lane & 7;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        const int r = 4 * j + (lane >> 3);
-        const int sl = __shfl_sync(0xffffffffu, slot, r);
-        const unsigned char* src = kv + (long long)(sl >= 0 ? sl : 0) * ROW_BYTES + 128 * w + 16 * piece;
-        cp_async16(d + r * PITCH + 16 * piece, src, sl >= 0 ? 16 : 0);
+    for (int i = 0; i < (CHUNK * PIECES + 127) / 128; ++i) {
+        const int p = threadIdx.x + 128 * i;
+        const int r = p / PIECES;
+        const int piece = p - r * PIECES;
+        const int sl = __shfl_sync(0xffffffffu, slot, r & 31);
+        if (p < CHUNK * PIECES)
+            cp_async16(d + r * PITCH + 16 * piece, kv + (long long)(sl >= 0 ? sl : 0) * ROW_BYTES + 16 * piece,
+                       sl >= 0 ? 16 : 0);
     }
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-        const int r = 16 * j + (lane >> 1);
-        const int sl = __shfl_sync(0xffffffffu, slot, r);
-        const unsigned char* src = kv + (long long)(sl >= 0 ? sl : 0) * ROW_BYTES + ROPE_OFFSET + 32 * w + 16 * (lane & 1);
-        cp_async16(d + r * PITCH + 128 + 16 * (lane & 1), src, sl >= 0 ? 16 : 0);
-    }
-    const unsigned char* own = kv + (long long)(slot >= 0 ? slot : 0) * ROW_BYTES;
-    cp_async4(d + lane * PITCH + 160, own + SCALE_OFFSET + 4 * w, slot >= 0 ? 4 : 0);
-    *reinterpret_cast<float*>(stage + lane * PITCH + 164) = slot >= 0 ? 0.0f : NEG_INF;
+    if (w == 0) *reinterpret_cast<float*>(stage + lane * PITCH + BIAS_OFFSET) = slot >= 0 ? 0.0f : NEG_INF;
 }
 
 extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS)
@@ -171,7 +174,7 @@ fewhead_fp8_decode(const unsigned short* __restrict__ q, const unsigned char* __
     const int lo = sp * rows_per_split;
     const int hi = min(lo + rows_per_split, top_k);
     const int chunks = hi > lo ? (hi - lo + CHUNK - 1) / CHUNK : 0;
-    unsigned char* ring = smem + w * WARP_STAGE;  // + stage * CTA_STAGE
+    unsigned char* ring = smem;  // + stage * CTA_STAGE
     float4* xchg = reinterpret_cast<float4*>(smem + STAGES * CTA_STAGE);
     const int* idx_row = idx + m * stride_im;
 #if __CUDA_ARCH__ >= 900
@@ -263,8 +266,8 @@ fewhead_fp8_decode(const unsigned short* __restrict__ q, const unsigned char* __
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[j][e] = 0.0f;
             const unsigned row = base + (8 * j + g) * PITCH;
-            const uint4 x0 = lds128(row + 16 * t);
-            const uint4 x1 = lds128(row + 64 + 16 * t);
+            const uint4 x0 = lds128(row + 128 * w + 16 * t);
+            const uint4 x1 = lds128(row + 128 * w + 64 + 16 * t);
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
                 unsigned b0, b1;
@@ -273,15 +276,15 @@ fewhead_fp8_decode(const unsigned short* __restrict__ q, const unsigned char* __
             }
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                const uint2 sb = lds64(base + (8 * j + 2 * t + e) * PITCH + 160);
-                sc[j][e] = __uint_as_float(sb.x);
-                bias[j][e] = __uint_as_float(sb.y);
+                const unsigned r = base + (8 * j + 2 * t + e) * PITCH;
+                sc[j][e] = lds32f(r + SCALE_OFFSET + 4 * w);
+                bias[j][e] = lds32f(r + BIAS_OFFSET);
             }
             s[j][0] *= q_up[0] * sc[j][0];
             s[j][1] *= q_up[0] * sc[j][1];
             s[j][2] *= q_up[1] * sc[j][0];
             s[j][3] *= q_up[1] * sc[j][1];
-            const uint2 pe = lds64(row + 128 + 8 * t);
+            const uint2 pe = lds64(row + ROPE_OFFSET + 32 * w + 8 * t);
             mma_bf16(s[j], qpe, pe.x, pe.y);
         }
     };
@@ -392,7 +395,7 @@ fewhead_fp8_decode(const unsigned short* __restrict__ q, const unsigned char* __
         // + {2, 3} in M tile 2 i + 1.
 #pragma unroll
         for (int ks = 0; ks < 2; ++ks) {
-            const unsigned r0 = base + (16 * ks + 2 * t) * PITCH + 16 * g;
+            const unsigned r0 = base + (16 * ks + 2 * t) * PITCH + 128 * w + 16 * g;
             const uint4 v0 = lds128(r0);
             const uint4 v1 = lds128(r0 + PITCH);
             const uint4 v2 = lds128(r0 + 8 * PITCH);
@@ -419,9 +422,18 @@ fewhead_fp8_decode(const unsigned short* __restrict__ q, const unsigned char* __
     };
     auto stage = [&](int c) { return smem_addr(ring + (c % STAGES) * CTA_STAGE); };
 
+    // Chunk 0 visible to every warp before the loop; from then on the one barrier per chunk (softmax's) also
+    // publishes the next chunk: before it, each thread waits for its own copies of chunk c + 1, and after it,
+    // when every warp is done with chunk c - 1's stage, chunk c + STAGES - 1 goes there.
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
     for (int c = 0; c < chunks; ++c) {
-        // Refill the stage chunk c - 1 used (this warp's lanes are done with it) with chunk c + STAGES - 1.
-        __syncwarp();
+        float s[4][4], sc[4][2], bias[4][2];
+        unsigned pb[4][2];  // [row tile][head tile]: fp16x2 probabilities x scale / ref of rows 2t, 2t+1
+        scores(stage(c), s, sc, bias);
+        publish(s, c & 1);
+        cp_async_wait<STAGES - 3>();  // this thread's copies of chunk c + 1
+        softmax(s, sc, bias, pb, c & 1);  // (its barrier)
         const int nc = c + STAGES - 1;
         if (nc < chunks) issue_chunk(kv, pending, w, lane, ring + (nc % STAGES) * CTA_STAGE);
         cp_async_commit();
@@ -429,13 +441,6 @@ fewhead_fp8_decode(const unsigned short* __restrict__ q, const unsigned char* __
             const int r = lo + (nc + 1) * CHUNK + lane;
             pending = r < hi ? idx_row[r] : -1;
         }
-        cp_async_wait<STAGES - 1>();  // chunk c has landed (this lane's copies; the warp's after the sync)
-        __syncwarp();
-        float s[4][4], sc[4][2], bias[4][2];
-        unsigned pb[4][2];  // [row tile][head tile]: fp16x2 probabilities x scale / ref of rows 2t, 2t+1
-        scores(stage(c), s, sc, bias);
-        publish(s, c & 1);
-        softmax(s, sc, bias, pb, c & 1);
         values(stage(c), pb);
     }
     cp_async_wait<0>();

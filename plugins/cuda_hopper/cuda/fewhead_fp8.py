@@ -4,9 +4,10 @@ At 16 heads per rank (V3.2 under TP 8) the Triton kernel (:mod:`..triton.sparse_
 190 warp instructions per selected row: Triton converts each gathered e4m3 tile once per product through layout
 conversions. Written against ``mma.sync`` fragments directly, a row costs about 94 (SASS, four warps): the fp8
 bytes go from shared memory into MMA operands with one conversion (scores) or one byte permute and one conversion
-(values) per register, and each warp copies and multiplies only its own 128 latent columns, so nothing but the
-scores crosses warps. See the ``.cu`` file for the layout of the work. On an H200 at 16 heads, batch 64, k 2048:
-0.056 ms against the Triton kernel's 0.089 and padded FlashMLA's 0.090 (``docs/benchmarks.md``).
+(values) per register, and each warp multiplies only its own 128 latent columns, so nothing but the scores
+crosses warps; the CTA copies whole rows into one shared ring. See the ``.cu`` file for the layout of the work. On
+an H200 at 16 heads, batch 64, k 2048: 0.054 ms against the Triton kernel's 0.089 and padded FlashMLA's 0.090
+(``docs/benchmarks.md``).
 
 Compiled at first use by NVRTC (:mod:`.nvrtc`); slices of each query's rows are planned from the loaded kernel's
 residency as in the Triton kernel (:func:`..triton.fewhead_plan.plan_splits`) and merged by a second launch, a
@@ -46,7 +47,8 @@ ENV_SWITCH = "DSA_FEWHEAD_CUDA"  # "0": the Triton backend keeps its Triton few-
 
 @dataclass(frozen=True)
 class CudaFewHeadConfig:
-    """``stages``: shared-memory ring depth per warp (chunks of 32 rows; ``stages - 1`` in flight);
+    """``stages``: shared-memory ring depth (chunks of 32 whole rows; ``stages - 2`` in flight while one is
+    multiplied, at least 3);
     ``min_blocks``: the launch bound (CTAs per SM the compiler must fit in registers); ``splits``: fixed slices per
     query (0 = planned from the residency); ``min_rows``: fewest rows per planned slice; ``rescale_slack``: how far
     (base 2) a head's score may pass the running max before the accumulators are rescaled (0 = every time it
@@ -54,7 +56,7 @@ class CudaFewHeadConfig:
     L2 prefetch size in bytes the row copies ask for (0 = none); ``pdl_merge``: launch the merge of the slices as
     a programmatic dependent (Hopper and later)."""
 
-    stages: int = 2
+    stages: int = 4
     min_blocks: int = 2
     splits: int = 0
     min_rows: int = 128
@@ -71,8 +73,8 @@ class CudaFewHeadConfig:
 
     @property
     def options(self) -> tuple[str, ...]:
-        if self.stages < 2:
-            raise ValueError("stages must be at least 2")
+        if self.stages < 3:
+            raise ValueError("stages must be at least 3 (the chunk multiplied, the next one landed, one in flight)")
         if not (0.0 <= self.rescale_slack <= 10.0 and 1.0 <= self.ref_slack <= 16.0):
             raise ValueError("rescale_slack must be in [0, 10] and ref_slack in [1, 16] (fp16 probabilities)")
         if self.l2_prefetch not in L2_PREFETCH_BYTES:
@@ -83,9 +85,9 @@ class CudaFewHeadConfig:
 
     @property
     def dynamic_smem(self) -> int:
-        """Bytes of dynamic shared memory: ``stages`` ring stages of four warps' rows and the score exchange."""
+        """Bytes of dynamic shared memory: ``stages`` ring stages of ``CHUNK`` rows and the score exchange."""
         lay = source_layout()
-        return self.stages * 4 * lay["CHUNK"] * lay["PITCH"] + lay["XCHG_BYTES"]
+        return self.stages * lay["CHUNK"] * lay["PITCH"] + lay["XCHG_BYTES"]
 
 
 DEFAULT = CudaFewHeadConfig()
