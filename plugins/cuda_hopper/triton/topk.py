@@ -262,10 +262,11 @@ class TritonTopK:
 
         plan = self.config.sample
         assert plan is not None
+        cuda_scan = uses_cuda_scan(plan, x)
         if not plan.slices:
-            per_sm = 8 if uses_cuda_scan(plan, x) else 4  # the CUDA scan's programs are smaller
+            per_sm = 8 if cuda_scan else 4  # the CUDA scan's programs are smaller
             plan = replace(plan, slices=sample_slices(x.shape[0], x.shape[1], _sms(x.device), per_sm=per_sm))
-        return launch_sample(x, starts, ends, out, k, table, batch, page_size, plan=plan)
+        return launch_sample(x, starts, ends, out, k, table, batch, page_size, plan=plan, cuda_scan=cuda_scan)
 
     def topk(self, logits: Tensor, row_starts: Tensor, row_ends: Tensor, k: int) -> Tensor:
         """``[R, k]`` int32 positions relative to each row start, ``-1`` padded (see the family contract)."""

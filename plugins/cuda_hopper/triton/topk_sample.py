@@ -193,9 +193,11 @@ def uses_cuda_scan(plan: SamplePlan, logits: torch.Tensor) -> bool:
     return usable(logits)
 
 
-def launch_sample(logits, starts, ends, out, k, table, batch, page_size, *, plan: SamplePlan) -> torch.Tensor:
+def launch_sample(logits, starts, ends, out, k, table, batch, page_size, *, plan: SamplePlan,
+                  cuda_scan: bool | None = None) -> torch.Tensor:
     """Steps 1-3 over ``[R, L]`` fp32 logits into ``out`` ``[R, k]``; returns ``done`` (int32 ``[R]``, 1 where the
-    row is written) for the fallback's ``skip_ptr``."""
+    row is written) for the fallback's ``skip_ptr``. ``cuda_scan``: the caller's :func:`uses_cuda_scan` answer for
+    these logits (asked here when ``None``)."""
     rows, width = logits.shape
     if plan.slices < 1:
         raise ValueError(f"plan.slices must be resolved (>= 1), got {plan.slices}: see sample_slices")
@@ -215,7 +217,9 @@ def launch_sample(logits, starts, ends, out, k, table, batch, page_size, *, plan
         _sample_kernel[(rows,)](logits, logits.stride(0), starts, ends, bound, k, plan.sigmas, plan.cap,
                                 SAMPLE=plan.sample, CHUNK=plan.chunk, PDL=pdl, num_warps=plan.sample_warps,
                                 **pdl_kwargs(pdl))
-    if uses_cuda_scan(plan, logits):
+    if cuda_scan is None:
+        cuda_scan = uses_cuda_scan(plan, logits)
+    if cuda_scan:
         from dsa_runtime.plugins.cuda_hopper.cuda.topk_scan import launch_scan
 
         launch_scan(logits, starts, ends, bound, cnt, cand[0], cand[1], k, S, caps, plan.cuda_round, pdl=pdl,
