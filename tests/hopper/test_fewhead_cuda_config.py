@@ -14,21 +14,21 @@ from dsa_runtime.plugins.cuda_hopper.cuda.fewhead_fp8 import CudaFewHeadConfig  
 
 def test_default_options_and_shared_memory():
     cfg = CudaFewHeadConfig()
-    assert cfg.options == ("-DSTAGES=4", "-DMIN_BLOCKS=2", "-DRESCALE_SLACK=8.0f", "-DREF_SLACK=16.0f",
+    assert cfg.options == ("-DSTAGES=3", "-DMIN_BLOCKS=2", "-DRESCALE_SLACK=8.0f", "-DREF_SLACK=16.0f",
                            "-DL2_PREFETCH=128")
-    assert cfg.dynamic_smem == 4 * 32 * 688 + 16384  # four stages of 32 rows + the score exchange
-    assert cfg.label == "cuda_s4_b2_r8_16_l2p128"
+    assert cfg.dynamic_smem == 3 * 32 * 688 + 8192  # three stages of 32 rows + the score exchange
+    assert cfg.label == "cuda_s3_b2_r8_16_l2p128"
     assert CudaFewHeadConfig(splits=3).label.endswith("_x3_l2p128")
-    assert CudaFewHeadConfig(l2_prefetch=0, pdl_merge=False).label == "cuda_s4_b2_r8_16_l2p0_nopdl"
+    assert CudaFewHeadConfig(l2_prefetch=0, pdl_merge=False).label == "cuda_s3_b2_r8_16_l2p0_nopdl"
 
 
 def test_shared_memory_is_sized_from_the_kernel_source(monkeypatch):
-    assert fewhead_fp8.source_layout() == {"CHUNK": 32, "PITCH": 688, "XCHG_BYTES": 2 * 4 * 4 * 32 * 16}
+    assert fewhead_fp8.source_layout() == {"CHUNK": 32, "PITCH": 688, "XCHG_BYTES": 4 * 4 * 32 * 16}
     edited = fewhead_fp8._source().replace("#define PITCH 688", "#define PITCH 704")
     monkeypatch.setattr(fewhead_fp8, "_source", lambda: edited)
     fewhead_fp8.source_layout.cache_clear()
     try:
-        assert CudaFewHeadConfig(stages=3).dynamic_smem == 3 * 32 * 704 + 16384
+        assert CudaFewHeadConfig(stages=4).dynamic_smem == 4 * 32 * 704 + 8192
         monkeypatch.setattr(fewhead_fp8, "_source", lambda: edited.replace("#define CHUNK 32", "#define CHUNK ROWS"))
         fewhead_fp8.source_layout.cache_clear()
         with pytest.raises(RuntimeError, match="CHUNK, PITCH and XCHG_BYTES"):
@@ -39,7 +39,7 @@ def test_shared_memory_is_sized_from_the_kernel_source(monkeypatch):
 
 @pytest.mark.parametrize(
     "bad",
-    [CudaFewHeadConfig(stages=2), CudaFewHeadConfig(rescale_slack=11.0), CudaFewHeadConfig(ref_slack=0.5),
+    [CudaFewHeadConfig(stages=1), CudaFewHeadConfig(rescale_slack=11.0), CudaFewHeadConfig(ref_slack=0.5),
      CudaFewHeadConfig(l2_prefetch=512)],
 )
 def test_configurations_that_could_overflow_fp16_are_refused(bad):

@@ -5,13 +5,11 @@
 // One CTA = one query (blockIdx.y) x one slice of its selected rows (blockIdx.x); four warps, warp w owning
 // latent columns [128 w, 128 w + 128) and rope columns [16 w, 16 w + 16):
 //   * the CTA copies whole rows, 32 a chunk, into a shared ring STAGES deep (cp.async, consecutive 16-byte pieces
-//     across the CTA, zero-filled for a slot -1); STAGES - 2 chunks are in flight while one is multiplied, and the
-//     barrier each chunk needs anyway (the score exchange below) is also the one that hands the next chunk over;
+//     across the CTA, zero-filled for a slot -1); STAGES - 1 chunks are in flight while one is multiplied;
 //   * scores: mma.sync m16n8k16 with the 16 heads as M and rows as N; the e4m3 values are converted to fp16
 //     exactly (cvt.rn.f16x2.e4m3x2) in registers, q runs in fp16 (each head's block divided by a power of two
 //     when it would leave fp16's range); each warp's partial is multiplied by its column block's row scales,
-//     the rope product (bf16 MMA) is accumulated on top, and the four partials meet through shared memory (one
-//     barrier per chunk);
+//     the rope product (bf16 MMA) is accumulated on top, and the four partials meet through shared memory;
 //   * values: the transposed product O^T[128 cols x heads] += V^T P'^T with the warp's columns as M, rows as K
 //     and heads as N, so the score registers are the B operand as they stand (P' = P * row scale / running
 //     largest scale, fp16 in [0, 1]); V^T's fragments come from 16-byte shared loads of four rows and one byte
@@ -31,11 +29,11 @@
 #define CHUNK 32                     // rows per step
 #define PITCH 688                    // ring bytes per row; 688 % 128 = 48 keeps the fragment loads' banks apart
 #define CTA_STAGE (CHUNK * PITCH)
-#define XCHG_BYTES (2 * 4 * 4 * 32 * 16)  // two buffers x 4 warps x 4 row tiles x 32 lanes x float4
+#define XCHG_BYTES (4 * 4 * 32 * 16)  // 4 warps x 4 row tiles x 32 lanes x float4
 #ifndef STAGES
-#define STAGES 4
+#define STAGES 3
 #endif
-static_assert(STAGES >= 3, "the chunk in use, the next one landed, one in flight");
+static_assert(STAGES >= 2, "the chunk in use and one in flight");
 #ifndef RESCALE_SLACK
 #define RESCALE_SLACK 8.0f
 #endif
@@ -288,22 +286,19 @@ fewhead_fp8_decode(const unsigned short* __restrict__ q, const unsigned char* __
             mma_bf16(s[j], qpe, pe.x, pe.y);
         }
     };
-    auto publish = [&](const float (&s)[4][4], int buf) {
+    auto publish = [&](const float (&s)[4][4]) {
         // The four warps' partials meet in shared memory.
-        float4* xb = xchg + buf * (4 * 4 * 32);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) xb[(w * 4 + j) * 32 + lane] = make_float4(s[j][0], s[j][1], s[j][2], s[j][3]);
+        for (int j = 0; j < 4; ++j) xchg[(w * 4 + j) * 32 + lane] = make_float4(s[j][0], s[j][1], s[j][2], s[j][3]);
     };
-    auto softmax = [&](float (&s)[4][4], const float (&sc)[4][2], const float (&bias)[4][2], unsigned (&pb)[4][2],
-                   int buf) {
-        float4* xb = xchg + buf * (4 * 4 * 32);
+    auto softmax = [&](float (&s)[4][4], const float (&sc)[4][2], const float (&bias)[4][2], unsigned (&pb)[4][2]) {
         __syncthreads();
 #pragma unroll
         for (int o = 1; o < 4; ++o) {
             const int ow = (w + o) & 3;
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
-                const float4 v = xb[(ow * 4 + j) * 32 + lane];
+                const float4 v = xchg[(ow * 4 + j) * 32 + lane];
                 s[j][0] += v.x;
                 s[j][1] += v.y;
                 s[j][2] += v.z;
@@ -422,18 +417,12 @@ fewhead_fp8_decode(const unsigned short* __restrict__ q, const unsigned char* __
     };
     auto stage = [&](int c) { return smem_addr(ring + (c % STAGES) * CTA_STAGE); };
 
-    // Chunk 0 visible to every warp before the loop; from then on the one barrier per chunk (softmax's) also
-    // publishes the next chunk: before it, each thread waits for its own copies of chunk c + 1, and after it,
-    // when every warp is done with chunk c - 1's stage, chunk c + STAGES - 1 goes there.
-    cp_async_wait<STAGES - 2>();
-    __syncthreads();
+    // Two barriers a chunk: the first hands chunk c to every warp (each thread has waited for its own copies) and
+    // frees chunk c - 1's stage for chunk c + STAGES - 1, so STAGES - 1 chunks are in flight while one is
+    // multiplied; the second (softmax's) publishes the score exchange, which the next first barrier frees again.
     for (int c = 0; c < chunks; ++c) {
-        float s[4][4], sc[4][2], bias[4][2];
-        unsigned pb[4][2];  // [row tile][head tile]: fp16x2 probabilities x scale / ref of rows 2t, 2t+1
-        scores(stage(c), s, sc, bias);
-        publish(s, c & 1);
-        cp_async_wait<STAGES - 3>();  // this thread's copies of chunk c + 1
-        softmax(s, sc, bias, pb, c & 1);  // (its barrier)
+        cp_async_wait<STAGES - 2>();  // this thread's copies of chunk c
+        __syncthreads();
         const int nc = c + STAGES - 1;
         if (nc < chunks) issue_chunk(kv, pending, w, lane, ring + (nc % STAGES) * CTA_STAGE);
         cp_async_commit();
@@ -441,6 +430,11 @@ fewhead_fp8_decode(const unsigned short* __restrict__ q, const unsigned char* __
             const int r = lo + (nc + 1) * CHUNK + lane;
             pending = r < hi ? idx_row[r] : -1;
         }
+        float s[4][4], sc[4][2], bias[4][2];
+        unsigned pb[4][2];  // [row tile][head tile]: fp16x2 probabilities x scale / ref of rows 2t, 2t+1
+        scores(stage(c), s, sc, bias);
+        publish(s);
+        softmax(s, sc, bias, pb);  // (its barrier)
         values(stage(c), pb);
     }
     cp_async_wait<0>();

@@ -6,7 +6,7 @@ conversions. Written against ``mma.sync`` fragments directly, a row costs about 
 bytes go from shared memory into MMA operands with one conversion (scores) or one byte permute and one conversion
 (values) per register, and each warp multiplies only its own 128 latent columns, so nothing but the scores
 crosses warps; the CTA copies whole rows into one shared ring. See the ``.cu`` file for the layout of the work. On
-an H200 at 16 heads, batch 64, k 2048: 0.054 ms against the Triton kernel's 0.089 and padded FlashMLA's 0.090
+an H200 at 16 heads, batch 64, k 2048: 0.052 ms against the Triton kernel's 0.089 and padded FlashMLA's 0.090
 (``docs/benchmarks.md``).
 
 Compiled at first use by NVRTC (:mod:`.nvrtc`); slices of each query's rows are planned from the loaded kernel's
@@ -47,8 +47,8 @@ ENV_SWITCH = "DSA_FEWHEAD_CUDA"  # "0": the Triton backend keeps its Triton few-
 
 @dataclass(frozen=True)
 class CudaFewHeadConfig:
-    """``stages``: shared-memory ring depth (chunks of 32 whole rows; ``stages - 2`` in flight while one is
-    multiplied, at least 3);
+    """``stages``: shared-memory ring depth (chunks of 32 whole rows; ``stages - 1`` in flight while one is
+    multiplied);
     ``min_blocks``: the launch bound (CTAs per SM the compiler must fit in registers); ``splits``: fixed slices per
     query (0 = planned from the residency); ``min_rows``: fewest rows per planned slice; ``rescale_slack``: how far
     (base 2) a head's score may pass the running max before the accumulators are rescaled (0 = every time it
@@ -56,7 +56,7 @@ class CudaFewHeadConfig:
     L2 prefetch size in bytes the row copies ask for (0 = none); ``pdl_merge``: launch the merge of the slices as
     a programmatic dependent (Hopper and later)."""
 
-    stages: int = 4
+    stages: int = 3
     min_blocks: int = 2
     splits: int = 0
     min_rows: int = 128
@@ -73,8 +73,8 @@ class CudaFewHeadConfig:
 
     @property
     def options(self) -> tuple[str, ...]:
-        if self.stages < 3:
-            raise ValueError("stages must be at least 3 (the chunk multiplied, the next one landed, one in flight)")
+        if self.stages < 2:
+            raise ValueError("stages must be at least 2")
         if not (0.0 <= self.rescale_slack <= 10.0 and 1.0 <= self.ref_slack <= 16.0):
             raise ValueError("rescale_slack must be in [0, 10] and ref_slack in [1, 16] (fp16 probabilities)")
         if self.l2_prefetch not in L2_PREFETCH_BYTES:
