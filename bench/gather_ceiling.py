@@ -1,6 +1,6 @@
 """The read ceiling of a sparse decode over ``fp8_656`` rows: pure gathers of the selected rows, no arithmetic.
 
-    python bench/gather_ceiling.py [--json PATH]
+    python bench/gather_ceiling.py [--json PATH]   (default bench/results/gather_ceiling.json)
 
 A sparse decode step reads k = 2048 selected 656-byte rows per request; the few-head kernels (issue 24) are judged
 by "% of copy", the selected rows' bytes per second against a streaming device copy. This bench asks how much of
@@ -105,7 +105,7 @@ def run_gather(g: Gather, kern: nvrtc.CudaKernel, cache: torch.Tensor, idx: torc
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--json", default="bench/results/gather_ceiling.json", help="write the results here")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("gather_ceiling: needs a CUDA device", file=sys.stderr)
@@ -156,9 +156,8 @@ def main(argv: list[str] | None = None) -> int:
             best = min(got, key=lambda r: r["ms"]) if got else None
             cells += [f"{best['ms']:.4f}", f"{best['pct_copy']:.0f}%"] if best else ["", ""]
         print(f"| {label} | " + " | ".join(cells) + " |")
-    if args.json:
-        write_json(args.json, {"device": info, "copy_gbs": copy, "batch": BATCH, "k": K, "context": CONTEXT,
-                               "rows": rows})
+    write_json(args.json, {"device": info, "copy_gbs": copy, "batch": BATCH, "k": K, "context": CONTEXT, "rows": rows})
+    print(f"wrote {args.json}")
     return 0
 
 
