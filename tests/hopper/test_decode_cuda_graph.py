@@ -20,9 +20,9 @@ import torch
 from dsa_runtime.plugin_manager import get_manager
 from dsa_runtime.resolve import KernelConfig, resolve_kernels
 from dsa_runtime.testing.case import CheckContext, clone
+from tests.hopper.gpu_marks import NEEDS_SM90
 from tests.hopper.graph_steps import Shape, Step, steps
 
-SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 V32 = Shape()  # batch 4, contexts up to 4096, k 2048, 128 heads, 64 index heads, page 64
 SMALL = Shape(batch=3, max_len=256, k=64, heads=16, index_heads=64)
 
@@ -84,7 +84,7 @@ def cuda_graph_capture(call: Callable[[], object]) -> tuple[object, Callable[[],
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not SM90, reason="needs an SM90 (Hopper) CUDA device")
+@NEEDS_SM90
 @pytest.mark.parametrize("step", steps(V32), ids=lambda s: s.name)
 def test_triton_decode_path_replays_a_cuda_graph_on_new_data(step):
     backend = get_manager().get_backend("triton")
@@ -104,7 +104,7 @@ FEW_HEAD_STEPS = [s for h in (16, 32) for s in steps(Shape(heads=h)) if s.method
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not SM90, reason="needs an SM90 (Hopper) CUDA device")
+@NEEDS_SM90
 @pytest.mark.parametrize("step", FEW_HEAD_STEPS, ids=lambda s: f"{s.name}-h{s.needs['heads']}")
 def test_triton_few_head_decode_replays_a_cuda_graph_on_new_data(step):
     fn = _bound("triton", step, "cuda")
@@ -114,7 +114,7 @@ def test_triton_few_head_decode_replays_a_cuda_graph_on_new_data(step):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not SM90, reason="needs an SM90 (Hopper) CUDA device")
+@NEEDS_SM90
 @pytest.mark.parametrize("step", [s for s in FEW_HEAD_STEPS if s.needs["heads"] == 16], ids=lambda s: s.name)
 def test_few_head_decode_merged_in_the_launch_replays_a_cuda_graph(step):
     # The in-launch merge's ticket counters must be zero again after every replay, or the next one never merges.

@@ -8,27 +8,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsa_runtime.plugins.cuda_hopper.cuda import fewhead_fp8, nvrtc
+from dsa_runtime.plugins.cuda_hopper.cuda import fewhead_fp8
 from dsa_runtime.plugins.cuda_hopper.cuda.fewhead_fp8 import CudaFewHeadConfig, decode_fewhead_fp8_cuda
 from dsa_runtime.reference.sparse_attn import ReferenceSparseAttn
 from dsa_runtime.testing.compare import out_and_lse
 from dsa_runtime.testing.tolerances import tolerance
+from tests.hopper.gpu_marks import HOPPER_GPU, nvrtc_found  # noqa: F401 - the fixture, used by name
 
 pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9),
-        reason="needs an SM90 (Hopper) CUDA device",
-    ),
+    *HOPPER_GPU,
+    pytest.mark.usefixtures("nvrtc_found"),
 ]
 PAGE = 64
 SCALE = 576**-0.5
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _nvrtc() -> None:
-    if not nvrtc.available():
-        pytest.fail("NVRTC not found on a Hopper machine: torch's CUDA wheels ship it (nvidia-cuda-nvrtc)")
 
 
 def fp8_cache(rows: int, gen: torch.Generator, pow2: bool = True) -> torch.Tensor:

@@ -4,17 +4,13 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from dsa_runtime.plugins.cuda_hopper.flashmla import flashmla_library
 from dsa_runtime.testing import run_conformance
+from tests.hopper.gpu_marks import HOPPER_GPU
 
 pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9),
-        reason="needs an SM90 (Hopper) CUDA device",
-    ),
+    *HOPPER_GPU,
     pytest.mark.skipif(not flashmla_library()[0], reason=flashmla_library()[1]),
 ]
 

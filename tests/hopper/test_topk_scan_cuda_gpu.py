@@ -9,25 +9,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsa_runtime.plugins.cuda_hopper.cuda import nvrtc, topk_scan
+from dsa_runtime.plugins.cuda_hopper.cuda import topk_scan
 from dsa_runtime.plugins.cuda_hopper.triton.topk import SamplePlan, TopKConfig, TritonTopK
 from dsa_runtime.plugins.cuda_hopper.triton.topk_sample import _sample_kernel, _scan_kernel
+from tests.hopper.gpu_marks import HOPPER_GPU, nvrtc_found  # noqa: F401 - the fixture, used by name
 
 pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9),
-        reason="needs an SM90 (Hopper) CUDA device",
-    ),
+    *HOPPER_GPU,
+    pytest.mark.usefixtures("nvrtc_found"),
 ]
 SKIP = 2147483647
 KEY_MIN = -2147483648
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _nvrtc() -> None:
-    if not nvrtc.available():
-        pytest.fail("NVRTC not found on a Hopper machine: torch's CUDA wheels ship it (nvidia-cuda-nvrtc)")
 
 
 def rows_of(kind: str, rows: int, width: int, gen: torch.Generator) -> torch.Tensor:

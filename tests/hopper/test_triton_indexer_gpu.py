@@ -3,17 +3,13 @@ case passes (none is left unclaimed), and the paged decode logits replay inside 
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from dsa_runtime.testing import run_conformance
+from tests.hopper.gpu_marks import HOPPER_GPU
 
 pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9),
-        reason="needs an SM90 (Hopper) CUDA device",
-    ),
+    *HOPPER_GPU,
 ]
 
 
