@@ -89,3 +89,18 @@ def test_missing_nvrtc_says_how_to_get_it(monkeypatch):
         assert nvrtc.available() is False
     finally:
         nvrtc.nvrtc.cache_clear()
+
+
+def test_load_kernel_targets_the_arch_specific_architecture(monkeypatch):
+    seen: list[str] = []
+
+    def compile_cubin(source, arch, options=()):
+        seen.append(arch)
+        raise RuntimeError("stop before loading")
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
+    monkeypatch.setattr(nvrtc, "compile_cubin", compile_cubin)
+    for suffix in ("", "a"):
+        with pytest.raises(RuntimeError, match="stop before loading"):
+            nvrtc.load_kernel("// src", "k", (), 0, torch.device("cuda", 0), arch_suffix=suffix)
+    assert seen == ["sm_90", "sm_90a"]

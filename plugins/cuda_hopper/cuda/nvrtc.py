@@ -182,15 +182,17 @@ class CudaKernel:
 _LOADED: dict[tuple, CudaKernel] = {}
 
 
-def load_kernel(source: str, name: str, options: Sequence[str], dynamic_smem: int, device: torch.device) -> CudaKernel:
-    """Compile (once per source, options and device architecture) and load kernel ``name`` on ``device``."""
+def load_kernel(source: str, name: str, options: Sequence[str], dynamic_smem: int, device: torch.device,
+                arch_suffix: str = "") -> CudaKernel:
+    """Compile (once per source, options and device architecture) and load kernel ``name`` on ``device``;
+    ``arch_suffix="a"`` targets the architecture-specific features (``sm_90a``: ``wgmma``, ``setmaxnreg``)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    key = (source, name, tuple(options), dynamic_smem, index)  # the text itself: a hash may collide
+    key = (source, name, tuple(options), dynamic_smem, index, arch_suffix)  # the text itself: a hash may collide
     kern = _LOADED.get(key)
     if kern is not None:
         return kern
     major, minor = torch.cuda.get_device_capability(index)
-    cubin = compile_cubin(source, f"sm_{major}{minor}", options)
+    cubin = compile_cubin(source, f"sm_{major}{minor}{arch_suffix}", options)
     with torch.cuda.device(index):  # torch's (primary) context of that device is current on this thread
         drv = _driver()
         module = ctypes.c_void_p()
