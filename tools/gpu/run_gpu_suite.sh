@@ -38,7 +38,9 @@ if ls .gpu-deps/tilelang/*.tar.xz >/dev/null 2>&1; then
   export PYTHONPATH="$ROOT/$site${PYTHONPATH:+:$PYTHONPATH}"
   note "tilelang from $site"
 fi
-if ! "$PY" -c "import dsa_runtime" 2>/dev/null; then
+# Both packages: a machine where only dsa-runtime was installed by hand would otherwise skip the example backend's
+# certification and its tests without a word.
+if ! "$PY" -c "import dsa_runtime, dsa_example_backend" 2>/dev/null; then
   "$PY" -m pip install -q --no-deps --no-build-isolation -e . -e examples/dsa-example-backend > "$LOGS/install.txt" 2>&1 \
     || { cat "$LOGS/install.txt"; echo "gpu-suite: FAIL (could not install dsa-runtime)"; exit 1; }
 fi
