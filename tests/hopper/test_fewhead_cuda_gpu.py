@@ -13,7 +13,7 @@ from dsa_runtime.plugins.cuda_hopper.cuda.fewhead_fp8 import CudaFewHeadConfig, 
 from dsa_runtime.reference.sparse_attn import ReferenceSparseAttn
 from dsa_runtime.testing.compare import out_and_lse
 from dsa_runtime.testing.tolerances import tolerance
-from tests.hopper.gpu_marks import HOPPER_GPU, nvrtc_found  # noqa: F401 - the fixture, used by name
+from tests.hopper.gpu_marks import HOPPER_GPU
 
 pytestmark = [
     *HOPPER_GPU,

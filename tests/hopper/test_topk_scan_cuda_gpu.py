@@ -12,7 +12,7 @@ import torch
 from dsa_runtime.plugins.cuda_hopper.cuda import topk_scan
 from dsa_runtime.plugins.cuda_hopper.triton.topk import SamplePlan, TopKConfig, TritonTopK
 from dsa_runtime.plugins.cuda_hopper.triton.topk_sample import _sample_kernel, _scan_kernel
-from tests.hopper.gpu_marks import HOPPER_GPU, nvrtc_found  # noqa: F401 - the fixture, used by name
+from tests.hopper.gpu_marks import HOPPER_GPU
 
 pytestmark = [
     *HOPPER_GPU,
