@@ -199,7 +199,9 @@ def fewhead_checks(gen: torch.Generator) -> int:
             for cfg in (FewHeadConfig(splits=1), FewHeadConfig(splits=3), FewHeadConfig(splits=3, fused=True),
                         FewHeadConfig(block_n=16, splits=5), FewHeadConfig(64, 4, 2, splits=3, fused=True),
                         FewHeadConfig(variant="fold", splits=1),
-                        FewHeadConfig(variant="fold", block_n=16, splits=4, fused=True)):
+                        FewHeadConfig(variant="fold", block_n=16, splits=4, fused=True),
+                        FewHeadConfig(block_n=16, splits=5, partial_bf16=True),
+                        FewHeadConfig(splits=3, fused=True, partial_bf16=True)):
                 if heads not in (8, 32) and cfg.splits != 3:
                     continue
                 got = decode_fewhead(q, cache, idx, SCALE, layout=layout, config=cfg)

@@ -54,9 +54,10 @@ class CudaFewHeadConfig:
     (base 2) a head's score may pass the running max before the accumulators are rescaled (0 = every time it
     moves); ``ref_slack``: likewise, the factor a row scale may pass the reference scale by; ``l2_prefetch``: the
     L2 prefetch size in bytes the row copies ask for (0 = none); ``pdl_merge``: launch the merge of the slices as
-    a programmatic dependent (Hopper and later)."""
+    a programmatic dependent (Hopper and later); ``partial_bf16``: the slices' normalised partials in bf16 (half
+    the bytes written and merged) instead of fp32."""
 
-    stages: int = 3
+    stages: int = 2
     min_blocks: int = 2
     splits: int = 0
     min_rows: int = 128
@@ -64,12 +65,13 @@ class CudaFewHeadConfig:
     ref_slack: float = 16.0
     l2_prefetch: int = 128
     pdl_merge: bool = True
+    partial_bf16: bool = True
 
     @property
     def label(self) -> str:
         return (f"cuda_s{self.stages}_b{self.min_blocks}_r{self.rescale_slack:g}_{self.ref_slack:g}"
                 + (f"_x{self.splits}" if self.splits else "") + f"_l2p{self.l2_prefetch}"
-                + ("" if self.pdl_merge else "_nopdl"))
+                + ("" if self.pdl_merge else "_nopdl") + ("" if self.partial_bf16 else "_pf32"))
 
     @property
     def options(self) -> tuple[str, ...]:
@@ -81,7 +83,7 @@ class CudaFewHeadConfig:
             raise ValueError(f"l2_prefetch must be one of {L2_PREFETCH_BYTES}, got {self.l2_prefetch}")
         return (f"-DSTAGES={self.stages}", f"-DMIN_BLOCKS={self.min_blocks}",
                 f"-DRESCALE_SLACK={self.rescale_slack:.1f}f", f"-DREF_SLACK={self.ref_slack:.1f}f",
-                f"-DL2_PREFETCH={self.l2_prefetch}")
+                f"-DL2_PREFETCH={self.l2_prefetch}", f"-DPARTIAL_BF16={int(self.partial_bf16)}")
 
     @property
     def dynamic_smem(self) -> int:
@@ -172,7 +174,8 @@ def decode_fewhead_fp8_cuda(q: Tensor, kv_cache: Tensor, indices: Tensor, sm_sca
     per_split = triton.cdiv(triton.cdiv(max(top_k, 1), splits), chunk) * chunk
     splits = triton.cdiv(max(top_k, 1), per_split)  # no slice without rows
     if splits > 1:
-        part = torch.empty(mq, splits, heads, D_LATENT, dtype=torch.float32, device=q.device)
+        part = torch.empty(mq, splits, heads, D_LATENT, dtype=torch.bfloat16 if cfg.partial_bf16 else torch.float32,
+                           device=q.device)
         plse = torch.empty(mq, splits, heads, dtype=torch.float32, device=q.device)
     else:
         part = plse = lse  # unread with one slice

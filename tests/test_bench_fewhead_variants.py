@@ -1,0 +1,44 @@
+"""bench/fewhead_variants.py without a GPU: variants named or spelt as field=value pairs become configurations, a
+bad one is refused with one line, and without a CUDA device the bench exits 2 with one line and writes nothing."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton", reason="needs the triton package (pip install -e '.[test]')")
+torch = pytest.importorskip("torch")
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+sys.path.insert(0, str(BENCH))
+import fewhead_variants  # noqa: E402
+
+from dsa_runtime.plugins.cuda_hopper.cuda.fewhead_fp8 import CudaFewHeadConfig  # noqa: E402
+
+
+def test_variants_by_name_and_by_fields():
+    assert fewhead_variants.variant("default") == CudaFewHeadConfig()
+    assert fewhead_variants.variant("fp32_partials") == CudaFewHeadConfig(stages=3, partial_bf16=False)
+    cfg = fewhead_variants.variant("partial_bf16=0,stages=4,rescale_slack=2.5")
+    assert cfg == CudaFewHeadConfig(partial_bf16=False, stages=4, rescale_slack=2.5)
+    assert fewhead_variants.variant("pdl_merge=true").pdl_merge is True
+
+
+@pytest.mark.parametrize("spec", ["nonsense", "stages", "stages=", "warps=8"])
+def test_bad_variants_are_refused(spec):
+    with pytest.raises(argparse.ArgumentTypeError, match="field=value"):
+        fewhead_variants.variant(spec)
+
+
+def test_without_a_gpu_it_exits_2_with_one_line(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible: the bench would run")
+    done = subprocess.run([sys.executable, str(BENCH / "fewhead_variants.py"), "--json", str(tmp_path / "r.json")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    assert done.stderr.strip() == "fewhead_variants: needs a CUDA device of compute capability 8.9 or later"
+    assert not (tmp_path / "r.json").exists()
