@@ -23,7 +23,7 @@ from dsa_runtime.plugins.cuda_hopper.cuda.fewhead_fp8 import CudaFewHeadConfig
 
 FEWHEAD = (CudaFewHeadConfig(), CudaFewHeadConfig(stages=3), CudaFewHeadConfig(stages=4),
            CudaFewHeadConfig(min_blocks=3), CudaFewHeadConfig(l2_prefetch=0), CudaFewHeadConfig(l2_prefetch=256),
-           CudaFewHeadConfig(partial_bf16=False))
+           CudaFewHeadConfig(partial_fp16=False))
 SCAN = ((2, 256), (4, 256), (2, 128), (2, 512))  # (round steps, threads)
 
 

@@ -24,13 +24,12 @@ from triton.compiler import ASTSource
 from dsa_runtime.plugins.cuda_hopper.triton import sparse_mla_decode_fewhead as few
 from dsa_runtime.plugins.cuda_hopper.triton.fewhead_plan import DEFAULTS
 
-POINTERS = {"q_ptr": "*bf16", "idx_ptr": "*i32", "plse_ptr": "*fp32", "out_ptr": "*bf16",
+POINTERS = {"q_ptr": "*bf16", "idx_ptr": "*i32", "part_ptr": "*fp32", "plse_ptr": "*fp32", "out_ptr": "*bf16",
             "lse_ptr": "*fp32", "count_ptr": "*i32"}
 NOT_ALIGNED = {"SPLITS", "qk_scale"}  # runtime values the launcher does not see as multiples of 16
 
 
-def compile_ttgir(fp8: bool, fold: bool, block_n: int, stages: int, warps: int,
-                  partial_bf16: bool = False) -> tuple[str, int]:
+def compile_ttgir(fp8: bool, fold: bool, block_n: int, stages: int, warps: int) -> tuple[str, int]:
     kern = few._fewhead_cols_kernel
     consts = {"FP8": fp8, "D_OUT": 512, "BLOCK_H": 16, "BLOCK_N": block_n, "BLOCK_S": 4, "FUSED": False,
               "FOLD": fold, "UPCAST": False}
@@ -40,8 +39,6 @@ def compile_ttgir(fp8: bool, fold: bool, block_n: int, stages: int, warps: int,
             sig[name] = "constexpr"
         elif name == "kv_ptr":
             sig[name] = "*u8" if fp8 else "*bf16"
-        elif name == "part_ptr":
-            sig[name] = "*bf16" if partial_bf16 else "*fp32"
         else:
             sig[name] = POINTERS.get(name, "fp32" if name == "qk_scale" else "i32")
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kern.arg_names)
@@ -70,8 +67,7 @@ def main() -> int:
             continue
         for variant in ("cols", "fold") if layout == "fp8_656" else ("cols",):
             fp8 = layout == "fp8_656"
-            ttgir, smem = compile_ttgir(fp8, fp8 and variant == "fold", cfg.block_n, cfg.num_stages, cfg.num_warps,
-                                        cfg.partial_bf16)
+            ttgir, smem = compile_ttgir(fp8, fp8 and variant == "fold", cfg.block_n, cfg.num_stages, cfg.num_warps)
             n_async, n_sync = gathers(ttgir, cfg.block_n)
             bad += n_sync > 0 or n_async == 0
             print(f"| {layout} | {variant} | {cfg.block_n} | {cfg.num_stages} | {smem} | {n_async} | {n_sync} |")

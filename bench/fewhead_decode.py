@@ -150,11 +150,14 @@ def main(argv: list[str] | None = None) -> int:
             best = min(few, key=lambda r: r["ms"]) if few else None
             other = {r["subject"]: r["ms"] for r in grp}
             fm = other.get("flashmla (padded)")
+            def cell(value: float | None, fmt: str = ".4f", unit: str = "") -> str:  # "-": not run or failed
+                return f"{value:{fmt}}{unit}" if value else "-"
+
             print(f"| {layout} | {heads} | {n_q} | {batch} | {grp[0]['floor_ms']:.4f} | "
-                  f"{best['subject'] if best else '-'} | {best['ms'] if best else 0:.4f} | "
-                  f"{best['pct_copy'] if best else 0:.0f}% | {other.get('headblock') or 0:.4f} | "
-                  f"{fm or 0:.4f} | {(fm / best['ms']) if (fm and best) else 0:.2f}x | "
-                  f"{other.get('tilelang (padded)') or 0:.4f} |")
+                  f"{best['subject'] if best else '-'} | {cell(best and best['ms'])} | "
+                  f"{cell(best and best['pct_copy'], '.0f', '%')} | {cell(other.get('headblock'))} | "
+                  f"{cell(fm)} | {cell(fm and best and fm / best['ms'], '.2f', 'x')} | "
+                  f"{cell(other.get('tilelang (padded)'))} |")
     from dsa_runtime.plugins.cuda_hopper.triton.fewhead_plan import _RESIDENT
 
     print("programs per SM by compiled kernel:", {str(k[1:]): v for k, v in _RESIDENT.items()})

@@ -4,7 +4,7 @@ each is checked against the reference backend, then every variant is timed on th
     python bench/fewhead_variants.py [--variants V ...] [--json PATH]   (default bench/results/fewhead_variants.json)
 
 A variant is a :class:`CudaFewHeadConfig`: a name of :data:`VARIANTS` or fields over the default, such as
-``partial_bf16=1,stages=2`` (``default`` is always timed first). Checks: the
+``partial_fp16=1,stages=2`` (``default`` is always timed first). Checks: the
 14 cases of ``bench/fewhead_wgmma.py`` (ragged k, 30-90% ``-1``, empty queries, wild q, small non-power-of-two
 row scales, 1-16 heads, 1-4 queries). Timings: CUDA-graph replays on ``bench/fewhead_decode.py``'s inputs (k 2048
 random slots of each request's own 32K context), plus every slot ``-1`` (no row read: the arithmetic and the loop
@@ -32,7 +32,7 @@ from dsa_runtime.plugins.cuda_hopper.cuda.fewhead_fp8 import CudaFewHeadConfig, 
 
 VARIANTS = {
     "default": CudaFewHeadConfig(),
-    "fp32_partials": CudaFewHeadConfig(stages=3, partial_bf16=False),  # the default until session 10
+    "fp32_partials": CudaFewHeadConfig(stages=3, partial_fp16=False),  # the default until session 10
     "stages3": CudaFewHeadConfig(stages=3),
 }
 

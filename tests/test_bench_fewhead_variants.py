@@ -22,9 +22,9 @@ from dsa_runtime.plugins.cuda_hopper.cuda.fewhead_fp8 import CudaFewHeadConfig  
 
 def test_variants_by_name_and_by_fields():
     assert fewhead_variants.variant("default") == CudaFewHeadConfig()
-    assert fewhead_variants.variant("fp32_partials") == CudaFewHeadConfig(stages=3, partial_bf16=False)
-    cfg = fewhead_variants.variant("partial_bf16=0,stages=4,rescale_slack=2.5")
-    assert cfg == CudaFewHeadConfig(partial_bf16=False, stages=4, rescale_slack=2.5)
+    assert fewhead_variants.variant("fp32_partials") == CudaFewHeadConfig(stages=3, partial_fp16=False)
+    cfg = fewhead_variants.variant("partial_fp16=0,stages=4,rescale_slack=2.5")
+    assert cfg == CudaFewHeadConfig(partial_fp16=False, stages=4, rescale_slack=2.5)
     assert fewhead_variants.variant("pdl_merge=true").pdl_merge is True
 
 

@@ -1,7 +1,8 @@
 """Run TritonSparseAttn on CPU under ``TRITON_INTERPRET=1`` (a subprocess: the interpreter must be chosen before
 triton compiles anything): every quick sparse_attn kit case the triton claims cover (fp8_656 decode past 32
 heads is ``mla_fp8_decode``'s, named here as not run), then direct checks of heads, K, empty rows, duplicates,
-d_v, the head-split and value-split launch shapes, split-K decode and the few-head decode kernel. One line per check; exit 1 on a miss."""
+d_v, the head-split and value-split launch shapes, split-K decode, the few-head decode kernel and the merge of
+scaled fp16 partials. One line per check; exit 1 on a miss."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from dsa_runtime.backend import Backend  # noqa: E402
 from dsa_runtime.capabilities import Capabilities  # noqa: E402
 from dsa_runtime.plugins.cuda_hopper.triton.fewhead_plan import FewHeadConfig  # noqa: E402
 from dsa_runtime.plugins.cuda_hopper.triton.fewhead_plan import plan_splits as fewhead_splits  # noqa: E402
+from dsa_runtime.plugins.cuda_hopper.triton.mla_fp8_decode import merge_slices  # noqa: E402
 from dsa_runtime.plugins.cuda_hopper.triton.sparse_attn import (  # noqa: E402
     FEWHEAD_MAX_HEADS,
     SPARSE_ATTN_CLAIMS,
@@ -199,9 +201,7 @@ def fewhead_checks(gen: torch.Generator) -> int:
             for cfg in (FewHeadConfig(splits=1), FewHeadConfig(splits=3), FewHeadConfig(splits=3, fused=True),
                         FewHeadConfig(block_n=16, splits=5), FewHeadConfig(64, 4, 2, splits=3, fused=True),
                         FewHeadConfig(variant="fold", splits=1),
-                        FewHeadConfig(variant="fold", block_n=16, splits=4, fused=True),
-                        FewHeadConfig(block_n=16, splits=5, partial_bf16=True),
-                        FewHeadConfig(splits=3, fused=True, partial_bf16=True)):
+                        FewHeadConfig(variant="fold", block_n=16, splits=4, fused=True)):
                 if heads not in (8, 32) and cfg.splits != 3:
                     continue
                 got = decode_fewhead(q, cache, idx, SCALE, layout=layout, config=cfg)
@@ -230,12 +230,47 @@ def fewhead_checks(gen: torch.Generator) -> int:
     return bad
 
 
+def merge_checks(gen: torch.Generator) -> int:
+    """merge_slices with fp16 partials stored divided by a per-slice, per-128-column-block scale (the CUDA few-head
+    kernel's partials) against the same partials multiplied back and merged unscaled; a bad scale shape refused."""
+    mq, splits, heads = 3, 4, 5
+    part = torch.randn(mq, splits, heads, 512, generator=gen) * torch.tensor([1.0, 30.0, 0.01, 400.0]).repeat_interleave(128)
+    scale = torch.rand(mq, splits, 4, generator=gen) * 50 + 0.01
+    scale[0, 1] = 0.0  # a slice whose blocks saw no scaled rows: the kernel stores zeros there
+    part[0, 1] = 0.0
+    plse = torch.randn(mq, splits, heads, generator=gen) * 4
+    plse[1, 2] = float("-inf")  # an empty slice
+    plse[2] = float("-inf")  # a query with no valid slot
+    stored = (part / scale.clamp_min(1e-30).repeat_interleave(128, dim=-1)[:, :, None]).half()
+    assert torch.isfinite(stored).all()
+    back = stored.float() * scale.repeat_interleave(128, dim=-1)[:, :, None]
+    outs = []
+    for p, sc in ((stored, scale), (back, None)):
+        out = torch.full((mq, heads, 512), float("nan")).bfloat16()
+        lse = torch.full((mq, heads), float("nan"))
+        merge_slices(p, plse, out, lse, 512, part_scale=sc)
+        outs.append((out, lse))
+    (out_s, lse_s), (out_r, lse_r) = outs
+    ok = torch.equal(lse_s, lse_r) and bool(torch.isinf(lse_s[2]).all()) and torch.allclose(
+        out_s.float(), out_r.float(), rtol=1e-2, atol=1e-3) and not torch.isnan(out_s.float()).any()
+    print(f"{'passed' if ok else 'failed'} direct/merge/fp16_scaled_partials")
+    bad = not ok
+    try:
+        merge_slices(stored, plse, out_s, lse_s, 512, part_scale=scale[:, :, :2])
+        print("failed direct/merge/bad_scale_shape no error")
+        bad += 1
+    except ValueError:
+        print("passed direct/merge/bad_scale_shape")
+    return bad
+
+
 def main() -> int:
     bad = kit_cases()
     gen = torch.Generator().manual_seed(7)
     bad += prefill_checks(gen)
     bad += decode_checks(gen)
     bad += fewhead_checks(gen)
+    bad += merge_checks(gen)
     return 1 if bad else 0
 
 

@@ -15,13 +15,13 @@ from dsa_runtime.plugins.cuda_hopper.cuda.fewhead_fp8 import CudaFewHeadConfig  
 def test_default_options_and_shared_memory():
     cfg = CudaFewHeadConfig()
     assert cfg.options == ("-DSTAGES=2", "-DMIN_BLOCKS=2", "-DRESCALE_SLACK=8.0f", "-DREF_SLACK=16.0f",
-                           "-DL2_PREFETCH=128", "-DPARTIAL_BF16=1")
+                           "-DL2_PREFETCH=128", "-DPARTIAL_F16=1")
     assert cfg.dynamic_smem == 2 * 32 * 688 + 8192  # two stages of 32 rows + the score exchange
     assert cfg.label == "cuda_s2_b2_r8_16_l2p128"
     assert CudaFewHeadConfig(splits=3).label.endswith("_x3_l2p128")
     assert CudaFewHeadConfig(l2_prefetch=0, pdl_merge=False).label == "cuda_s2_b2_r8_16_l2p0_nopdl"
-    fp32 = CudaFewHeadConfig(stages=3, partial_bf16=False)  # the default before session 10
-    assert fp32.label == "cuda_s3_b2_r8_16_l2p128_pf32" and fp32.options[-1] == "-DPARTIAL_BF16=0"
+    fp32 = CudaFewHeadConfig(stages=3, partial_fp16=False)  # the default before session 10
+    assert fp32.label == "cuda_s3_b2_r8_16_l2p128_pf32" and fp32.options[-1] == "-DPARTIAL_F16=0"
 
 
 def test_kernel_source_defaults_match_the_config():
@@ -29,7 +29,7 @@ def test_kernel_source_defaults_match_the_config():
     source = fewhead_fp8._source()
     cfg = CudaFewHeadConfig()
     assert f"#ifndef STAGES\n#define STAGES {cfg.stages}\n" in source
-    assert f"#ifndef PARTIAL_BF16\n#define PARTIAL_BF16 {int(cfg.partial_bf16)}\n" in source
+    assert f"#ifndef PARTIAL_F16\n#define PARTIAL_F16 {int(cfg.partial_fp16)}\n" in source
     assert f"#ifndef MIN_BLOCKS\n#define MIN_BLOCKS {cfg.min_blocks}\n" in source
 
 

@@ -88,7 +88,7 @@ def test_matches_reference(cache, batch, n_q, heads, k, missing, empty, wild_q):
 @pytest.mark.parametrize(
     "cfg",
     [CudaFewHeadConfig(rescale_slack=0.0, ref_slack=1.0), CudaFewHeadConfig(stages=3), CudaFewHeadConfig(stages=4),
-     CudaFewHeadConfig(partial_bf16=False), CudaFewHeadConfig(stages=3, partial_bf16=False, splits=3),
+     CudaFewHeadConfig(partial_fp16=False), CudaFewHeadConfig(stages=3, partial_fp16=False, splits=3),
      CudaFewHeadConfig(splits=3),
      CudaFewHeadConfig(splits=1), CudaFewHeadConfig(min_blocks=3), CudaFewHeadConfig(pdl_merge=False),
      CudaFewHeadConfig(l2_prefetch=0), CudaFewHeadConfig(l2_prefetch=256)],

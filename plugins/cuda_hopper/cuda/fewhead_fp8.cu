@@ -14,7 +14,7 @@
 //     and heads as N, so the score registers are the B operand as they stand (P' = P * row scale / running
 //     largest scale, fp16 in [0, 1]); V^T's fragments come from 16-byte shared loads of four rows and one byte
 //     permute per register: every stored byte is converted twice (once per product) and never written back.
-// Slices write a normalised partial (bf16, or fp32 with PARTIAL_BF16 0) and its base-2 log-sum-exp, or, with one
+// Slices write a normalised partial (fp16 per column block scale, or fp32: PARTIAL_F16) and its base-2 log-sum-exp, or, with one
 // slice, the bf16 output and the natural-log lse (+inf for a query without a valid slot); the host merges the
 // partials with a second launch, which may be scheduled (programmatic dependent launch) as soon as every CTA of this
 // one has started.
@@ -48,10 +48,12 @@ static_assert(STAGES >= 2, "the chunk in use and one in flight");
 #ifndef L2_PREFETCH
 #define L2_PREFETCH 0
 #endif
-// PARTIAL_BF16 1: a slice's normalised partial is written in bf16, half the bytes this launch writes and the merge
-// reads (the output is bf16 anyway; 5% faster at 16 heads, batch 64 on an H200), 0: fp32.
-#ifndef PARTIAL_BF16
-#define PARTIAL_BF16 1
+// PARTIAL_F16 1: a slice's partial is written in fp16, each 128-column block divided by the warp's reference row
+// scale (``pscale``, one fp32 per slice and block; the merge multiplies it back), so every stored value is at most
+// 448 x REF_SLACK in magnitude: half the bytes of fp32 for this launch to write and the merge to read, and 11
+// significant bits (bf16's 8 doubled the worst error against the reference). 0: fp32 partials, pscale unwritten.
+#ifndef PARTIAL_F16
+#define PARTIAL_F16 1
 #endif
 #if L2_PREFETCH == 256
 #define CP_ASYNC_CG "cp.async.cg.shared.global.L2::256B"
@@ -161,6 +163,7 @@ __device__ __forceinline__ void issue_chunk(const unsigned char* kv, int slot, i
 extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS)
 fewhead_fp8_decode(const unsigned short* __restrict__ q, const unsigned char* __restrict__ kv,
                    const int* __restrict__ idx, float* __restrict__ part, float* __restrict__ plse,
+                   float* __restrict__ pscale,
                    unsigned short* __restrict__ out, float* __restrict__ lse, int heads, int top_k,
                    int rows_per_split, int splits, float qk_scale_log2, long long stride_qm, long long stride_qh,
                    long long stride_im) {
@@ -470,11 +473,10 @@ fewhead_fp8_decode(const unsigned short* __restrict__ q, const unsigned char* __
                 v[4 * i + 3] = acc[2 * i + 1][nt][2 + ee] * f;
             }
             if (splits > 1) {
-#if PARTIAL_BF16
+#if PARTIAL_F16
                 unsigned b[8];
 #pragma unroll
-                for (int i = 0; i < 8; ++i)
-                    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(b[i]) : "f"(v[2 * i + 1]), "f"(v[2 * i]));
+                for (int i = 0; i < 8; ++i) b[i] = pack_f16(v[2 * i] * inv_ref, v[2 * i + 1] * inv_ref);
                 uint4* dst = reinterpret_cast<uint4*>(reinterpret_cast<unsigned short*>(part) +
                                                       ((m * splits + sp) * heads + h) * 512 + col);
                 dst[0] = make_uint4(b[0], b[1], b[2], b[3]);
@@ -505,4 +507,7 @@ fewhead_fp8_decode(const unsigned short* __restrict__ q, const unsigned char* __
                 lse[m * heads + h] = lse2[e] == NEG_INF ? __int_as_float(0x7f800000) : lse2[e] * 0.6931471805599453f;
         }
     }
+#if PARTIAL_F16
+    if (splits > 1 && lane == 0) pscale[(m * splits + sp) * 4 + w] = ref;  // the scale of this warp's column block
+#endif
 }

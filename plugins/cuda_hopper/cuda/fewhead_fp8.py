@@ -54,8 +54,8 @@ class CudaFewHeadConfig:
     (base 2) a head's score may pass the running max before the accumulators are rescaled (0 = every time it
     moves); ``ref_slack``: likewise, the factor a row scale may pass the reference scale by; ``l2_prefetch``: the
     L2 prefetch size in bytes the row copies ask for (0 = none); ``pdl_merge``: launch the merge of the slices as
-    a programmatic dependent (Hopper and later); ``partial_bf16``: the slices' normalised partials in bf16 (half
-    the bytes written and merged) instead of fp32."""
+    a programmatic dependent (Hopper and later); ``partial_fp16``: the slices' normalised partials in fp16, each
+    128-column block divided by its reference row scale (half the bytes of fp32 written and merged), else fp32."""
 
     stages: int = 2
     min_blocks: int = 2
@@ -65,13 +65,13 @@ class CudaFewHeadConfig:
     ref_slack: float = 16.0
     l2_prefetch: int = 128
     pdl_merge: bool = True
-    partial_bf16: bool = True
+    partial_fp16: bool = True
 
     @property
     def label(self) -> str:
         return (f"cuda_s{self.stages}_b{self.min_blocks}_r{self.rescale_slack:g}_{self.ref_slack:g}"
                 + (f"_x{self.splits}" if self.splits else "") + f"_l2p{self.l2_prefetch}"
-                + ("" if self.pdl_merge else "_nopdl") + ("" if self.partial_bf16 else "_pf32"))
+                + ("" if self.pdl_merge else "_nopdl") + ("" if self.partial_fp16 else "_pf32"))
 
     @property
     def options(self) -> tuple[str, ...]:
@@ -83,7 +83,7 @@ class CudaFewHeadConfig:
             raise ValueError(f"l2_prefetch must be one of {L2_PREFETCH_BYTES}, got {self.l2_prefetch}")
         return (f"-DSTAGES={self.stages}", f"-DMIN_BLOCKS={self.min_blocks}",
                 f"-DRESCALE_SLACK={self.rescale_slack:.1f}f", f"-DREF_SLACK={self.ref_slack:.1f}f",
-                f"-DL2_PREFETCH={self.l2_prefetch}", f"-DPARTIAL_BF16={int(self.partial_bf16)}")
+                f"-DL2_PREFETCH={self.l2_prefetch}", f"-DPARTIAL_F16={int(self.partial_fp16)}")
 
     @property
     def dynamic_smem(self) -> int:
@@ -174,18 +174,21 @@ def decode_fewhead_fp8_cuda(q: Tensor, kv_cache: Tensor, indices: Tensor, sm_sca
     per_split = triton.cdiv(triton.cdiv(max(top_k, 1), splits), chunk) * chunk
     splits = triton.cdiv(max(top_k, 1), per_split)  # no slice without rows
     if splits > 1:
-        part = torch.empty(mq, splits, heads, D_LATENT, dtype=torch.bfloat16 if cfg.partial_bf16 else torch.float32,
+        part = torch.empty(mq, splits, heads, D_LATENT, dtype=torch.float16 if cfg.partial_fp16 else torch.float32,
                            device=q.device)
         plse = torch.empty(mq, splits, heads, dtype=torch.float32, device=q.device)
+        # one scale per slice and 128-column block (fp16 partials), else unwritten
+        pscale = torch.empty(mq, splits, D_LATENT // 128, dtype=torch.float32, device=q.device) if cfg.partial_fp16 \
+            else plse
     else:
-        part = plse = lse  # unread with one slice
+        part = plse = pscale = lse  # unread with one slice
     ptr = ctypes.c_void_p
     kern.launch((splits, mq, 1), (THREADS, 1, 1), [
         ptr(qf.data_ptr()), ptr(rows.data_ptr()), ptr(idx.data_ptr()), ptr(part.data_ptr()), ptr(plse.data_ptr()),
-        ptr(out.data_ptr()), ptr(lse.data_ptr()), ctypes.c_int(heads), ctypes.c_int(top_k),
+        ptr(pscale.data_ptr()), ptr(out.data_ptr()), ptr(lse.data_ptr()), ctypes.c_int(heads), ctypes.c_int(top_k),
         ctypes.c_int(per_split), ctypes.c_int(splits), ctypes.c_float(float(sm_scale) * LOG2E),
         ctypes.c_longlong(qf.stride(0)), ctypes.c_longlong(qf.stride(1)), ctypes.c_longlong(idx.stride(0))])
     if splits > 1:  # enough merge programs to cover the GPU four times
         merge_slices(part, plse, out, lse, d_v, min_programs=4 * sm_count(q.device),
-                     pdl=pdl_enabled(cfg.pdl_merge, q.device))
+                     pdl=pdl_enabled(cfg.pdl_merge, q.device), part_scale=pscale if cfg.partial_fp16 else None)
     return out.reshape(batch, n_q, heads, d_v), lse.reshape(batch, n_q, heads)

@@ -21,9 +21,8 @@ from dsa_runtime.plugins.cuda_hopper.triton.moe_quant import INTERPRET
 @dataclass(frozen=True)
 class FewHeadConfig:
     """Launch shape: rows per step, warps, pipeline stages, the kernel (``cols``: four 128-column blocks;
-    ``fold``: ``cols`` with ``fp8_656`` scales folded into scores and fp16 probabilities), fixed splits (0 = planned from the kernel's residency), fewest rows per slice, whether
-    slices merge in the same launch (ticket counters) rather than in a second one, and whether the slices'
-    normalised partials are stored in bf16 (half the bytes) rather than fp32."""
+    ``fold``: ``cols`` with ``fp8_656`` scales folded into scores and fp16 probabilities), fixed splits (0 = planned from the kernel's residency), fewest rows per slice, and whether
+    slices merge in the same launch (ticket counters) rather than in a second one."""
 
     block_n: int = 32
     num_warps: int = 4
@@ -32,13 +31,12 @@ class FewHeadConfig:
     splits: int = 0
     min_rows: int = 128
     fused: bool = False
-    partial_bf16: bool = False
 
     @property
     def label(self) -> str:
         fixed = f"_x{self.splits}" if self.splits else ""
         return f"{self.variant}_n{self.block_n}_w{self.num_warps}_s{self.num_stages}{fixed}" + (
-            "_fused" if self.fused else "") + ("_pb16" if self.partial_bf16 else "")
+            "_fused" if self.fused else "")
 
 
 DEFAULT = FewHeadConfig()
@@ -49,13 +47,11 @@ VARIANTS = ("cols", "fold")
 # are merged by a second launch: at batch 64 it ties the in-launch merge (0.089 vs 0.091), at batch 1 it wins
 # (0.027 vs 0.038 ms), and at 32 heads (0.110 vs 0.122) one program merging 32 heads x 512 fp32 per slice was the
 # tail.
-# bf16 partials (2026-11-27, same bench, `.scratch`-style A/B in one run): 0-3% faster than fp32 at every shape but
-# 16 heads x 4 queries (+0.3-0.6%, no slices there), every case within the reference's tolerance.
 DEFAULTS: dict[tuple[str, int], FewHeadConfig] = {
-    ("fp8_656", 16): FewHeadConfig(32, 4, 3, "fold", fused=False, partial_bf16=True),
-    ("fp8_656", 32): FewHeadConfig(32, 4, 3, "cols", fused=False, partial_bf16=True),
-    ("bf16", 16): FewHeadConfig(64, 4, 3, "cols", fused=False, partial_bf16=True),
-    ("bf16", 32): FewHeadConfig(64, 4, 3, "cols", fused=False, partial_bf16=True),
+    ("fp8_656", 16): FewHeadConfig(32, 4, 3, "fold", fused=False),
+    ("fp8_656", 32): FewHeadConfig(32, 4, 3, "cols", fused=False),
+    ("bf16", 16): FewHeadConfig(64, 4, 3, "cols", fused=False),
+    ("bf16", 32): FewHeadConfig(64, 4, 3, "cols", fused=False),
 }
 
 

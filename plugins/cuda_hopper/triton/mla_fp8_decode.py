@@ -196,11 +196,14 @@ def _decode_kernel(q_ptr, c8_ptr, s32_ptr, pe16_ptr, idx_ptr, out_ptr, lse_ptr,
 
 
 @triton.jit
-def _combine_kernel(part_ptr, plse_ptr, out_ptr, lse_ptr, H, SPLITS,
+def _combine_kernel(part_ptr, plse_ptr, out_ptr, lse_ptr, scale_ptr, H, SPLITS,
                     stride_pm, stride_ps, stride_ph, stride_lm, stride_ls, stride_om, stride_oh, stride_fm,
-                    D_OUT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr = False):
+                    stride_cm, stride_cs,
+                    D_OUT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr = False,
+                    SCALED: tl.constexpr = False):
     """Log-sum-exp merge of the splits of one request-query and ``BLOCK_H`` heads (``PDL``: launched as a
-    programmatic dependent, it waits for the previous grid first: :func:`.pdl.grid_sync`)."""
+    programmatic dependent, it waits for the previous grid first: :func:`.pdl.grid_sync`; ``SCALED``: each split's
+    128-column blocks are multiplied by their scales at ``scale_ptr`` first)."""
     grid_sync(PDL)
     m = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -219,7 +222,9 @@ def _combine_kernel(part_ptr, plse_ptr, out_ptr, lse_ptr, H, SPLITS,
     for i in range(0, SPLITS):
         wi = tl.sum(tl.where(s[:, None] == i, w, 0.0), axis=0)  # [H]
         part = tl.load(part_ptr + m * stride_pm + i * stride_ps + h[:, None] * stride_ph + d[None, :],
-                       mask=hmask[:, None] & (wi > 0.0)[:, None], other=0.0)
+                       mask=hmask[:, None] & (wi > 0.0)[:, None], other=0.0).to(tl.float32)
+        if SCALED:
+            part *= tl.load(scale_ptr + m * stride_cm + i * stride_cs + d // 128)[None, :]
         acc += wi[:, None] * part
     tl.store(out_ptr + m * stride_om + h[:, None] * stride_oh + d[None, :], acc.to(tl.bfloat16),
              mask=hmask[:, None] & (d[None, :] < D_OUT))
@@ -228,26 +233,32 @@ def _combine_kernel(part_ptr, plse_ptr, out_ptr, lse_ptr, H, SPLITS,
 
 
 def merge_slices(part: Tensor, plse: Tensor, out: Tensor, lse: Tensor, d_v: int, min_programs: int = 0,
-                 pdl: bool = False) -> None:
+                 pdl: bool = False, part_scale: Tensor | None = None) -> None:
     """Merge per-slice partials into ``out`` / ``lse`` (log-sum-exp rule, :func:`_combine_kernel`).
 
     Args:
-        part: ``[M, S, H, 512]`` fp32 or bf16 normalised partials; plse: ``[M, S, H]`` fp32 base-2 lse (``-inf`` empty).
+        part: ``[M, S, H, 512]`` normalised partials, fp32 (or fp16 with ``part_scale``); plse: ``[M, S, H]`` fp32 base-2 lse (``-inf`` empty).
         out: ``[M, H, d_v]`` bf16; lse: ``[M, H]`` fp32 (natural log, ``+inf`` when every slice was empty).
         min_programs: heads per program are halved (from 16) while fewer programs than this would run, so a
             small batch still spreads over the GPU (the merge is then the tail).
         pdl: launch as a programmatic dependent of the previous kernel (:mod:`.pdl`; on where it is supported),
             so its scheduling overlaps that kernel's last wave.
+        part_scale: ``[M, S, 4]`` fp32, each slice's scale of each 128-column block of ``part`` (fp16 partials
+            stored divided by it), or None.
     """
     mq, splits, heads, _ = part.shape
     cb_h = 16
     while cb_h > 1 and mq * triton.cdiv(heads, cb_h) < min_programs:
         cb_h //= 2
+    scaled = part_scale is not None
+    if scaled and (part_scale.shape != (mq, splits, 4) or part_scale.stride(2) != 1):
+        raise ValueError(f"part_scale must be [{mq}, {splits}, 4] with unit last stride, got {tuple(part_scale.shape)}")
+    scale = part_scale if scaled else plse  # (unread unless scaled)
     _combine_kernel[(mq, triton.cdiv(heads, cb_h))](
-        part, plse, out, lse, heads, splits, part.stride(0), part.stride(1), part.stride(2),
-        plse.stride(0), plse.stride(1), out.stride(0), out.stride(1), lse.stride(0),
-        D_OUT=d_v, BLOCK_H=cb_h, BLOCK_S=max(triton.next_power_of_2(splits), 2), PDL=pdl, num_warps=4,
-        **pdl_kwargs(pdl))
+        part, plse, out, lse, scale, heads, splits, part.stride(0), part.stride(1), part.stride(2),
+        plse.stride(0), plse.stride(1), out.stride(0), out.stride(1), lse.stride(0), scale.stride(0), scale.stride(1),
+        D_OUT=d_v, BLOCK_H=cb_h, BLOCK_S=max(triton.next_power_of_2(splits), 2), PDL=pdl, SCALED=scaled,
+        num_warps=4, **pdl_kwargs(pdl))
 
 
 def _kernels():
