@@ -6,8 +6,9 @@ conversions. Written against ``mma.sync`` fragments directly, a row costs about 
 bytes go from shared memory into MMA operands with one conversion (scores) or one byte permute and one conversion
 (values) per register, and each warp multiplies only its own 128 latent columns, so nothing but the scores
 crosses warps; the CTA copies whole rows into one shared ring. See the ``.cu`` file for the layout of the work. On
-an H200 at 16 heads, batch 64, k 2048: 0.052 ms against the Triton kernel's 0.089 and padded FlashMLA's 0.090
-(``docs/benchmarks.md``).
+an H200 at 16 heads, batch 64, k 2048: 0.049 ms against the Triton kernel's 0.089 and padded FlashMLA's 0.091
+(``docs/benchmarks.md``). The slices' partials travel to the merge in fp16, each 128-column block divided by its
+reference row scale (half the bytes of fp32, with fp32's accuracy against the reference; bf16 doubled the error).
 
 Compiled at first use by NVRTC (:mod:`.nvrtc`); slices of each query's rows are planned from the loaded kernel's
 residency as in the Triton kernel (:func:`..triton.fewhead_plan.plan_splits`) and merged by a second launch, a
