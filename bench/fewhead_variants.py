@@ -24,8 +24,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attention_setup import SM_SCALE, cache_pool  # noqa: E402
 from common import device_info, graph_ms, write_json  # noqa: E402
-from fewhead_decode import CONTEXT, inputs  # noqa: E402
-from fewhead_wgmma import check  # noqa: E402
+from fewhead_decode import CONTEXT  # noqa: E402
+from fewhead_wgmma import SHAPES, check, shape_inputs  # noqa: E402
 
 from dsa_runtime.plugins.cuda_hopper.cuda import nvrtc  # noqa: E402
 from dsa_runtime.plugins.cuda_hopper.cuda.fewhead_fp8 import CudaFewHeadConfig, decode_fewhead_fp8_cuda  # noqa: E402
@@ -54,9 +54,6 @@ def variant(spec: str) -> CudaFewHeadConfig:
     return dataclasses.replace(CudaFewHeadConfig(), **changes)
 
 
-# heads, queries, batch, slots ("random": the decode bench's; "all -1": no row read)
-SHAPES = ((16, 1, 64, "random"), (16, 1, 64, "all -1"), (8, 1, 64, "random"), (16, 4, 64, "random"),
-          (16, 1, 1, "random"), (16, 1, 128, "random"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,10 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     rows = []
     for heads, n_q, batch, slots in SHAPES:
-        a = inputs(cache, batch, n_q, heads, gen)
-        if slots == "all -1":
-            a["indices"].fill_(-1)
-        q, c, i = a["q"], a["cache"], a["indices"]
+        q, c, i = shape_inputs(cache, heads, n_q, batch, slots, gen)
         row = {"heads": heads, "queries": n_q, "batch": batch, "slots": slots}
         for name in names:
             cfg = configs[name]

@@ -129,6 +129,15 @@ def check(probe: Probe, cache: torch.Tensor, gen: torch.Generator) -> list[str]:
     return failures
 
 
+def shape_inputs(cache: torch.Tensor, heads: int, n_q: int, batch: int, slots: str, gen: torch.Generator):
+    """``(q, cache, indices)`` of one :data:`SHAPES` row: the decode bench's inputs, every slot ``-1`` for
+    ``slots == "all -1"``."""
+    a = inputs(cache, batch, n_q, heads, gen)
+    if slots == "all -1":
+        a["indices"].fill_(-1)
+    return a["q"], a["cache"], a["indices"]
+
+
 def phases(probe: Probe, a: dict) -> dict:
     """Cycles per chunk and warp of each phase (warps 0-3 consume, 4-11 produce), from one launch."""
     probe.times.zero_()
@@ -166,10 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     print("checks: all passed against the reference backend", flush=True)
     rows = []
     for heads, n_q, batch, slots in SHAPES:
-        a = inputs(cache, batch, n_q, heads, gen)
-        if slots == "all -1":
-            a["indices"].fill_(-1)
-        q, c, i = a["q"], a["cache"], a["indices"]
+        q, c, i = shape_inputs(cache, heads, n_q, batch, slots, gen)
         row = {"heads": heads, "queries": n_q, "batch": batch, "slots": slots,
                "cuda_ms": graph_ms(lambda q=q, c=c, i=i: decode_fewhead_fp8_cuda(q, c, i, SM_SCALE)),
                "probe_ms": graph_ms(lambda q=q, c=c, i=i: probe(q, c, i)),
