@@ -14,10 +14,10 @@
 //     and heads as N, so the score registers are the B operand as they stand (P' = P * row scale / running
 //     largest scale, fp16 in [0, 1]); V^T's fragments come from 16-byte shared loads of four rows and one byte
 //     permute per register: every stored byte is converted twice (once per product) and never written back.
-// Slices write a normalised partial (fp16 per column block scale, or fp32: PARTIAL_F16) and its base-2 log-sum-exp, or, with one
-// slice, the bf16 output and the natural-log lse (+inf for a query without a valid slot); the host merges the
-// partials with a second launch, which may be scheduled (programmatic dependent launch) as soon as every CTA of this
-// one has started.
+// Slices write a normalised partial (fp16 scaled per column block, or fp32: PARTIAL_F16) and its base-2
+// log-sum-exp, or, with one slice, the bf16 output and the natural-log lse (+inf for a query without a valid slot);
+// the host merges the partials with a second launch, which may be scheduled (programmatic dependent launch) as soon
+// as every CTA of this one has started.
 //
 // The host sizes shared memory (STAGES x CHUNK x PITCH + XCHG_BYTES) from the values defined here (fewhead_fp8.py
 // reads them).
