@@ -234,7 +234,8 @@ def merge_checks(gen: torch.Generator) -> int:
     """merge_slices with fp16 partials stored divided by a per-slice, per-128-column-block scale (the CUDA few-head
     kernel's partials) against the same partials multiplied back and merged unscaled; a bad scale shape refused."""
     mq, splits, heads = 3, 4, 5
-    part = torch.randn(mq, splits, heads, 512, generator=gen) * torch.tensor([1.0, 30.0, 0.01, 400.0]).repeat_interleave(128)
+    block_sizes = torch.tensor([1.0, 30.0, 0.01, 400.0]).repeat_interleave(128)  # column blocks of unlike magnitude
+    part = torch.randn(mq, splits, heads, 512, generator=gen) * block_sizes
     scale = torch.rand(mq, splits, 4, generator=gen) * 50 + 0.01
     scale[0, 1] = 0.0  # a slice whose blocks saw no scaled rows: the kernel stores zeros there
     part[0, 1] = 0.0
