@@ -1,5 +1,6 @@
-"""bench/fewhead_wgmma.py without a GPU: it refuses with one line and exit 2, the shared memory it asks for is read
-from the kernel source, and that figure is the one the source's layout adds up to."""
+"""bench/fewhead_wgmma.py without a GPU: it (and bench/fewhead_variants.py) refuses with one line and exit 2, the
+shared memory it asks for is read from the kernel source, and that figure is the one the source's layout adds up
+to."""
 
 from __future__ import annotations
 
@@ -16,13 +17,17 @@ torch = pytest.importorskip("torch")
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
-def test_without_a_hopper_gpu_it_exits_2_with_one_line(tmp_path):
+@pytest.mark.parametrize(("script", "message"), [
+    ("fewhead_wgmma.py", "fewhead_wgmma: needs a Hopper (sm_90) CUDA device"),
+    ("fewhead_variants.py", "fewhead_variants: needs a CUDA device of compute capability 8.9 or later"),
+])
+def test_without_a_gpu_the_kernel_benches_exit_2_with_one_line(tmp_path, script, message):
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is visible: the bench would run")
-    done = subprocess.run([sys.executable, str(BENCH / "fewhead_wgmma.py"), "--json", str(tmp_path / "r.json")],
+    done = subprocess.run([sys.executable, str(BENCH / script), "--json", str(tmp_path / "r.json")],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2
-    assert done.stderr.strip() == "fewhead_wgmma: needs a Hopper (sm_90) CUDA device"
+    assert done.stderr.strip() == message
     assert not (tmp_path / "r.json").exists()
 
 
