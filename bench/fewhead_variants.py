@@ -4,8 +4,7 @@ each is checked against the reference backend, then every variant is timed on th
     python bench/fewhead_variants.py [--variants V ...] [--json PATH]   (default bench/results/fewhead_variants.json)
 
 A variant is a :class:`CudaFewHeadConfig`: a name of :data:`VARIANTS` or fields over the default, such as
-``partial_fp16=1,stages=2`` (``default`` is always timed first). Checks: the
-14 cases of ``bench/fewhead_wgmma.py`` (ragged k, 30-90% ``-1``, empty queries, wild q, small non-power-of-two
+``partial_fp16=0,stages=3`` (``default`` is always timed first). Checks: the 14 cases of ``bench/fewhead_wgmma.py`` (ragged k, 30-90% ``-1``, empty queries, wild q, small non-power-of-two
 row scales, 1-16 heads, 1-4 queries). Timings: CUDA-graph replays on ``bench/fewhead_decode.py``'s inputs (k 2048
 random slots of each request's own 32K context), plus every slot ``-1`` (no row read: the arithmetic and the loop
 alone). The table prints each variant's ms and its ratio to ``default`` in the same run.
@@ -52,8 +51,6 @@ def variant(spec: str) -> CudaFewHeadConfig:
         changes[name] = (value.lower() in ("1", "true", "yes")) if kind == "bool" else (
             float(value) if kind == "float" else int(value))
     return dataclasses.replace(CudaFewHeadConfig(), **changes)
-
-
 
 
 def main(argv: list[str] | None = None) -> int:
