@@ -4,10 +4,12 @@ each is checked against the reference backend, then every variant is timed on th
     python bench/fewhead_variants.py [--variants V ...] [--json PATH]   (default bench/results/fewhead_variants.json)
 
 A variant is a :class:`CudaFewHeadConfig`: a name of :data:`VARIANTS` or fields over the default, such as
-``partial_fp16=0,stages=3`` (``default`` is always timed first). Checks: the 14 cases of ``bench/fewhead_wgmma.py`` (ragged k, 30-90% ``-1``, empty queries, wild q, small non-power-of-two
-row scales, 1-16 heads, 1-4 queries). Timings: CUDA-graph replays on ``bench/fewhead_decode.py``'s inputs (k 2048
-random slots of each request's own 32K context), plus every slot ``-1`` (no row read: the arithmetic and the loop
-alone). The table prints each variant's ms and its ratio to ``default`` in the same run.
+``partial_fp16=0,stages=3`` (``default`` is always timed first). Checks: the 14 cases of
+``bench/fewhead_wgmma.py`` (ragged k, 30-90% ``-1``, empty queries, wild q, small non-power-of-two row scales, 1-16
+heads, 1-4 queries). Timings: CUDA-graph replays on ``bench/fewhead_decode.py``'s inputs (k 2048 random slots of
+each request's own 32K context), plus, at 16 heads and batch 64, every slot ``-1`` (no row read: the arithmetic and
+the loop alone), every slot of a query the same one (rows from the L2: no DRAM) and k consecutive slots. The table
+prints each variant's ms and its ratio to ``default`` in the same run.
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     if failed:
         return 1
     rows = []
-    for heads, n_q, batch, slots in SHAPES:
+    for heads, n_q, batch, slots in SHAPES + ((16, 1, 64, "one slot"), (16, 1, 64, "consecutive")):
         q, c, i = shape_inputs(cache, heads, n_q, batch, slots, gen)
         row = {"heads": heads, "queries": n_q, "batch": batch, "slots": slots}
         for name in names:

@@ -130,12 +130,20 @@ def check(probe: Probe, cache: torch.Tensor, gen: torch.Generator) -> list[str]:
 
 
 def shape_inputs(cache: torch.Tensor, heads: int, n_q: int, batch: int, slots: str, gen: torch.Generator):
-    """``(q, cache, indices)`` of one :data:`SHAPES` row: the decode bench's inputs, every slot ``-1`` for
-    ``slots == "all -1"``."""
+    """``(q, cache, indices)`` of one :data:`SHAPES` row: the decode bench's inputs (``slots == "random"``), or
+    with ``"all -1"`` every slot ``-1`` (no row read), ``"one slot"`` every slot of a query its first (rows from the
+    L2, no DRAM), ``"consecutive"`` k consecutive slots of each request's context (DRAM-friendly)."""
     a = inputs(cache, batch, n_q, heads, gen)
+    idx = a["indices"]
     if slots == "all -1":
-        a["indices"].fill_(-1)
-    return a["q"], a["cache"], a["indices"]
+        idx.fill_(-1)
+    elif slots == "one slot":
+        idx.copy_(idx.abs()[..., :1].expand_as(idx))
+    elif slots == "consecutive":
+        idx.copy_((idx.abs()[..., :1] // CONTEXT) * CONTEXT + torch.arange(idx.shape[-1], device=idx.device))
+    elif slots != "random":
+        raise ValueError(f"unknown slot pattern {slots!r}")
+    return a["q"], a["cache"], idx
 
 
 def phases(probe: Probe, a: dict) -> dict:
