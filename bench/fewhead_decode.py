@@ -10,8 +10,8 @@ copy measured in the same run (bytes read + written). Subjects:
 
 * ``fewhead``: :func:`...sparse_mla_decode_fewhead.decode_fewhead` (default, and with ``--sweep`` every
   candidate of :data:`SWEEP`);
-* ``fewhead cuda``: the CUDA C++ kernel the Triton backend runs for ``fp8_656`` at up to 16 heads when NVRTC is
-  found (:func:`...cuda.fewhead_fp8.decode_fewhead_fp8_cuda`);
+* ``fewhead cuda``: the CUDA C++ kernel the Triton backend runs for ``fp8_656`` at up to 16 heads, and at 32 as two
+  head groups, when NVRTC is found (:func:`...cuda.fewhead_fp8.decode_fewhead_fp8_cuda`);
 * ``headblock``: the head-blocked kernels the backend ran before (``mla_fp8_decode`` / ``sparse_mla_decode_bf16``
   with their default configs);
 * ``flashmla``: FlashMLA's FP8 decode through our ``flashmla_kv`` adapter (heads padded to 64), when built;

@@ -61,6 +61,8 @@ def test_configurations_that_could_overflow_fp16_are_refused(bad):
 def test_supported_shapes():
     assert fewhead_fp8.supported(16, 512) and fewhead_fp8.supported(1, 512)
     assert not fewhead_fp8.supported(17, 512)
+    assert fewhead_fp8.supported(32, 512) and fewhead_fp8.head_groups(32) == 2 and fewhead_fp8.head_groups(16) == 1
+    assert not fewhead_fp8.supported(48, 512) and not fewhead_fp8.supported(64, 512)
     assert not fewhead_fp8.supported(16, 256)
     assert not fewhead_fp8.supported(0, 512)
 

@@ -1,9 +1,12 @@
-// Sparse MLA decode over an fp8_656 cache at up to 16 heads per query (V3.2 under TP 8 / 16), sm_89 and later.
-// Compiled at run time by NVRTC (fewhead_fp8.py); no headers. Every shape below is fixed by the layout:
-//   a row is 656 bytes: 512 e4m3 latent values, four fp32 scales (one per 128 columns), 64 bf16 rope values.
+// Sparse MLA decode over an fp8_656 cache, 16 heads or fewer per CTA (V3.2 under TP 8 / 16; TP 4's 32 heads as two
+// groups of 16), sm_89 and later. Compiled at run time by NVRTC (fewhead_fp8.py); no headers. Every shape below is
+// fixed by the layout: a row is 656 bytes: 512 e4m3 latent values, four fp32 scales (one per 128 columns), 64 bf16
+// rope values.
 //
-// One CTA = one query (blockIdx.y) x one slice of its selected rows (blockIdx.x); four warps, warp w owning
-// latent columns [128 w, 128 w + 128) and rope columns [16 w, 16 w + 16):
+// One CTA = one query (blockIdx.y) x one group of ``heads`` of its heads x one slice of its selected rows (blockIdx.x
+// = slice x head_groups + group: a query's head groups run side by side, so a row that one group brings from DRAM
+// is in the L2 for the others). Its outputs are those of query x head_groups + group, as if each head group were a
+// query of its own. Four warps, warp w owning latent columns [128 w, 128 w + 128) and rope columns [16 w, 16 w + 16):
 //   * the CTA copies whole rows, 32 a chunk, into a shared ring STAGES deep (cp.async, consecutive 16-byte pieces
 //     across the CTA, zero-filled for a slot -1); STAGES - 1 chunks are in flight while one is multiplied;
 //   * scores: mma.sync m16n8k16 with the 16 heads as M and rows as N; the e4m3 values are converted to fp16
@@ -166,14 +169,16 @@ fewhead_fp8_decode(const unsigned short* __restrict__ q, const unsigned char* __
                    float* __restrict__ pscale,
                    unsigned short* __restrict__ out, float* __restrict__ lse, int heads, int top_k,
                    int rows_per_split, int splits, float qk_scale_log2, long long stride_qm, long long stride_qh,
-                   long long stride_im) {
+                   long long stride_im, int head_groups) {
     extern __shared__ __align__(16) unsigned char smem[];
     const int w = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31;
     const int g = lane >> 2;
     const int t = lane & 3;
-    const long long m = blockIdx.y;
-    const int sp = blockIdx.x;
+    const long long m = blockIdx.y;                 // the query: its q row and selected slots
+    const int hg = blockIdx.x % head_groups;        // its group of ``heads`` heads
+    const int sp = blockIdx.x / head_groups;        // the slice of its rows
+    const long long mo = m * head_groups + hg;      // the output row of (query, head group)
     const int lo = sp * rows_per_split;
     const int hi = min(lo + rows_per_split, top_k);
     const int chunks = hi > lo ? (hi - lo + CHUNK - 1) / CHUNK : 0;
@@ -209,12 +214,12 @@ fewhead_fp8_decode(const unsigned short* __restrict__ q, const unsigned char* __
         uint2 pe = make_uint2(0, 0);
         float top = 0.0f;
         if (h < heads) {
-            const uint4* src = reinterpret_cast<const uint4*>(q + m * stride_qm + h * stride_qh + 128 * w + 16 * t);
+            const uint4* src = reinterpret_cast<const uint4*>(q + m * stride_qm + (hg * heads + h) * stride_qh + 128 * w + 16 * t);
             raw[0][0] = src[0];
             raw[0][1] = src[1];
             raw[1][0] = src[8];   // + 64 columns
             raw[1][1] = src[9];
-            pe = *reinterpret_cast<const uint2*>(q + m * stride_qm + h * stride_qh + 512 + 16 * w + 4 * t);
+            pe = *reinterpret_cast<const uint2*>(q + m * stride_qm + (hg * heads + h) * stride_qh + 512 + 16 * w + 4 * t);
         } else {
             raw[0][0] = raw[0][1] = raw[1][0] = raw[1][1] = make_uint4(0, 0, 0, 0);
         }
@@ -478,11 +483,11 @@ fewhead_fp8_decode(const unsigned short* __restrict__ q, const unsigned char* __
 #pragma unroll
                 for (int i = 0; i < 8; ++i) b[i] = pack_f16(v[2 * i] * inv_ref, v[2 * i + 1] * inv_ref);
                 uint4* dst = reinterpret_cast<uint4*>(reinterpret_cast<unsigned short*>(part) +
-                                                      ((m * splits + sp) * heads + h) * 512 + col);
+                                                      ((mo * splits + sp) * heads + h) * 512 + col);
                 dst[0] = make_uint4(b[0], b[1], b[2], b[3]);
                 dst[1] = make_uint4(b[4], b[5], b[6], b[7]);
 #else
-                float4* dst = reinterpret_cast<float4*>(part + ((m * splits + sp) * heads + h) * 512 + col);
+                float4* dst = reinterpret_cast<float4*>(part + ((mo * splits + sp) * heads + h) * 512 + col);
 #pragma unroll
                 for (int i = 0; i < 4; ++i) dst[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
 #endif
@@ -491,7 +496,7 @@ fewhead_fp8_decode(const unsigned short* __restrict__ q, const unsigned char* __
 #pragma unroll
                 for (int i = 0; i < 8; ++i)
                     asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(b[i]) : "f"(v[2 * i + 1]), "f"(v[2 * i]));
-                uint4* dst = reinterpret_cast<uint4*>(out + (m * heads + h) * 512 + col);
+                uint4* dst = reinterpret_cast<uint4*>(out + (mo * heads + h) * 512 + col);
                 dst[0] = make_uint4(b[0], b[1], b[2], b[3]);
                 dst[1] = make_uint4(b[4], b[5], b[6], b[7]);
             }
@@ -502,12 +507,12 @@ fewhead_fp8_decode(const unsigned short* __restrict__ q, const unsigned char* __
             const int h = g + 8 * e;
             if (h >= heads) continue;
             if (splits > 1)
-                plse[(m * splits + sp) * heads + h] = lse2[e];
+                plse[(mo * splits + sp) * heads + h] = lse2[e];
             else
-                lse[m * heads + h] = lse2[e] == NEG_INF ? __int_as_float(0x7f800000) : lse2[e] * 0.6931471805599453f;
+                lse[mo * heads + h] = lse2[e] == NEG_INF ? __int_as_float(0x7f800000) : lse2[e] * 0.6931471805599453f;
         }
     }
 #if PARTIAL_F16
-    if (splits > 1 && lane == 0) pscale[(m * splits + sp) * 4 + w] = ref;  // the scale of this warp's column block
+    if (splits > 1 && lane == 0) pscale[(mo * splits + sp) * 4 + w] = ref;  // the scale of this warp's column block
 #endif
 }

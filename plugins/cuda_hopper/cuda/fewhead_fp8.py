@@ -7,7 +7,9 @@ bytes go from shared memory into MMA operands with one conversion (scores) or on
 (values) per register, and each warp multiplies only its own 128 latent columns, so nothing but the scores
 crosses warps; the CTA copies whole rows into one shared ring. See the ``.cu`` file for the layout of the work. On
 an H200 at 16 heads, batch 64, k 2048: 0.049 ms against the Triton kernel's 0.089 and padded FlashMLA's 0.091
-(``docs/benchmarks.md``). The slices' partials travel to the merge in fp16, each 128-column block divided by its
+(``docs/benchmarks.md``). At 32 heads (TP 4) each query runs as two groups of 16 heads whose CTAs are
+launched side by side, so the rows one group brings from DRAM are mostly read by the other from the L2: 0.072 ms
+against the Triton kernel's 0.109 and padded FlashMLA's 0.091. The slices' partials travel to the merge in fp16, each 128-column block divided by its
 reference row scale (half the bytes of fp32, with fp32's accuracy against the reference; bf16 doubled the error).
 
 Compiled at first use by NVRTC (:mod:`.nvrtc`); slices of each query's rows are planned from the loaded kernel's
@@ -40,7 +42,8 @@ from dsa_runtime.plugins.cuda_hopper.triton.mla_fp8_decode import (
 )
 from dsa_runtime.plugins.cuda_hopper.triton.pdl import pdl_enabled
 
-MAX_HEADS = 16
+GROUP_HEADS = 16  # heads per CTA (the MMA's M); more heads run as groups of 16
+MAX_HEADS = 32
 THREADS = 128
 L2_PREFETCH_BYTES = (0, 64, 128, 256)
 ENV_SWITCH = "DSA_FEWHEAD_CUDA"  # "0": the Triton backend keeps its Triton few-head kernel for fp8_656
@@ -113,8 +116,14 @@ def source_layout() -> dict[str, int]:
 
 
 def supported(heads: int, d_v: int) -> bool:
-    """Shapes this kernel takes (others go to the Triton kernels)."""
-    return 1 <= heads <= MAX_HEADS and d_v == D_LATENT
+    """Shapes this kernel takes (others go to the Triton kernels): 1 to 16 heads, or 32 (two groups of 16)."""
+    fits = 1 <= heads <= GROUP_HEADS or (heads % GROUP_HEADS == 0 and 0 < heads <= MAX_HEADS)
+    return fits and d_v == D_LATENT
+
+
+def head_groups(heads: int) -> int:
+    """CTAs per query and slice: one per group of :data:`GROUP_HEADS` heads (fewer heads: one)."""
+    return max(heads // GROUP_HEADS, 1)
 
 
 def use_cuda_kernel(q: Tensor, d_v: int) -> bool:
@@ -127,7 +136,7 @@ def use_cuda_kernel(q: Tensor, d_v: int) -> bool:
 
 @functools.cache
 def enabled(device_index: int) -> bool:
-    """Whether the Triton backend sends ``fp8_656`` decode at up to 16 heads here: NVRTC found, an SM89+ device
+    """Whether the Triton backend sends ``fp8_656`` decode at the :func:`supported` head counts here: NVRTC found, an SM89+ device
     (``cvt.rn.f16x2.e4m3x2``), and :data:`ENV_SWITCH` not ``"0"``. Logged once per device when it is not."""
     return nvrtc.kernel_enabled("few-head fp8_656 decode", ENV_SWITCH, device_index, (8, 9), "the Triton kernel")
 
@@ -139,10 +148,11 @@ def _kernel(cfg: CudaFewHeadConfig, device: torch.device) -> nvrtc.CudaKernel:
 
 def decode_fewhead_fp8_cuda(q: Tensor, kv_cache: Tensor, indices: Tensor, sm_scale: float, d_v: int = D_LATENT,
                             *, config: CudaFewHeadConfig | None = None) -> tuple[Tensor, Tensor]:
-    """Sparse MLA decode, ``fp8_656`` cache, up to 16 heads.
+    """Sparse MLA decode, ``fp8_656`` cache, up to 16 heads, or 32 as two groups of 16 (each group's CTA reads the
+    same rows side by side with the other's, the second read mostly from the L2).
 
     Args:
-        q: ``[B, Q, H, 576]`` bf16, ``1 <= H <= 16``, last dim contiguous.
+        q: ``[B, Q, H, 576]`` bf16, ``1 <= H <= 16`` or ``H == 32``, last dim contiguous.
         kv_cache: ``[pages, page_size, 656]`` uint8; slot = page * page_size + offset.
         indices: ``[B, Q, K]`` int32 slots, ``-1`` = empty (never read).
         sm_scale: softmax scale. d_v: must be 512.
@@ -154,7 +164,8 @@ def decode_fewhead_fp8_cuda(q: Tensor, kv_cache: Tensor, indices: Tensor, sm_sca
                          f"{kv_cache.dtype}")
     batch, n_q, heads, _ = q.shape
     if not supported(heads, d_v):
-        raise ValueError(f"the CUDA few-head kernel takes 1..{MAX_HEADS} heads and d_v 512, got {heads}, {d_v}")
+        raise ValueError(f"the CUDA few-head kernel takes 1..{GROUP_HEADS} or {MAX_HEADS} heads and d_v 512, got "
+                         f"{heads}, {d_v}")
     if q.dtype != torch.bfloat16:
         raise ValueError(f"q must be bf16, got {q.dtype}")
     cfg = config or DEFAULT
@@ -169,27 +180,30 @@ def decode_fewhead_fp8_cuda(q: Tensor, kv_cache: Tensor, indices: Tensor, sm_sca
         return out.reshape(batch, n_q, heads, d_v), lse.reshape(batch, n_q, heads)
     rows = kv_cache.contiguous()
     kern = _kernel(cfg, q.device)
+    groups = head_groups(heads)
+    g_heads, mg = heads // groups, mq * groups  # each (query, head group) is an output row of g_heads heads
     chunk = source_layout()["CHUNK"]
     plan = FewHeadConfig(block_n=chunk, splits=cfg.splits, min_rows=cfg.min_rows)
-    splits = plan_splits(mq, top_k, sm_count(q.device), kern.resident_blocks(THREADS), plan)
+    splits = plan_splits(mg, top_k, sm_count(q.device), kern.resident_blocks(THREADS), plan)
     per_split = triton.cdiv(triton.cdiv(max(top_k, 1), splits), chunk) * chunk
     splits = triton.cdiv(max(top_k, 1), per_split)  # no slice without rows
     if splits > 1:
-        part = torch.empty(mq, splits, heads, D_LATENT, dtype=torch.float16 if cfg.partial_fp16 else torch.float32,
+        part = torch.empty(mg, splits, g_heads, D_LATENT, dtype=torch.float16 if cfg.partial_fp16 else torch.float32,
                            device=q.device)
-        plse = torch.empty(mq, splits, heads, dtype=torch.float32, device=q.device)
+        plse = torch.empty(mg, splits, g_heads, dtype=torch.float32, device=q.device)
         # one scale per slice and 128-column block (fp16 partials), else unwritten
-        pscale = torch.empty(mq, splits, D_LATENT // 128, dtype=torch.float32, device=q.device) if cfg.partial_fp16 \
+        pscale = torch.empty(mg, splits, D_LATENT // 128, dtype=torch.float32, device=q.device) if cfg.partial_fp16 \
             else plse
     else:
         part = plse = pscale = lse  # unread with one slice
     ptr = ctypes.c_void_p
-    kern.launch((splits, mq, 1), (THREADS, 1, 1), [
+    kern.launch((splits * groups, mq, 1), (THREADS, 1, 1), [
         ptr(qf.data_ptr()), ptr(rows.data_ptr()), ptr(idx.data_ptr()), ptr(part.data_ptr()), ptr(plse.data_ptr()),
-        ptr(pscale.data_ptr()), ptr(out.data_ptr()), ptr(lse.data_ptr()), ctypes.c_int(heads), ctypes.c_int(top_k),
+        ptr(pscale.data_ptr()), ptr(out.data_ptr()), ptr(lse.data_ptr()), ctypes.c_int(g_heads), ctypes.c_int(top_k),
         ctypes.c_int(per_split), ctypes.c_int(splits), ctypes.c_float(float(sm_scale) * LOG2E),
-        ctypes.c_longlong(qf.stride(0)), ctypes.c_longlong(qf.stride(1)), ctypes.c_longlong(idx.stride(0))])
+        ctypes.c_longlong(qf.stride(0)), ctypes.c_longlong(qf.stride(1)), ctypes.c_longlong(idx.stride(0)),
+        ctypes.c_int(groups)])
     if splits > 1:  # enough merge programs to cover the GPU four times
-        merge_slices(part, plse, out, lse, d_v, min_programs=4 * sm_count(q.device),
+        merge_slices(part, plse, out.view(mg, g_heads, d_v), lse.view(mg, g_heads), d_v, min_programs=4 * sm_count(q.device),
                      pdl=pdl_enabled(cfg.pdl_merge, q.device), part_scale=pscale if cfg.partial_fp16 else None)
     return out.reshape(batch, n_q, heads, d_v), lse.reshape(batch, n_q, heads)
