@@ -31,11 +31,12 @@ from dsa_runtime.plugin_manager import DSAPluginManager, get_manager
 logger = logging.getLogger(__name__)
 AUTO = "auto"
 # Head padding ``auto`` accepts from an earlier preference instead of a later backend that runs the heads as they
-# are, by (method, KV layout). Measured on an H200 (bench/fewhead_decode.py, 2026-11-26, batch 64, 32K, k 2048):
-# fp8_656 decode at 32 heads, FlashMLA padded to 64 takes 0.091 ms, the triton few-head kernel 0.109 and TileLang
-# padded 0.111; at 16 heads (4x) FlashMLA 0.090 vs triton 0.056 (its CUDA few-head kernel) and at 8
-# heads 0.090 vs 0.052. bf16 decode at 32 heads: triton 0.075, TileLang padded 0.084 (so none there).
-CHEAP_HEAD_PADDING: dict[tuple[str, str], float] = {("sparse_attn.decode", "fp8_656"): 2.0}
+# are, by (method, KV layout): none today. Measured on an H200 (bench/fewhead_decode.py, 2026-11-27, batch 64, 32K,
+# k 2048): fp8_656 decode at 32 heads, FlashMLA padded to 64 takes 0.091 ms against the triton backend's 0.073 (its
+# CUDA few-head kernel, two head groups of 16; the Triton few-head kernel's 0.109 had made 2x padding pay until
+# then), at 16 heads 0.091 against 0.049 and at 8 heads against 0.048. bf16 decode at 32 heads: triton 0.075,
+# TileLang padded 0.084.
+CHEAP_HEAD_PADDING: dict[tuple[str, str], float] = {}
 # KernelConfig fields naming one method (the serve/generate flags --dsa-prefill-backend / --dsa-decode-backend).
 METHOD_FIELDS = {"sparse_attn_prefill": "sparse_attn.prefill", "sparse_attn_decode": "sparse_attn.decode"}
 
