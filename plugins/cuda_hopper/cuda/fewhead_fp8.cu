@@ -175,10 +175,10 @@ fewhead_fp8_decode(const unsigned short* __restrict__ q, const unsigned char* __
     const int lane = threadIdx.x & 31;
     const int g = lane >> 2;
     const int t = lane & 3;
-    const long long m = blockIdx.y;                 // the query: its q row and selected slots
-    const int hg = blockIdx.x % head_groups;        // its group of ``heads`` heads
-    const int sp = blockIdx.x / head_groups;        // the slice of its rows
-    const long long mo = m * head_groups + hg;      // the output row of (query, head group)
+    const long long m = blockIdx.y;             // the query: its q row and selected slots
+    const int hg = blockIdx.x % head_groups;    // its group of ``heads`` heads
+    const int sp = blockIdx.x / head_groups;    // the slice of its rows
+    const long long mo = m * head_groups + hg;  // the output row of (query, head group)
     const int lo = sp * rows_per_split;
     const int hi = min(lo + rows_per_split, top_k);
     const int chunks = hi > lo ? (hi - lo + CHUNK - 1) / CHUNK : 0;
@@ -214,12 +214,13 @@ fewhead_fp8_decode(const unsigned short* __restrict__ q, const unsigned char* __
         uint2 pe = make_uint2(0, 0);
         float top = 0.0f;
         if (h < heads) {
-            const uint4* src = reinterpret_cast<const uint4*>(q + m * stride_qm + (hg * heads + h) * stride_qh + 128 * w + 16 * t);
+            const unsigned short* q_head = q + m * stride_qm + (hg * heads + h) * stride_qh;
+            const uint4* src = reinterpret_cast<const uint4*>(q_head + 128 * w + 16 * t);
             raw[0][0] = src[0];
             raw[0][1] = src[1];
             raw[1][0] = src[8];   // + 64 columns
             raw[1][1] = src[9];
-            pe = *reinterpret_cast<const uint2*>(q + m * stride_qm + (hg * heads + h) * stride_qh + 512 + 16 * w + 4 * t);
+            pe = *reinterpret_cast<const uint2*>(q_head + 512 + 16 * w + 4 * t);
         } else {
             raw[0][0] = raw[0][1] = raw[1][0] = raw[1][1] = make_uint4(0, 0, 0, 0);
         }
@@ -241,7 +242,8 @@ fewhead_fp8_decode(const unsigned short* __restrict__ q, const unsigned char* __
         for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                // 4 columns 64 hh + 16 t + 4 i + {0..3}: word pair (2 bf16 each) at raw[hh][i / 2], words 2 (i % 2) + {0, 1}
+                // 4 columns 64 hh + 16 t + 4 i + {0..3}: word pair (2 bf16 each) at raw[hh][i / 2], words
+                // 2 (i % 2) + {0, 1}
                 const unsigned v0 = word(raw[hh][i >> 1], 2 * (i & 1));
                 const unsigned v1 = word(raw[hh][i >> 1], 2 * (i & 1) + 1);
                 qa[4 * hh + i][e] = pack_f16(bf16_lo(v0) * down, bf16_hi(v0) * down);

@@ -7,10 +7,11 @@ bytes go from shared memory into MMA operands with one conversion (scores) or on
 (values) per register, and each warp multiplies only its own 128 latent columns, so nothing but the scores
 crosses warps; the CTA copies whole rows into one shared ring. See the ``.cu`` file for the layout of the work. On
 an H200 at 16 heads, batch 64, k 2048: 0.049 ms against the Triton kernel's 0.089 and padded FlashMLA's 0.091
-(``docs/benchmarks.md``). At 32 heads (TP 4) each query runs as two groups of 16 heads whose CTAs are
-launched side by side, so the rows one group brings from DRAM are mostly read by the other from the L2: 0.072 ms
-against the Triton kernel's 0.109 and padded FlashMLA's 0.091. The slices' partials travel to the merge in fp16, each 128-column block divided by its
-reference row scale (half the bytes of fp32, with fp32's accuracy against the reference; bf16 doubled the error).
+(``docs/benchmarks.md``). At 32 heads (TP 4) each query runs as two groups of 16 heads whose CTAs are launched
+side by side, so the rows one group brings from DRAM are mostly read by the other from the L2: 0.072 ms against
+the Triton kernel's 0.109 and padded FlashMLA's 0.091. The slices' partials travel to the merge in fp16, each
+128-column block divided by its reference row scale (half the bytes of fp32, with fp32's accuracy against the
+reference; bf16 doubled the error).
 
 Compiled at first use by NVRTC (:mod:`.nvrtc`); slices of each query's rows are planned from the loaded kernel's
 residency as in the Triton kernel (:func:`..triton.fewhead_plan.plan_splits`) and merged by a second launch, a
@@ -111,7 +112,8 @@ def source_layout() -> dict[str, int]:
     the one definition."""
     defines = dict(re.findall(r"^#define (CHUNK|PITCH|XCHG_BYTES) \(?([\d *]+?)\)?\s*(?://|$)", _source(), flags=re.M))
     if set(defines) != {"CHUNK", "PITCH", "XCHG_BYTES"}:
-        raise RuntimeError(f"fewhead_fp8.cu: expected CHUNK, PITCH and XCHG_BYTES as products of numbers, got {defines}")
+        raise RuntimeError(f"fewhead_fp8.cu: expected CHUNK, PITCH and XCHG_BYTES as products of numbers, got "
+                           f"{defines}")
     return {name: math.prod(int(f) for f in value.split("*")) for name, value in defines.items()}
 
 
@@ -136,8 +138,9 @@ def use_cuda_kernel(q: Tensor, d_v: int) -> bool:
 
 @functools.cache
 def enabled(device_index: int) -> bool:
-    """Whether the Triton backend sends ``fp8_656`` decode at the :func:`supported` head counts here: NVRTC found, an SM89+ device
-    (``cvt.rn.f16x2.e4m3x2``), and :data:`ENV_SWITCH` not ``"0"``. Logged once per device when it is not."""
+    """Whether the Triton backend sends ``fp8_656`` decode at the :func:`supported` head counts here: NVRTC found,
+    an SM89+ device (``cvt.rn.f16x2.e4m3x2``), and :data:`ENV_SWITCH` not ``"0"``. Logged once per device when it
+    is not."""
     return nvrtc.kernel_enabled("few-head fp8_656 decode", ENV_SWITCH, device_index, (8, 9), "the Triton kernel")
 
 
@@ -204,6 +207,7 @@ def decode_fewhead_fp8_cuda(q: Tensor, kv_cache: Tensor, indices: Tensor, sm_sca
         ctypes.c_longlong(qf.stride(0)), ctypes.c_longlong(qf.stride(1)), ctypes.c_longlong(idx.stride(0)),
         ctypes.c_int(groups)])
     if splits > 1:  # enough merge programs to cover the GPU four times
-        merge_slices(part, plse, out.view(mg, g_heads, d_v), lse.view(mg, g_heads), d_v, min_programs=4 * sm_count(q.device),
-                     pdl=pdl_enabled(cfg.pdl_merge, q.device), part_scale=pscale if cfg.partial_fp16 else None)
+        merge_slices(part, plse, out.view(mg, g_heads, d_v), lse.view(mg, g_heads), d_v,
+                     min_programs=4 * sm_count(q.device), pdl=pdl_enabled(cfg.pdl_merge, q.device),
+                     part_scale=pscale if cfg.partial_fp16 else None)
     return out.reshape(batch, n_q, heads, d_v), lse.reshape(batch, n_q, heads)

@@ -237,7 +237,8 @@ def merge_slices(part: Tensor, plse: Tensor, out: Tensor, lse: Tensor, d_v: int,
     """Merge per-slice partials into ``out`` / ``lse`` (log-sum-exp rule, :func:`_combine_kernel`).
 
     Args:
-        part: ``[M, S, H, 512]`` normalised partials, fp32 (or fp16 with ``part_scale``); plse: ``[M, S, H]`` fp32 base-2 lse (``-inf`` empty).
+        part: ``[M, S, H, 512]`` normalised partials, fp32 (or fp16 with ``part_scale``); plse: ``[M, S, H]``
+            fp32 base-2 lse (``-inf`` empty).
         out: ``[M, H, d_v]`` bf16; lse: ``[M, H]`` fp32 (natural log, ``+inf`` when every slice was empty).
         min_programs: heads per program are halved (from 16) while fewer programs than this would run, so a
             small batch still spreads over the GPU (the merge is then the tail).

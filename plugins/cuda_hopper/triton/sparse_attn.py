@@ -1,12 +1,12 @@
 """The ``sparse_attn`` family of the ``triton`` backend: sparse MLA prefill and paged decode.
 
 * :meth:`TritonSparseAttn.prefill`: :func:`.sparse_mla_prefill.sparse_mla_forward` over the flat bf16 buffer.
-* :meth:`TritonSparseAttn.decode`: ``fp8_656`` at up to 16 heads or at 32 (two head groups) -> the CUDA C++ kernel
-  of :mod:`dsa_runtime.plugins.cuda_hopper.cuda.fewhead_fp8` (compiled by NVRTC; 1.8x the Triton kernel at 16 heads,
-  1.5x at 32, batch 64 on an H200) when NVRTC is found, else as below; up to :data:`FEWHEAD_MAX_HEADS` heads, both layouts ->
-  :func:`.sparse_mla_decode_fewhead.decode_fewhead`; more heads: ``layout="bf16"`` -> :func:`.sparse_mla_decode_bf16.decode_bf16` (the
-  same kernel on the flat view of the cache, split-K for small batches); ``layout="fp8_656"`` ->
-  ``mla_fp8_decode.decode_fp8_656`` (another module, imported on first use).
+* :meth:`TritonSparseAttn.decode`: ``fp8_656`` at up to 16 heads or at 32 (two head groups) -> the CUDA C++
+  kernel of :mod:`dsa_runtime.plugins.cuda_hopper.cuda.fewhead_fp8` (compiled by NVRTC; 1.8x the Triton kernel at
+  16 heads, 1.5x at 32, batch 64 on an H200) when NVRTC is found, else as below; up to :data:`FEWHEAD_MAX_HEADS`
+  heads, both layouts -> :func:`.sparse_mla_decode_fewhead.decode_fewhead`; more heads: ``layout="bf16"`` ->
+  :func:`.sparse_mla_decode_bf16.decode_bf16` (the same kernel on the flat view of the cache, split-K for small
+  batches); ``layout="fp8_656"`` -> ``mla_fp8_decode.decode_fp8_656`` (another module, imported on first use).
 
 This module imports neither torch nor triton at import time: the plugin reads :data:`SPARSE_ATTN_CLAIMS`
 while registering backends, which must stay cheap.
