@@ -194,20 +194,22 @@ def decode_fewhead_fp8_cuda(q: Tensor, kv_cache: Tensor, indices: Tensor, sm_sca
         part = torch.empty(mg, splits, g_heads, D_LATENT, dtype=torch.float16 if cfg.partial_fp16 else torch.float32,
                            device=q.device)
         plse = torch.empty(mg, splits, g_heads, dtype=torch.float32, device=q.device)
-        # one scale per slice and 128-column block (fp16 partials), else unwritten
-        pscale = torch.empty(mg, splits, D_LATENT // 128, dtype=torch.float32, device=q.device) if cfg.partial_fp16 \
-            else plse
+        # one scale per slice and 128-column block with fp16 partials
+        pscale = torch.empty(mg, splits, D_LATENT // 128, dtype=torch.float32, device=q.device) \
+            if cfg.partial_fp16 else None
     else:
-        part = plse = pscale = lse  # unread with one slice
+        part = plse = lse  # unread with one slice
+        pscale = None
+    scale_arg = plse if pscale is None else pscale  # (unwritten without fp16 partials)
     ptr = ctypes.c_void_p
     kern.launch((splits * groups, mq, 1), (THREADS, 1, 1), [
         ptr(qf.data_ptr()), ptr(rows.data_ptr()), ptr(idx.data_ptr()), ptr(part.data_ptr()), ptr(plse.data_ptr()),
-        ptr(pscale.data_ptr()), ptr(out.data_ptr()), ptr(lse.data_ptr()), ctypes.c_int(g_heads), ctypes.c_int(top_k),
+        ptr(scale_arg.data_ptr()), ptr(out.data_ptr()), ptr(lse.data_ptr()), ctypes.c_int(g_heads), ctypes.c_int(top_k),
         ctypes.c_int(per_split), ctypes.c_int(splits), ctypes.c_float(float(sm_scale) * LOG2E),
         ctypes.c_longlong(qf.stride(0)), ctypes.c_longlong(qf.stride(1)), ctypes.c_longlong(idx.stride(0)),
         ctypes.c_int(groups)])
     if splits > 1:  # enough merge programs to cover the GPU four times
         merge_slices(part, plse, out.view(mg, g_heads, d_v), lse.view(mg, g_heads), d_v,
                      min_programs=4 * sm_count(q.device), pdl=pdl_enabled(cfg.pdl_merge, q.device),
-                     part_scale=pscale if cfg.partial_fp16 else None)
+                     part_scale=pscale)
     return out.reshape(batch, n_q, heads, d_v), lse.reshape(batch, n_q, heads)
