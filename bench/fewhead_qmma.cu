@@ -141,21 +141,16 @@ __device__ __forceinline__ unsigned long long sw128_desc(unsigned addr) {
 }
 __device__ __forceinline__ unsigned swz(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
 
-#define WG_ACC8(d) "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-__device__ __forceinline__ void wgmma_e4m3(float* d, const unsigned (&a)[4], unsigned long long db, int acc) {
-    asm volatile(
-        "{\n .reg .pred p;\n setp.ne.b32 p, %13, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, "
-        "%12, p, 1, 1;\n}\n"
-        : WG_ACC8(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
-}
-__device__ __forceinline__ void wgmma_bf16(float* d, const unsigned (&a)[4], unsigned long long db, int acc) {
-    asm volatile(
-        "{\n .reg .pred p;\n setp.ne.b32 p, %13, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, "
-        "%12, p, 1, 1, 0;\n}\n"
-        : WG_ACC8(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
-}
+// wgmma with A from registers (four .b32 a thread) and B from shared memory; ``acc`` 0 overwrites d.
+#define WGMMA_RS(NAME, SHAPE_AND_TYPES, TAIL)                                                                   \
+    __device__ __forceinline__ void NAME(float* d, const unsigned (&a)[4], unsigned long long db, int acc) {    \
+        asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %13, 0;\n wgmma.mma_async.sync.aligned." SHAPE_AND_TYPES \
+                     " {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1" TAIL ";\n}\n"          \
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]) \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));                         \
+    }
+WGMMA_RS(wgmma_e4m3, "m64n16k32.f32.e4m3.e4m3", "")
+WGMMA_RS(wgmma_bf16, "m64n16k16.f32.bf16.bf16", ", 0")  // ", 0": B not transposed (16-bit types only)
 
 // Copy chunk rows (slot of row r: lane r & 31's ``pend0`` for r < 32, ``pend1`` after) into ``stage`` and write
 // their score biases (0 or -inf). Consecutive 16-byte pieces across the CTA, as the production kernel.
