@@ -34,7 +34,7 @@ from fewhead_decode import CONTEXT, inputs  # noqa: E402
 
 from dsa_runtime.plugins.cuda_hopper.cuda import nvrtc  # noqa: E402
 from dsa_runtime.plugins.cuda_hopper.cuda.fewhead_fp8 import decode_fewhead_fp8_cuda  # noqa: E402
-from dsa_runtime.plugins.cuda_hopper.triton.fewhead_plan import FewHeadConfig, plan_splits  # noqa: E402
+from dsa_runtime.plugins.cuda_hopper.triton.fewhead_plan import FewHeadConfig, plan_splits, slice_rows  # noqa: E402
 from dsa_runtime.plugins.cuda_hopper.triton.mla_fp8_decode import (  # noqa: E402
     LOG2E,
     flatten_decode_inputs,
@@ -76,8 +76,7 @@ class Probe:
         lse = torch.empty(mq, heads, dtype=torch.float32, device=q.device)
         plan = FewHeadConfig(block_n=CHUNK, min_rows=128)
         splits = plan_splits(mq, top_k, sm_count(q.device), self.kernel.resident_blocks(THREADS), plan)
-        per = triton.cdiv(triton.cdiv(max(top_k, 1), splits), CHUNK) * CHUNK
-        splits = triton.cdiv(max(top_k, 1), per)
+        splits, per = slice_rows(top_k, splits, CHUNK)
         if splits > 1:
             part = torch.empty(mq, splits, heads, 512, dtype=torch.float32, device=q.device)
             plse = torch.empty(mq, splits, heads, dtype=torch.float32, device=q.device)

@@ -117,3 +117,20 @@ def test_load_kernel_targets_the_arch_specific_architecture(monkeypatch):
         with pytest.raises(RuntimeError, match="stop before loading"):
             nvrtc.load_kernel("// src", "k", (), 0, torch.device("cuda", 0), arch_suffix=suffix)
     assert seen == ["sm_90", "sm_90a"]
+
+
+@pytest.mark.parametrize(("top_k", "splits", "block_n", "want"), [
+    (2048, 4, 32, (4, 512)),   # even slices
+    (2048, 3, 32, (3, 704)),   # 683 rounded up to whole 32-row blocks
+    (100, 4, 64, (2, 64)),     # 4 slices of 25 rows round to 64: two cover all 100
+    (40, 8, 32, (2, 32)),
+    (1, 4, 32, (1, 32)),
+    (0, 1, 32, (1, 32)),       # an empty selection still gets one slice (it writes -inf / +inf)
+])
+def test_slice_rows_rounds_to_blocks_and_drops_empty_slices(top_k, splits, block_n, want):
+    from dsa_runtime.plugins.cuda_hopper.triton.fewhead_plan import slice_rows
+
+    got = slice_rows(top_k, splits, block_n)
+    assert got == want
+    n, per = got
+    assert per % block_n == 0 and (n - 1) * per < max(top_k, 1) <= n * per  # every slice has rows

@@ -29,12 +29,11 @@ from dataclasses import dataclass
 from importlib import resources
 
 import torch
-import triton
 from torch import Tensor
 
 from dsa_runtime.families import D_LATENT, FP8_MLA_ROW_BYTES
 from dsa_runtime.plugins.cuda_hopper.cuda import nvrtc
-from dsa_runtime.plugins.cuda_hopper.triton.fewhead_plan import FewHeadConfig, plan_splits
+from dsa_runtime.plugins.cuda_hopper.triton.fewhead_plan import FewHeadConfig, plan_splits, slice_rows
 from dsa_runtime.plugins.cuda_hopper.triton.mla_fp8_decode import (
     LOG2E,
     flatten_decode_inputs,
@@ -188,8 +187,7 @@ def decode_fewhead_fp8_cuda(q: Tensor, kv_cache: Tensor, indices: Tensor, sm_sca
     chunk = source_layout()["CHUNK"]
     plan = FewHeadConfig(block_n=chunk, splits=cfg.splits, min_rows=cfg.min_rows)
     splits = plan_splits(mg, top_k, sm_count(q.device), kern.resident_blocks(THREADS), plan)
-    per_split = triton.cdiv(triton.cdiv(max(top_k, 1), splits), chunk) * chunk
-    splits = triton.cdiv(max(top_k, 1), per_split)  # no slice without rows
+    splits, per_split = slice_rows(top_k, splits, chunk)
     if splits > 1:
         part = torch.empty(mg, splits, g_heads, D_LATENT, dtype=torch.float16 if cfg.partial_fp16 else torch.float32,
                            device=q.device)

@@ -71,6 +71,13 @@ def plan_splits(queries: int, top_k: int, sms: int, resident: int, cfg: FewHeadC
     return max(1, min(sms * resident // queries, triton.cdiv(top_k, cfg.min_rows), 64))
 
 
+def slice_rows(top_k: int, splits: int, block_n: int) -> tuple[int, int]:
+    """``(splits, rows_per_split)`` for ``splits`` planned slices of ``top_k`` rows: each slice rounded up to whole
+    ``block_n``-row blocks, then only as many slices as those cover (no slice left without rows)."""
+    per_split = triton.cdiv(triton.cdiv(max(top_k, 1), splits), block_n) * block_n
+    return triton.cdiv(max(top_k, 1), per_split), per_split
+
+
 _RESIDENT: dict[tuple, int] = {}
 
 

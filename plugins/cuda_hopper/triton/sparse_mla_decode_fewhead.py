@@ -50,6 +50,7 @@ from dsa_runtime.plugins.cuda_hopper.triton.fewhead_plan import (
     default_config,
     plan_splits,
     resident_programs,
+    slice_rows,
 )
 from dsa_runtime.plugins.cuda_hopper.triton.mla_fp8_decode import (
     LOG2E,
@@ -351,8 +352,7 @@ def decode_fewhead(q: Tensor, kv_cache: Tensor, indices: Tensor, sm_scale: float
     else:  # residency of the split kernel (its registers and shared memory set how many programs fit an SM)
         resident = resident_programs(kernel, probe_args, {**consts, "FUSED": cfg.fused, "BLOCK_S": 2}, q.device)
         splits = plan_splits(mq, top_k, sm_count(q.device), resident, cfg)
-    per_split = triton.cdiv(triton.cdiv(max(top_k, 1), splits), cfg.block_n) * cfg.block_n
-    splits = triton.cdiv(max(top_k, 1), per_split)  # no slice left without rows
+    splits, per_split = slice_rows(top_k, splits, cfg.block_n)
     if splits == 1:
         kernel[(1, mq)](*args(out.view(mq, 1, heads, d_v), lse.view(mq, 1, heads), lse, 1, per_split),
                         FUSED=False, BLOCK_S=2, **consts)
