@@ -24,7 +24,6 @@ rows: with 64-row chunks and the one chunk in flight that two CTAs per SM have r
 from __future__ import annotations
 
 import argparse
-import ctypes
 import datetime
 import sys
 from pathlib import Path
@@ -32,21 +31,15 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from attention_setup import D_QK, PAGE, SM_SCALE, bound, cache_pool  # noqa: E402
-from common import device_info, graph_ms, write_json  # noqa: E402
-from fewhead_decode import CONTEXT  # noqa: E402
-from fewhead_wgmma import check, shape_inputs  # noqa: E402
+from attention_setup import D_QK, PAGE, SM_SCALE, bound  # noqa: E402
+from common import graph_ms, write_json  # noqa: E402
+from fewhead_wgmma import against_reference, check, hopper_setup, shape_inputs  # noqa: E402
 
 from dsa_runtime.plugins.cuda_hopper.cuda import nvrtc  # noqa: E402
-from dsa_runtime.plugins.cuda_hopper.cuda.fewhead_fp8 import decode_fewhead_fp8_cuda  # noqa: E402
-from dsa_runtime.plugins.cuda_hopper.triton.fewhead_plan import FewHeadConfig, plan_splits, slice_rows  # noqa: E402
-from dsa_runtime.plugins.cuda_hopper.triton.mla_fp8_decode import (  # noqa: E402
-    LOG2E,
-    flatten_decode_inputs,
-    merge_slices,
-    sm_count,
+from dsa_runtime.plugins.cuda_hopper.cuda.fewhead_fp8 import (  # noqa: E402
+    decode_fewhead_fp8_cuda,
+    launch_fewhead_kernel,
 )
-from dsa_runtime.testing.compare import out_and_lse  # noqa: E402
 from dsa_runtime.testing.tolerances import tolerance  # noqa: E402
 
 SOURCE = Path(__file__).with_suffix(".cu")
@@ -71,37 +64,10 @@ class Probe:
                                         self.smem, torch.device("cuda"), arch_suffix="a")
 
     def __call__(self, q: torch.Tensor, cache: torch.Tensor, indices: torch.Tensor, merge: bool = True):
-        """``q`` ``[B, Q, H, 576]`` bf16 (H <= 16 or a multiple of 16), ``cache`` ``[pages, 64, 656]`` uint8,
-        ``indices`` ``[B, Q, K]`` int32 -> ``out`` ``[B, Q, H, 512]`` bf16, ``lse`` ``[B, Q, H]``."""
-        batch, n_q, heads, _ = q.shape
-        qf, idx = flatten_decode_inputs(q, indices)
-        qf = qf.contiguous()
-        groups = max(heads // 16, 1)
-        g_heads = heads // groups
-        top_k, mq = idx.shape[1], batch * n_q
-        mg = mq * groups
-        out = torch.empty(mq, heads, 512, dtype=torch.bfloat16, device=q.device)
-        lse = torch.empty(mq, heads, dtype=torch.float32, device=q.device)
-        plan = FewHeadConfig(block_n=CHUNK, min_rows=128)
-        splits = plan_splits(mg, top_k, sm_count(q.device), self.kernel.resident_blocks(THREADS), plan)
-        splits, per = slice_rows(top_k, splits, CHUNK)
-        if splits > 1:
-            part = torch.empty(mg, splits, g_heads, 512, dtype=torch.float16, device=q.device)
-            plse = torch.empty(mg, splits, g_heads, dtype=torch.float32, device=q.device)
-            pscale = torch.empty(mg, splits, 4, dtype=torch.float32, device=q.device)
-        else:
-            part = plse = pscale = lse
-        ptr = ctypes.c_void_p
-        self.kernel.launch((splits * groups, mq, 1), (THREADS, 1, 1), [
-            ptr(qf.data_ptr()), ptr(cache.data_ptr()), ptr(idx.data_ptr()), ptr(part.data_ptr()),
-            ptr(plse.data_ptr()), ptr(pscale.data_ptr()), ptr(out.data_ptr()), ptr(lse.data_ptr()),
-            ctypes.c_int(g_heads), ctypes.c_int(top_k), ctypes.c_int(per), ctypes.c_int(splits),
-            ctypes.c_float(SM_SCALE * LOG2E), ctypes.c_longlong(qf.stride(0)), ctypes.c_longlong(qf.stride(1)),
-            ctypes.c_longlong(idx.stride(0)), ctypes.c_int(groups)])
-        if splits > 1 and merge:
-            merge_slices(part, plse, out.view(mg, g_heads, 512), lse.view(mg, g_heads), 512,
-                         min_programs=4 * sm_count(q.device), pdl=True, part_scale=pscale)
-        return out.reshape(batch, n_q, heads, 512), lse.reshape(batch, n_q, heads)
+        """``q`` ``[B, Q, H, 576]`` bf16 (H <= 16 or 32), ``cache`` ``[pages, 64, 656]`` uint8, ``indices``
+        ``[B, Q, K]`` int32 -> ``out`` ``[B, Q, H, 512]`` bf16, ``lse`` ``[B, Q, H]``: the production kernel's host
+        side (the probe takes the same arguments), fp16 partials, 128 rows a slice at least."""
+        return launch_fewhead_kernel(self.kernel, THREADS, CHUNK, q, cache, indices, SM_SCALE, merge=merge)
 
 
 def check_32_heads(probe: Probe, cache: torch.Tensor, gen: torch.Generator) -> list[str]:
@@ -112,10 +78,7 @@ def check_32_heads(probe: Probe, cache: torch.Tensor, gen: torch.Generator) -> l
         idx = torch.randint(0, cache.shape[0] * PAGE, (batch, n_q, k), device="cuda", generator=gen)
         idx = torch.where(torch.rand(batch, n_q, k, device="cuda", generator=gen) < 0.05, -1, idx).to(torch.int32)
         q = torch.randn(batch, n_q, 32, D_QK, device="cuda", generator=gen, dtype=torch.bfloat16)
-        want = ref(q, cache, idx, SM_SCALE, layout="fp8_656")
-        got = probe(q, cache, idx)
-        problem = out_and_lse(got[0], got[1], want[0], want[1], tolerance("sparse_attn.out"),
-                              tolerance("sparse_attn.lse"))
+        problem = against_reference(probe, ref, q, cache, idx)
         if problem:
             failures.append(f"32 heads, batch {batch} x {n_q}, k {k}: {problem}")
     return failures
@@ -153,15 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-check", action="store_true", help="time without the checks (diagnostic builds)")
     ap.add_argument("--json", default="bench/results/fewhead_qmma.json", help="write the results here")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-        print("fewhead_qmma: needs a Hopper (sm_90) CUDA device", file=sys.stderr)
+    setup = hopper_setup("fewhead_qmma")
+    if setup is None:
         return 2
-    if not nvrtc.available():
-        print("fewhead_qmma: needs NVRTC (torch's CUDA wheels ship it)", file=sys.stderr)
-        return 2
-    info = device_info()
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    cache = cache_pool(CONTEXT, "fp8_656", gen)  # first: torch's CUDA context must exist before NVRTC loads
+    info, gen, cache = setup
     builds = [tuple(args.defines)] + [tuple(args.defines) + tuple(v.split(",")) for v in args.variant]
     probes, labels, errors = [], [], []
     for defines in builds:

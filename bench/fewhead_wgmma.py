@@ -119,13 +119,18 @@ def check(probe: Probe, cache: torch.Tensor, gen: torch.Generator) -> list[str]:
         if kw.get("wild_q"):
             q[:, :, 0] *= 3e5
             q[:, :, 1, :512] *= 1e-3
-        want = ref(q, pool, idx, SM_SCALE, layout="fp8_656")
-        got = probe(q, pool, idx)
-        problem = out_and_lse(got[0], got[1], want[0], want[1], tolerance("sparse_attn.out"),
-                              tolerance("sparse_attn.lse"))
+        problem = against_reference(probe, ref, q, pool, idx)
         if problem:
             failures.append(f"batch {batch} x {n_q} queries, {heads} heads, k {k} {kw.keys() - {'pool'}}: {problem}")
     return failures
+
+
+def against_reference(probe, ref, q: torch.Tensor, cache: torch.Tensor, idx: torch.Tensor) -> str:
+    """What of ``probe(q, cache, idx)`` misses the reference ``ref`` by more than the kit's sparse-attention
+    tolerances (out and lse), or ``""``."""
+    want = ref(q, cache, idx, SM_SCALE, layout="fp8_656")
+    got = probe(q, cache, idx)
+    return out_and_lse(got[0], got[1], want[0], want[1], tolerance("sparse_attn.out"), tolerance("sparse_attn.lse"))
 
 
 def shape_inputs(cache: torch.Tensor, heads: int, n_q: int, batch: int, slots: str, gen: torch.Generator):
@@ -157,20 +162,29 @@ def phases(probe: Probe, a: dict) -> dict:
     return {"consumer": consumer, "producer": producer}
 
 
+def hopper_setup(bench: str) -> tuple[dict, torch.Generator, torch.Tensor] | None:
+    """A Hopper probe bench's start: ``(device info, seeded generator, the decode bench's fp8_656 cache)``, or
+    ``None`` after one line on stderr when there is no Hopper GPU or no NVRTC (the caller exits 2)."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        print(f"{bench}: needs a Hopper (sm_90) CUDA device", file=sys.stderr)
+        return None
+    if not nvrtc.available():
+        print(f"{bench}: needs NVRTC (torch's CUDA wheels ship it)", file=sys.stderr)
+        return None
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    # the cache first: torch's CUDA context must exist before NVRTC loads
+    return device_info(), gen, cache_pool(CONTEXT, "fp8_656", gen)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--phases", action="store_true", help="also time each role's phases (clock64, 16 heads, b64)")
     ap.add_argument("--json", default="bench/results/fewhead_wgmma.json", help="write the results here")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-        print("fewhead_wgmma: needs a Hopper (sm_90) CUDA device", file=sys.stderr)
+    setup = hopper_setup("fewhead_wgmma")
+    if setup is None:
         return 2
-    if not nvrtc.available():
-        print("fewhead_wgmma: needs NVRTC (torch's CUDA wheels ship it)", file=sys.stderr)
-        return 2
-    info = device_info()
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    cache = cache_pool(CONTEXT, "fp8_656", gen)  # first: torch's CUDA context must exist before NVRTC loads
+    info, gen, cache = setup
     probe = Probe()
     print(f"{info['gpu']}: probe {probe.kernel.registers} registers, {probe.kernel.local_bytes} B local, "
           f"{probe.smem} B shared", flush=True)

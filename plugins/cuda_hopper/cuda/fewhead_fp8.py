@@ -171,6 +171,24 @@ def decode_fewhead_fp8_cuda(q: Tensor, kv_cache: Tensor, indices: Tensor, sm_sca
     if q.dtype != torch.bfloat16:
         raise ValueError(f"q must be bf16, got {q.dtype}")
     cfg = config or DEFAULT
+    return launch_fewhead_kernel(_kernel(cfg, q.device), THREADS, source_layout()["CHUNK"], q, kv_cache, indices,
+                                 sm_scale, splits=cfg.splits, min_rows=cfg.min_rows, partial_fp16=cfg.partial_fp16,
+                                 pdl_merge=cfg.pdl_merge)
+
+
+def launch_fewhead_kernel(kern: nvrtc.CudaKernel, threads: int, chunk: int, q: Tensor, kv_cache: Tensor,
+                          indices: Tensor, sm_scale: float, *, splits: int = 0, min_rows: int = 128,
+                          partial_fp16: bool = True, pdl_merge: bool = True,
+                          merge: bool = True) -> tuple[Tensor, Tensor]:
+    """Plan, launch and merge a few-head ``fp8_656`` decode kernel with ``fewhead_fp8.cu``'s argument list (its
+    ``chunk``-row slices, groups of 16 heads, partials and their scales); the probes in ``bench/`` share it.
+
+    ``q``, ``kv_cache``, ``indices``: as :func:`decode_fewhead_fp8_cuda` (checked there). ``splits`` / ``min_rows``:
+    the slice plan (:func:`..triton.fewhead_plan.plan_splits`); ``partial_fp16``: the kernel's partial format;
+    ``merge=False`` leaves the slices unmerged (a bench's way to time the launch alone: the output is then wrong).
+    """
+    batch, n_q, heads, _ = q.shape
+    d_v = D_LATENT
     qf, idx = flatten_decode_inputs(q, indices)  # unit-stride q columns, int32 indices
     if qf.stride(1) % 8 or qf.stride(0) % 8 or qf.data_ptr() % 16:  # the kernel reads q 16 bytes at a time
         qf = qf.contiguous()
@@ -181,33 +199,31 @@ def decode_fewhead_fp8_cuda(q: Tensor, kv_cache: Tensor, indices: Tensor, sm_sca
     if mq == 0:
         return out.reshape(batch, n_q, heads, d_v), lse.reshape(batch, n_q, heads)
     rows = kv_cache.contiguous()
-    kern = _kernel(cfg, q.device)
     groups = head_groups(heads)
     g_heads, mg = heads // groups, mq * groups  # each (query, head group) is an output row of g_heads heads
-    chunk = source_layout()["CHUNK"]
-    plan = FewHeadConfig(block_n=chunk, splits=cfg.splits, min_rows=cfg.min_rows)
-    splits = plan_splits(mg, top_k, sm_count(q.device), kern.resident_blocks(THREADS), plan)
+    plan = FewHeadConfig(block_n=chunk, splits=splits, min_rows=min_rows)
+    splits = plan_splits(mg, top_k, sm_count(q.device), kern.resident_blocks(threads), plan)
     splits, per_split = slice_rows(top_k, splits, chunk)
     if splits > 1:
-        part = torch.empty(mg, splits, g_heads, D_LATENT, dtype=torch.float16 if cfg.partial_fp16 else torch.float32,
+        part = torch.empty(mg, splits, g_heads, D_LATENT, dtype=torch.float16 if partial_fp16 else torch.float32,
                            device=q.device)
         plse = torch.empty(mg, splits, g_heads, dtype=torch.float32, device=q.device)
         # one scale per slice and 128-column block with fp16 partials
         pscale = torch.empty(mg, splits, D_LATENT // 128, dtype=torch.float32, device=q.device) \
-            if cfg.partial_fp16 else None
+            if partial_fp16 else None
     else:
         part = plse = lse  # unread with one slice
         pscale = None
     scale_arg = plse if pscale is None else pscale  # (unwritten without fp16 partials)
     ptr = ctypes.c_void_p
-    kern.launch((splits * groups, mq, 1), (THREADS, 1, 1), [
+    kern.launch((splits * groups, mq, 1), (threads, 1, 1), [
         ptr(qf.data_ptr()), ptr(rows.data_ptr()), ptr(idx.data_ptr()), ptr(part.data_ptr()), ptr(plse.data_ptr()),
         ptr(scale_arg.data_ptr()), ptr(out.data_ptr()), ptr(lse.data_ptr()), ctypes.c_int(g_heads), ctypes.c_int(top_k),
         ctypes.c_int(per_split), ctypes.c_int(splits), ctypes.c_float(float(sm_scale) * LOG2E),
         ctypes.c_longlong(qf.stride(0)), ctypes.c_longlong(qf.stride(1)), ctypes.c_longlong(idx.stride(0)),
         ctypes.c_int(groups)])
-    if splits > 1:  # enough merge programs to cover the GPU four times
+    if splits > 1 and merge:  # enough merge programs to cover the GPU four times
         merge_slices(part, plse, out.view(mg, g_heads, d_v), lse.view(mg, g_heads), d_v,
-                     min_programs=4 * sm_count(q.device), pdl=pdl_enabled(cfg.pdl_merge, q.device),
+                     min_programs=4 * sm_count(q.device), pdl=pdl_enabled(pdl_merge, q.device),
                      part_scale=pscale)
     return out.reshape(batch, n_q, heads, d_v), lse.reshape(batch, n_q, heads)
