@@ -6,7 +6,11 @@ per request, against the head-blocked kernels and padded FlashMLA, as CUDA-graph
 Every subject is checked against the reference backend (on CUDA) on the bench inputs before it is timed. Inputs:
 k 2048 random slots of each request's own 32K context (pages of 64, ~1% ``-1``), random q. Bytes = the selected
 rows (656 B fp8_656, 1152 B bf16) + q, out, lse and indices; "% copy" = those bytes per second against a device
-copy measured in the same run (bytes read + written). Subjects:
+copy measured in the same run (bytes read + written). Two times per subject: ``ms``, one call per replayed graph
+(each replay also pays the graph's launch, about 4.5 us on an H200), and ``layer ms``, the time per call in one
+graph of :data:`LAYERS` calls with their own inputs (consecutive calls read other requests' contexts, so no call
+finds its rows in the L2), which is how a captured decode step runs the attention of its layers; "% copy" and
+"vs FlashMLA" use ``layer ms``. Subjects:
 
 * ``fewhead``: :func:`...sparse_mla_decode_fewhead.decode_fewhead` (default, and with ``--sweep`` every
   candidate of :data:`SWEEP`);
@@ -30,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attention_setup import D_QK, PAGE, SM_SCALE, bound, cache_pool, decode_bytes  # noqa: E402
-from common import copy_ceiling_gbs, device_info, graph_ms, write_json  # noqa: E402
+from common import copy_ceiling_gbs, device_info, graph_layers_ms, graph_ms, write_json  # noqa: E402
 
 from dsa_runtime.plugins.cuda_hopper.cuda import fewhead_fp8, nvrtc  # noqa: E402
 from dsa_runtime.plugins.cuda_hopper.triton.fewhead_plan import FewHeadConfig, default_config  # noqa: E402
@@ -41,6 +45,7 @@ from dsa_runtime.testing.compare import out_and_lse  # noqa: E402
 from dsa_runtime.testing.tolerances import tolerance  # noqa: E402
 
 K, CONTEXT = 2048, 32768
+LAYERS = 16  # calls per graph for the per-layer time
 F = FewHeadConfig
 SWEEP: tuple[FewHeadConfig, ...] = (
     F(splits=2), F(splits=4), F(splits=6), F(fused=True), F(32, 4, 4), F(32, 4, 2), F(64, 4, 3), F(64, 8, 3),
@@ -50,10 +55,11 @@ SWEEP: tuple[FewHeadConfig, ...] = (
 )
 
 
-def inputs(cache: torch.Tensor, batch: int, n_q: int, heads: int, gen: torch.Generator) -> dict:
-    """k random slots of each request's own context (each query its own set), ~1% -1; random q."""
+def inputs(cache: torch.Tensor, batch: int, n_q: int, heads: int, gen: torch.Generator, first: int = 0) -> dict:
+    """k random slots of each request's own context (each query its own set), ~1% -1; random q. Request r reads
+    context ``first + r`` of the pool (wrapping around)."""
     rows = cache.shape[0] * PAGE
-    base = (torch.arange(batch, device="cuda") * CONTEXT) % rows
+    base = ((torch.arange(batch, device="cuda") + first) * CONTEXT) % rows
     idx = base[:, None, None] + torch.randint(0, CONTEXT, (batch, n_q, K), device="cuda", generator=gen)
     idx = torch.where(torch.rand(batch, n_q, K, device="cuda", generator=gen) < 0.01, -1, idx).to(torch.int32)
     q = torch.randn(batch, n_q, heads, D_QK, device="cuda", generator=gen, dtype=torch.bfloat16)
@@ -116,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         cache = cache_pool(CONTEXT, layout, gen)
         for heads, n_q, batch in shapes:
             a = inputs(cache, batch, n_q, heads, gen)
+            # one step's layers: alternate halves of the pool, so consecutive calls share no context
+            layers = [a] + [inputs(cache, batch, n_q, heads, gen, first=(i % 2) * batch) for i in range(1, LAYERS)]
             want = ref[layout](a["q"], a["cache"], a["indices"], SM_SCALE, layout=layout)
             nbytes = decode_bytes(batch * n_q, heads, K, layout)
             floor_ms = nbytes / copy / 1e6
@@ -127,41 +135,46 @@ def main(argv: list[str] | None = None) -> int:
                     bad = out_and_lse(got[0], got[1], want[0], want[1], tolerance("sparse_attn.out"),
                                       tolerance("sparse_attn.lse"))
                     row["ms"] = None if bad else graph_ms(lambda fn=fn, a=a: fn(a))
+                    row["layer_ms"] = None if bad else graph_layers_ms([lambda fn=fn, x=x: fn(x) for x in layers])
                     row["note"] = f"WRONG: {bad[:120]}" if bad else ""
                 except Exception as exc:  # noqa: BLE001 - reported per subject; the others still run
-                    row["ms"], row["note"] = None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
-                if row["ms"]:
-                    row["pct_copy"] = 100 * floor_ms / row["ms"]
+                    row["ms"] = row["layer_ms"] = None
+                    row["note"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+                if row["layer_ms"]:
+                    row["pct_copy"] = 100 * floor_ms / row["layer_ms"]
                 rows.append(row)
-                ms = f"{row['ms']:.4f}" if row["ms"] else "-"
-                pct = f"{row.get('pct_copy', 0):.0f}%" if row["ms"] else ""
-                print(f"  {layout:8s} h{heads:<3d} q{n_q} b{batch:<4d} {name:38s} {ms:>8s} ms {pct:>5s} {row['note']}",
+                ms = f"{row['ms']:.4f} / {row['layer_ms']:.4f}" if row["layer_ms"] else "-"
+                pct = f"{row.get('pct_copy', 0):.0f}%" if row["layer_ms"] else ""
+                print(f"  {layout:8s} h{heads:<3d} q{n_q} b{batch:<4d} {name:38s} {ms:>17s} ms {pct:>5s} {row['note']}",
                       flush=True)
+            del layers
         del cache
         torch.cuda.empty_cache()
 
-    print("\n| layout | heads | queries | batch | floor ms | best fewhead | ms | % copy | headblock ms | "
-          "FlashMLA padded ms | best vs FlashMLA | TileLang padded ms |")
-    print("|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|")
+    print(f"\n(one call per graph / per layer of a {LAYERS}-call graph; % copy and vs FlashMLA per layer)")
+    print("| layout | heads | queries | batch | floor ms | best fewhead | ms | layer ms | % copy | headblock layer ms | "
+          "FlashMLA padded ms | layer ms | best vs FlashMLA | TileLang padded layer ms |")
+    print("|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for layout in ("fp8_656", "bf16"):
         for heads, n_q, batch in shapes:
             grp = [r for r in rows if (r["layout"], r["heads"], r["queries"], r["batch"]) == (layout, heads, n_q, batch)]
-            few = [r for r in grp if r["subject"].startswith("fewhead") and r["ms"]]
-            best = min(few, key=lambda r: r["ms"]) if few else None
-            other = {r["subject"]: r["ms"] for r in grp}
+            few = [r for r in grp if r["subject"].startswith("fewhead") and r["layer_ms"]]
+            best = min(few, key=lambda r: r["layer_ms"]) if few else None
+            other = {r["subject"]: r["layer_ms"] for r in grp}
             fm = other.get("flashmla (padded)")
+            fm_one = {r["subject"]: r["ms"] for r in grp}.get("flashmla (padded)")
             def cell(value: float | None, fmt: str = ".4f", unit: str = "") -> str:  # "-": not run or failed
                 return f"{value:{fmt}}{unit}" if value else "-"
 
             print(f"| {layout} | {heads} | {n_q} | {batch} | {grp[0]['floor_ms']:.4f} | "
-                  f"{best['subject'] if best else '-'} | {cell(best and best['ms'])} | "
+                  f"{best['subject'] if best else '-'} | {cell(best and best['ms'])} | {cell(best and best['layer_ms'])} | "
                   f"{cell(best and best['pct_copy'], '.0f', '%')} | {cell(other.get('headblock'))} | "
-                  f"{cell(fm)} | {cell(fm and best and fm / best['ms'], '.2f', 'x')} | "
+                  f"{cell(fm_one)} | {cell(fm)} | {cell(fm and best and fm / best['layer_ms'], '.2f', 'x')} | "
                   f"{cell(other.get('tilelang (padded)'))} |")
     from dsa_runtime.plugins.cuda_hopper.triton.fewhead_plan import _RESIDENT
 
     print("programs per SM by compiled kernel:", {str(k[1:]): v for k, v in _RESIDENT.items()})
-    write_json(args.json, {"device": info, "copy_gbs": copy, "k": K, "context": CONTEXT,
+    write_json(args.json, {"device": info, "copy_gbs": copy, "k": K, "context": CONTEXT, "layers": LAYERS,
                            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "rows": rows})
     print(f"wrote {args.json}")
     return 0

@@ -46,3 +46,17 @@ def test_topk_bench_configs_are_json_writable(common, tmp_path):
     back = json.loads((tmp_path / "t.json").read_text())
     assert back["configs"]["no_sample"]["sample"] is None
     assert back["configs"]["sample_s16"]["sample"]["slices"] == 16
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+def test_graph_layers_ms_captures_every_call_once(common):
+    import torch
+
+    x = torch.zeros(4, device="cuda")
+    calls = [lambda i=i: x[i].add_(1.0) for i in range(4)]
+    per_call = common.graph_layers_ms(calls)
+    assert 0.0 < per_call < 1.0  # ms per call: four small kernels in one graph
+    # two warm-up rounds outside the capture, then every replay of the timing: each call ran as often as the others
+    counts = x.tolist()
+    assert counts[0] >= 3 and counts == [counts[0]] * 4
