@@ -98,6 +98,7 @@ def test_matches_reference(cache, batch, n_q, heads, k, missing, empty, wild_q):
      CudaFewHeadConfig(partial_fp16=False), CudaFewHeadConfig(stages=3, partial_fp16=False, splits=3),
      CudaFewHeadConfig(splits=3),
      CudaFewHeadConfig(splits=1), CudaFewHeadConfig(min_blocks=3), CudaFewHeadConfig(pdl_merge=False),
+     CudaFewHeadConfig(pdl_main=False), CudaFewHeadConfig(pdl_main=False, pdl_merge=False),
      CudaFewHeadConfig(l2_prefetch=0), CudaFewHeadConfig(l2_prefetch=256)],
     ids=lambda c: c.label,
 )
@@ -127,6 +128,42 @@ def test_dependent_launch_merge_is_the_plain_merge(cache):
         graph.replay()
         plain = decode_fewhead_fp8_cuda(q, cache, idx, SCALE, config=CudaFewHeadConfig(pdl_merge=False))
         assert torch.equal(plain[0], captured[0]) and torch.equal(plain[1], captured[1])
+
+
+def test_dependent_decode_launch_reads_what_the_kernel_before_it_wrote(cache):
+    """Launched as a programmatic dependent (the default on SM90), the decode waits for the kernel just before
+    it: q and the slots written by the preceding copies are the ones it reads, eager and in a replayed graph
+    whose inputs change between replays; the plain launch gives the same bits."""
+    gen = torch.Generator(device="cuda").manual_seed(17)
+    q_src, idx_src = inputs(cache, 64, 1, 16, 2048, gen, missing=0.1)
+    q, idx = torch.empty_like(q_src), torch.empty_like(idx_src)
+    dependent = CudaFewHeadConfig()
+    assert dependent.pdl_main
+    plain_cfg = CudaFewHeadConfig(pdl_main=False, pdl_merge=False)
+
+    def step():
+        q.copy_(q_src)
+        idx.copy_(idx_src)
+        return decode_fewhead_fp8_cuda(q, cache, idx, SCALE, config=dependent)
+
+    eager = step()
+    plain = decode_fewhead_fp8_cuda(q_src, cache, idx_src, SCALE, config=plain_cfg)
+    assert torch.equal(eager[0], plain[0]) and torch.equal(eager[1], plain[1])
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    for _ in range(3):
+        q_new, idx_new = inputs(cache, 64, 1, 16, 2048, gen, missing=0.1)
+        q_src.copy_(q_new)
+        idx_src.copy_(idx_new)
+        graph.replay()
+        plain = decode_fewhead_fp8_cuda(q_new, cache, idx_new, SCALE, config=plain_cfg)
+        assert torch.equal(captured[0], plain[0]) and torch.equal(captured[1], plain[1])
 
 
 def test_scales_that_are_not_powers_of_two():

@@ -187,8 +187,11 @@ fewhead_fp8_decode(const unsigned short* __restrict__ q, const unsigned char* __
     const int* idx_row = idx + m * stride_im;
 #if __CUDA_ARCH__ >= 900
     // The merge launch (launched as a programmatic dependent, waiting for this grid's completion before it reads
-    // anything) may be scheduled once every CTA of this grid has started.
+    // anything) may be scheduled once every CTA of this grid has started. Launched as a programmatic dependent
+    // itself (``pdl_main``), this grid waits here, before its first read or write, for the kernels before it to
+    // complete; launched plainly, the wait returns at once.
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 
     // Start the first STAGES - 1 chunks' copies before anything else.
