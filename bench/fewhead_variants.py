@@ -8,10 +8,10 @@ A variant is a :class:`CudaFewHeadConfig`: a name of :data:`VARIANTS` or fields 
 ``bench/fewhead_wgmma.py`` (ragged k, 30-90% ``-1``, empty queries, wild q, small non-power-of-two row scales, 1-16
 heads, 1-4 queries). Timings: CUDA-graph replays on ``bench/fewhead_decode.py``'s inputs (k 2048 random slots of
 each request's own 32K context), plus, at 16 heads and batch 64, every slot ``-1`` (no row read: the arithmetic and
-the loop alone), every slot of a query the same one (rows from the L2: no DRAM) and k consecutive slots; and per layer ("layers"): the time per call of
-16 heads at batch 64 in one graph of ``fewhead_decode.LAYERS`` calls with their own random slots (a decode step's
-layers, the graph's launch paid once). The table prints each variant's ms and its ratio to ``default`` in the same
-run.
+the loop alone), every slot of a query the same one (rows from the L2: no DRAM) and k consecutive slots; and
+"layers": the time per call at 16 heads and batch 64 in one graph of ``fewhead_decode.LAYERS`` calls with their own
+random slots (a decode step's layers, the graph's launch paid once). The table prints each variant's ms and its
+ratio to ``default`` in the same run.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attention_setup import SM_SCALE, cache_pool  # noqa: E402
 from common import device_info, graph_layers_ms, graph_ms, write_json  # noqa: E402
-from fewhead_decode import CONTEXT, LAYERS, inputs  # noqa: E402
+from fewhead_decode import CONTEXT, layer_inputs  # noqa: E402
 from fewhead_wgmma import SHAPES, check, shape_inputs  # noqa: E402
 
 from dsa_runtime.plugins.cuda_hopper.cuda import nvrtc  # noqa: E402
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg = configs[name]
             row[name] = graph_ms(lambda q=q, c=c, i=i, cfg=cfg: decode_fewhead_fp8_cuda(q, c, i, SM_SCALE, config=cfg))
         rows.append(row)
-    layers = [inputs(cache, 64, 1, 16, gen, first=(i % 2) * 64) for i in range(LAYERS)]
+    layers = layer_inputs(cache, 64, 1, 16, gen)
     row = {"heads": 16, "queries": 1, "batch": 64, "slots": "layers"}
     for name in names:
         row[name] = graph_layers_ms([lambda a=a, cfg=configs[name]: decode_fewhead_fp8_cuda(

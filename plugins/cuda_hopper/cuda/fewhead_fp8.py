@@ -193,7 +193,8 @@ def launch_fewhead_kernel(kern: nvrtc.CudaKernel, threads: int, chunk: int, q: T
     ``q``, ``kv_cache``, ``indices``: as :func:`decode_fewhead_fp8_cuda` (checked there). ``splits`` / ``min_rows``:
     the slice plan (:func:`..triton.fewhead_plan.plan_splits`); ``partial_fp16``: the kernel's partial format;
     ``pdl_main``: launch the kernel as a programmatic dependent (it must wait, ``griddepcontrol.wait``, before its
-    first memory access, as ``fewhead_fp8.cu`` does); ``merge=False`` leaves the slices unmerged (a bench's way to time the launch alone: the output is then wrong).
+    first memory access, as ``fewhead_fp8.cu`` does); ``merge=False`` leaves the slices unmerged (a bench's way to
+    time the launch alone: the output is then wrong).
     """
     batch, n_q, heads, _ = q.shape
     d_v = D_LATENT
