@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
@@ -49,10 +50,8 @@ def test_topk_bench_configs_are_json_writable(common, tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_graph_layers_ms_captures_every_call_once(common):
-    import torch
-
     x = torch.zeros(4, device="cuda")
     calls = [lambda i=i: x[i].add_(1.0) for i in range(4)]
     per_call = common.graph_layers_ms(calls)

@@ -20,7 +20,7 @@ import torch
 from dsa_runtime.plugin_manager import get_manager
 from dsa_runtime.resolve import KernelConfig, resolve_kernels
 from dsa_runtime.testing.case import CheckContext, clone
-from tests.hopper.gpu_marks import NEEDS_SM90
+from tests.hopper.gpu_marks import NEEDS_SM90, cuda_graph_capture
 from tests.hopper.graph_steps import Shape, Step, steps
 
 V32 = Shape()  # batch 4, contexts up to 4096, k 2048, 128 heads, 64 index heads, page 64
@@ -61,26 +61,6 @@ def run_step(step: Step, fn: Callable[..., object], oracle: Callable[..., object
         if msg := step.check(ctx):
             problems.append(f"{step.name} (replay on seed {seed}): {msg}")
     return problems
-
-
-def cuda_graph_capture(call: Callable[[], object]) -> tuple[object, Callable[[], None]]:
-    """Warm up on a side stream (compiles and autotunes), capture once; returns (static result, replay)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            call()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        result = call()
-
-    def replay() -> None:
-        graph.replay()
-        torch.cuda.synchronize()
-
-    return result, replay
 
 
 @pytest.mark.gpu

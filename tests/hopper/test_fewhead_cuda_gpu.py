@@ -13,7 +13,7 @@ from dsa_runtime.plugins.cuda_hopper.cuda.fewhead_fp8 import CudaFewHeadConfig, 
 from dsa_runtime.reference.sparse_attn import ReferenceSparseAttn
 from dsa_runtime.testing.compare import out_and_lse
 from dsa_runtime.testing.tolerances import tolerance
-from tests.hopper.gpu_marks import HOPPER_GPU
+from tests.hopper.gpu_marks import HOPPER_GPU, cuda_graph_capture
 
 pytestmark = [
     *HOPPER_GPU,
@@ -149,19 +149,12 @@ def test_dependent_decode_launch_reads_what_the_kernel_before_it_wrote(cache):
     eager = step()
     plain = decode_fewhead_fp8_cuda(q_src, cache, idx_src, SCALE, config=plain_cfg)
     assert torch.equal(eager[0], plain[0]) and torch.equal(eager[1], plain[1])
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step()
+    captured, replay = cuda_graph_capture(step)
     for _ in range(3):
         q_new, idx_new = inputs(cache, 64, 1, 16, 2048, gen, missing=0.1)
         q_src.copy_(q_new)
         idx_src.copy_(idx_new)
-        graph.replay()
+        replay()
         plain = decode_fewhead_fp8_cuda(q_new, cache, idx_new, SCALE, config=plain_cfg)
         assert torch.equal(captured[0], plain[0]) and torch.equal(captured[1], plain[1])
 
