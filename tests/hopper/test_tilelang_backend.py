@@ -5,6 +5,7 @@ kernel and the combine), and, when tilelang is installed, that the program lower
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 import types
@@ -322,6 +323,10 @@ def test_program_lowers_to_sm90a_cuda_source(variant, split):
         assert "dsa_push_half_stage(" in src and "cluster_sync" in src
         moved = src.replace("(((int)blockIdx.y) * 2048)", "(((int)blockIdx.y) * 1024)")
         assert any("wsf8c: the latent stage" in p for p in source_problems(moved))
+        # the gather issues a row's loads before it waits for a free stage (fp8_half_gather_macro)
+        cache = re.search(r"const fp8_e4_t\* __restrict__ (\w+)", src).group(1)
+        gather = src[src.index("warpgroup_reg_dealloc<96>"):]
+        assert gather.index(f"({cache} + ") < gather.index("free[st_") < gather.index("kv_lat) + ")
 
 
 def test_cluster_push_layout_check_reads_the_stage_stores():
@@ -329,8 +334,8 @@ def test_cluster_push_layout_check_reads_the_stage_stores():
     [stage][atom][half] layout the bulk copies assume (CPU: the store lines as TileLang writes them)."""
     from dsa_runtime.plugins.cuda_hopper.tilelang.cluster_push import push_layout_problems
 
-    lat = ("*(uint4*)(((half_t*)kv_lat) + ((((((((st_2 * 32768) + (((((int)threadIdx.x) & 31) >> 2) * 4096)) + "
-           "(((int)blockIdx.y) * 2048)) + (pp * 1024)) = v;")
+    lat = ("*(uint4*)(((half_t*)kv_lat) + (((((((((st_2 * 32768) + (d_2 * 4096)) + (((int)blockIdx.y) * 2048)) + "
+           "((((int)threadIdx.x) >> 5) * 512)) = v;")
     rope = "*(uint1*)(((half_t*)kv_rope) + ((((((st_2 * 4096) + (((int)blockIdx.y) * 2048)) + (pp * 1024)) = w;"
     push = "dsa_push_half_stage(a, b, c, 0, 1);"
     init = "free[0].init(512);\ntl::cluster_sync();"

@@ -23,9 +23,9 @@ import re
 
 PUSH_BYTES = 9 * 4096  # 8 latent atoms + the rope block, 32 rows each
 # The gather's stores of a ring stage in the generated source: stage stride 32768 f16 elements, 64-column atom
-# (lane // 4) stride 4096, then the CTA's half (blockIdx.y) at 2048 = 32 rows of 64; the rope stage stride 4096
-# with the half at 2048. dsa_push_half_stage copies exactly these blocks.
-_LAT_STORE = re.compile(r"\(half_t\*\)kv_lat\) \+ \(+\(st_\d+ \* 32768\) \+ \(\(\(\(\(int\)threadIdx\.x\) & 31\) >> 2\) \* 4096\)\) "
+# (the gather's unrolled 16-byte part ``d``) stride 4096, then the CTA's half (blockIdx.y) at 2048 = 32 rows of 64;
+# the rope stage stride 4096 with the half at 2048. dsa_push_half_stage copies exactly these blocks.
+_LAT_STORE = re.compile(r"\(half_t\*\)kv_lat\) \+ \(+\(st_\d+ \* 32768\) \+ \(d_\d+ \* 4096\)\) "
                         r"\+ \(\(\(int\)blockIdx\.y\) \* 2048\)\)")
 _ROPE_STORE = re.compile(r"\(half_t\*\)kv_rope\) \+ \(+\(st_\d+ \* 4096\) \+ \(\(\(int\)blockIdx\.y\) \* 2048\)\)")
 

@@ -1,5 +1,5 @@
-"""The ``fp8_656`` gather of the warp-specialised schedules (``ws4f8``, ``wsf8``, ``wsf8h``, ``wsf8c``): a TileLang
-macro run by the gather warpgroup, which dequantises cache rows into the ring stage the consumer warpgroups read
+"""The ``fp8_656`` gathers of the warp-specialised schedules (``ws4f8``, ``wsf8``, ``wsf8h``, ``wsf8c``): TileLang
+macros run by the gather warpgroup, which dequantise cache rows into the ring stage the consumer warpgroups read
 (bf16, or fp16 for ``wsf8h`` / ``wsf8c``).
 
 A ``fp8_656`` row (656 bytes; ``dsa_runtime.families``): bytes ``[0, 512)`` the latent as e4m3, ``[512, 528)``
@@ -22,6 +22,9 @@ Threads ``g < 64`` also store the chunk's indices into ``idx_sh`` for the score 
 The stage is written with ordinary stores (generic proxy) and read by wgmma (async proxy): every gather thread
 fences (``fence.proxy.async``) and then arrives on ``ready[stage]`` (128 arrivals, the count the cp.async gather's
 ``cp.async.mbarrier.arrive.noinc`` gave).
+
+``wsf8c`` converts only its CTA's half of each chunk and takes :func:`fp8_half_gather_macro` instead: one row per
+thread, all of a thread's loads from one row address and issued before the wait for the stage.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the kernel's annotations.
@@ -41,7 +44,7 @@ def lane_slot(g: Any) -> Any:
     return ((g % 32) % 16) * WARPS + g // 32
 
 
-def fp8_gather_macro(n_kv: Any, in_flight: int = 1, out: str = "bfloat16", half_rows: bool = False) -> Any:
+def fp8_gather_macro(n_kv: Any, in_flight: int = 1, out: str = "bfloat16") -> Any:
     """The gather macro ``fp8_gather(KV8, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g, rank)``: ``KV8``
     the ``[S, 656]`` e4m3 cache, ``g`` the thread's index in the gather warpgroup (0..127), chunk ``c0 .. c0 +
     64`` of row ``tok`` into stage ``st``; ends with the warpgroup's arrival on ``ready[st]``.
@@ -49,9 +52,8 @@ def fp8_gather_macro(n_kv: Any, in_flight: int = 1, out: str = "bfloat16", half_
     ``in_flight``: rows a warp loads per pass before converting them (6 registers a lane each): the loads of one
     row alone keep too few bytes in flight to cover the memory latency. ``out``: the stage's dtype
     (``"float16"``: e4m3 -> fp16 is one instruction a pair and the scale one fp16 multiply a pair, where bf16 goes
-    through fp32, three instructions a value; the rope converted from bf16). ``half_rows`` (``wsf8c``): only rows
-    ``32 rank .. + 32`` and no arrival on ``ready`` (the caller first pushes that half into the peer CTA:
-    :mod:`.cluster_push`); otherwise ``rank`` is unused."""
+    through fp32, three instructions a value; the rope converted from bf16). ``rank`` is unused (the signature is
+    the one :func:`fp8_half_gather_macro` shares)."""
     import tilelang.language as T
 
     bf16, f16, f32, fp8 = "bfloat16", "float16", "float32", "float8_e4m3fn"
@@ -111,12 +113,76 @@ def fp8_gather_macro(n_kv: Any, in_flight: int = 1, out: str = "bfloat16", half_
         if g < BI:
             idx_sh[st, g] = Idx[tok, c0 + g]
         mine = Idx[tok, c0 + lane_slot(g)]
-        n_pass, first = (passes // 2, rank * (passes // 2)) if half_rows else (passes, 0)
-        for pp in T.serial(n_pass):
-            load_rows(KV8, KVS, KVR, lat8, sc, rope, mine, first + pp, lane)
-            store_rows(kv_lat, kv_rope, lat8, sc, rope, st, first + pp, lane, wid)
+        for pp in T.serial(passes):
+            load_rows(KV8, KVS, KVR, lat8, sc, rope, mine, pp, lane)
+            store_rows(kv_lat, kv_rope, lat8, sc, rope, st, pp, lane, wid)
+        T.fence_proxy_async()  # generic-proxy stores of the stage, read next by wgmma (async proxy)
+        T.barrier_arrive(ready[st])
+
+    return fp8_gather
+
+
+def fp8_half_gather_macro(n_kv: Any) -> Any:
+    """The gather macro of ``wsf8c`` (one row per thread, fp16 stages), called as
+    ``fp8_gather(KV8, Idx, idx_sh, kv_lat, kv_rope, free, phase, tok, c0, st, g, rank)``: rows ``32 rank .. + 32``
+    of chunk ``c0 .. c0 + 64`` of row ``tok`` into stage ``st`` once ``free[st]`` has completed ``phase``; no
+    arrival on ``ready`` (the caller first pushes the half into the peer CTA: :mod:`.cluster_push`).
+
+    Thread ``g`` (warp ``w = g // 32``, lane ``l``) owns stage row ``32 rank + 8 w + l % 8`` and its column group
+    ``l // 8``: latent bytes ``64 d + 16 (l // 8) .. + 16`` for ``d`` in 0..7 (eight 16-byte loads), the row's four
+    scales (one 16-byte load) and rope values ``32 u + 8 (l // 8) .. + 8`` for ``u`` in 0..1 (two 16-byte loads).
+    All eleven loads of a thread come from one row address, so they fit the gather's registers together (44 of
+    data) and are in flight at once: the half chunk (21 KB) is read in one memory latency. They are issued before
+    the wait for the stage, which registers do not need, so that latency overlaps the consumers' last use of it.
+    The per-warp-row gather of :func:`fp8_gather_macro` needs a row address per row in flight; in ``wsf8c`` ptxas
+    kept about three rows' loads in flight at 88 registers and interleaved the rest with the conversions (SASS,
+    2026-11-27). H200, batch 64 x 32K, 128 heads: 0.1150 ms against 0.1226 (docs/benchmarks.md, session 14)."""
+    import tilelang.language as T
+
+    bf16, f16, f32, fp8 = "bfloat16", "float16", "float32", "float8_e4m3fn"
+    lat_parts, rope_parts = D_LATENT // 64, 2
+
+    @T.macro
+    def fp8_gather(KV8, Idx, idx_sh, kv_lat, kv_rope, free, phase, tok, c0, st, g, rank):
+        KVS = T.view(KV8, (n_kv, ROW_BYTES // 4), f32)
+        KVR = T.view(KV8, (n_kv, ROW_BYTES // 2), bf16)
+        lat8 = T.alloc_local((lat_parts, 16), fp8)
+        sc = T.alloc_local((4,), f32)
+        rope = T.alloc_local((rope_parts, 8), bf16)
+        lane = g % 32
+        col = lane // 8
+        dst = rank * 32 + (g // 32) * 8 + lane % 8
+        row = T.alloc_var("int32")  # a variable, not an inlined Idx read: the guard below names it
+        row = Idx[tok, c0 + dst]
+        if (row >= 0) and (row < n_kv):
+            for d in T.unroll(lat_parts):
+                for v in T.vectorized(16):
+                    lat8[d, v] = KV8[row, d * 64 + col * 16 + v]
+            for v in T.vectorized(4):
+                sc[v] = KVS[row, SCALE_AT + v]
+            for u in T.unroll(rope_parts):
+                for v in T.vectorized(8):
+                    rope[u, v] = KVR[row, ROPE_AT + u * 32 + col * 8 + v]
+        else:  # -1 (or past the cache): a zero row, nothing read
+            for d in T.unroll(lat_parts):
+                for v in T.vectorized(16):
+                    lat8[d, v] = T.cast(0, fp8)
+            for v in T.vectorized(4):
+                sc[v] = T.float32(0)
+            for u in T.unroll(rope_parts):
+                for v in T.vectorized(8):
+                    rope[u, v] = T.cast(0, bf16)
+        T.barrier_wait(free[st], phase)  # the loads are in flight; the stores need the stage
+        if g < BI:  # the score warpgroup's mask reads them: after the stage is free
+            idx_sh[st, g] = Idx[tok, c0 + g]
+        for d in T.unroll(lat_parts):
+            sc_h = T.cast(sc[d // 2], f16)
+            for h2 in T.unroll(2):
+                for v in T.vectorized(8):
+                    kv_lat[st, dst, d * 64 + col * 16 + h2 * 8 + v] = T.cast(lat8[d, h2 * 8 + v], f16) * sc_h
+        for u in T.unroll(rope_parts):
+            for v in T.vectorized(8):
+                kv_rope[st, dst, u * 32 + col * 8 + v] = T.cast(T.cast(rope[u, v], f32), f16)
         T.fence_proxy_async()  # generic-proxy stores of the stage, read next by wgmma / bulk copies (async proxy)
-        if not half_rows:
-            T.barrier_arrive(ready[st])
 
     return fp8_gather
