@@ -37,7 +37,8 @@ each gather warp loading 4 rows (24 registers a lane) before converting them. ``
 tensor-core operands (Q converted when loaded, the ring, P), which the gather reaches from e4m3 in two
 instructions a pair. ``wsf8c``: ``wsf8h`` with the two 64-head blocks of a row launched as a cluster of two that
 splits the gather (:mod:`.cluster_push`: each converts half of every chunk and pushes it into its peer's stage;
-``free`` then counts both CTAs' consumers). In ncu (H200, batch 64 x 32K) the ``wsf8`` gather warps never waited
+``free`` then counts both CTAs' consumers), with a gather of one row per thread whose loads are issued before the
+wait for a free stage (:func:`.gather_fp8.fp8_half_gather_macro`; setmaxnreg 240 / 168 / 96). In ncu (H200, batch 64 x 32K) the ``wsf8`` gather warps never waited
 for a free stage while both consumer warpgroups waited for rows; the register gather kept ~4 rows a warp in flight
 whatever the batch size asked (ptxas interleaves larger batches with their conversions to fit 88 registers), an L2
 prefetch of the next chunk's rows and a cp.async-staged gather did not help (the bench numbers are in
