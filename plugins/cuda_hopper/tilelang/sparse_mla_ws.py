@@ -221,9 +221,7 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
                     for st in T.unroll(2):
                         if r * 2 + st < n_chunks:
                             c0 = (r * 2 + st) * BI
-                            if not cluster:  # the cluster gather waits itself, after issuing its loads
-                                T.barrier_wait(free[st], (r + 1) % 2)
-                            if cluster:
+                            if cluster:  # the gather waits for the free stage itself, after issuing its loads
                                 fp8_gather(KV, Idx, idx_sh, kv_lat, kv_rope, free, (r + 1) % 2, tok, c0, st, g, hblk)
                                 T.sync_threads(7, 128)  # the warpgroup's half is in shared memory (and fenced)
                                 if g == 0:
@@ -234,8 +232,10 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
                                 else:
                                     T.barrier_arrive(ready[st])
                             elif fp8:
+                                T.barrier_wait(free[st], (r + 1) % 2)
                                 fp8_gather(KV, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g, 0)
                             else:
+                                T.barrier_wait(free[st], (r + 1) % 2)
                                 bf16_gather(KV, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g)
             if cluster:  # no CTA leaves while its peer may still push into it or arrive on its barriers
                 T.call_extern("handle", "dsa_cluster_sync")
