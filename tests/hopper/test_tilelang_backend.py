@@ -295,7 +295,7 @@ NO_TILELANG = pytest.mark.skipif(not HAS_TILELANG, reason="tilelang is not insta
 @NO_TILELANG
 @pytest.mark.parametrize(("variant", "split"), [("pipe", False), ("ws", True), ("wsa", False), ("ws4", True),
                                                ("wsf8", True), ("ws4f8", False), ("wsf8h", False),
-                                               ("wsf8c", True)])
+                                               ("wsf8c", True), ("wsf8c", False)])
 def test_program_lowers_to_sm90a_cuda_source(variant, split):
     from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import (
         CANDIDATES,
@@ -323,10 +323,17 @@ def test_program_lowers_to_sm90a_cuda_source(variant, split):
         assert "dsa_push_half_stage(" in src and "cluster_sync" in src
         moved = src.replace("(((int)blockIdx.y) * 2048)", "(((int)blockIdx.y) * 1024)")
         assert any("wsf8c: the latent stage" in p for p in source_problems(moved))
-        # the gather issues a row's loads before it waits for a free stage (fp8_half_gather_macro)
+        # the gather issues a row's loads before it waits for a free stage (fp8_half_gather_macros), with the
+        # chunk's row index read a chunk before (no Idx read between the loop's top and its first load) and the
+        # next chunk's rows prefetched into L2 before the wait
         cache = re.search(r"const fp8_e4_t\* __restrict__ (\w+)", src).group(1)
         gather = src[src.index("warpgroup_reg_dealloc<96>"):]
         assert gather.index(f"({cache} + ") < gather.index("free[st_") < gather.index("kv_lat) + ")
+        loop = gather[gather.index("for (int r_"):]
+        assert loop.index(f"({cache} + ") < loop.index("Idx[")
+        assert loop.index(f"({cache} + ") < loop.index("dsa_prefetch_row_l2(") < loop.index("free[st_")
+        # not split, the bf16 outputs leave through the dead Q buffer by TMA; split partials are fp32 stores
+        assert ("tma_store(" in src) == (not split)
 
 
 def test_cluster_push_layout_check_reads_the_stage_stores():

@@ -23,8 +23,9 @@ The stage is written with ordinary stores (generic proxy) and read by wgmma (asy
 fences (``fence.proxy.async``) and then arrives on ``ready[stage]`` (128 arrivals, the count the cp.async gather's
 ``cp.async.mbarrier.arrive.noinc`` gave).
 
-``wsf8c`` converts only its CTA's half of each chunk and takes :func:`fp8_half_gather_macro` instead: one row per
-thread, all of a thread's loads from one row address and issued before the wait for the stage.
+``wsf8c`` converts only its CTA's half of each chunk and takes :func:`fp8_half_gather_macros` instead: one row per
+thread, all of a thread's loads from one row address and issued before the wait for the stage, the indices read
+a chunk ahead and the next chunk's rows prefetched into L2.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the kernel's annotations.
@@ -53,7 +54,7 @@ def fp8_gather_macro(n_kv: Any, in_flight: int = 1, out: str = "bfloat16") -> An
     row alone keep too few bytes in flight to cover the memory latency. ``out``: the stage's dtype
     (``"float16"``: e4m3 -> fp16 is one instruction a pair and the scale one fp16 multiply a pair, where bf16 goes
     through fp32, three instructions a value; the rope converted from bf16). ``rank`` is unused (the signature is
-    the one :func:`fp8_half_gather_macro` shares)."""
+    the one :func:`fp8_half_gather_macros`' gather shares)."""
     import tilelang.language as T
 
     bf16, f16, f32, fp8 = "bfloat16", "float16", "float32", "float8_e4m3fn"
@@ -122,11 +123,22 @@ def fp8_gather_macro(n_kv: Any, in_flight: int = 1, out: str = "bfloat16") -> An
     return fp8_gather
 
 
-def fp8_half_gather_macro(n_kv: Any) -> Any:
-    """The gather macro of ``wsf8c`` (one row per thread, fp16 stages), called as
-    ``fp8_gather(KV8, Idx, idx_sh, kv_lat, kv_rope, free, phase, tok, c0, st, g, rank)``: rows ``32 rank .. + 32``
-    of chunk ``c0 .. c0 + 64`` of row ``tok`` into stage ``st`` once ``free[st]`` has completed ``phase``; no
+# The next chunk's rows into L2 while this chunk's loads are in flight: one bulk prefetch a row (656 bytes, no
+# registers, nothing to wait for).
+PREFETCH_SRC = r"""
+__device__ __forceinline__ void dsa_prefetch_row_l2(const void* row) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], 656;" :: "l"(row) : "memory");
+}
+"""
+
+
+def fp8_half_gather_macros(n_kv: Any, n_chunks: int) -> Any:
+    """``(prime, gather)``: the gather of ``wsf8c`` (one row per thread, fp16 stages, ``n_chunks`` chunks of 64).
+
+    ``gather(KV8, Idx, idx_sh, kv_lat, kv_rope, free, phase, tok, c, st, g, rank, nxt)`` converts rows
+    ``32 rank .. + 32`` of chunk ``c`` of row ``tok`` into stage ``st`` once ``free[st]`` has completed ``phase``; no
     arrival on ``ready`` (the caller first pushes the half into the peer CTA: :mod:`.cluster_push`).
+    ``prime(Idx, nxt, tok, g, rank)`` fills ``nxt`` (an int32 local of 3) for chunk 0 before the first call.
 
     Thread ``g`` (warp ``w = g // 32``, lane ``l``) owns stage row ``32 rank + 8 w + l % 8`` and its column group
     ``l // 8``: latent bytes ``64 d + 16 (l // 8) .. + 16`` for ``d`` in 0..7 (eight 16-byte loads), the row's four
@@ -134,16 +146,33 @@ def fp8_half_gather_macro(n_kv: Any) -> Any:
     All eleven loads of a thread come from one row address, so they fit the gather's registers together (44 of
     data) and are in flight at once: the half chunk (21 KB) is read in one memory latency. They are issued before
     the wait for the stage, which registers do not need, so that latency overlaps the consumers' last use of it.
-    The per-warp-row gather of :func:`fp8_gather_macro` needs a row address per row in flight; in ``wsf8c`` ptxas
-    kept about three rows' loads in flight at 88 registers and interleaved the rest with the conversions (SASS,
-    2026-11-27). H200, batch 64 x 32K, 128 heads: 0.1150 ms against 0.1226 (docs/benchmarks.md, session 14)."""
+
+    The indices are read ahead: ``nxt`` holds, between calls, this thread's row index for chunks ``c`` and
+    ``c + 1`` and the mask index (``g < 64``) of chunk ``c``. So chunk ``c``'s loads wait on no index read; while
+    they are in flight the gather reads chunk ``c + 2``'s row index and chunk ``c + 1``'s mask index, and one
+    thread of the four that share a row prefetches chunk ``c + 1``'s row into L2 (:data:`PREFETCH_SRC`).
+    Reading each chunk's index just before its loads put two memory latencies in a row on the gather's path: in a
+    per-chunk globaltimer trace (H200, batch 64 x 32K, 2026-11-27) its chunk period was about 2.7 us, nearly all
+    of it from issuing the loads to storing the rows, while the score warpgroup waited 1.3 us a chunk for rows.
+    With the indices read ahead and the prefetch, 0.1061 ms against 0.1158 in the same run (docs/benchmarks.md,
+    session 15; the share of each of the two was not measured apart)."""
     import tilelang.language as T
 
     bf16, f16, f32, fp8 = "bfloat16", "float16", "float32", "float8_e4m3fn"
     lat_parts, rope_parts = D_LATENT // 64, 2
 
     @T.macro
-    def fp8_gather(KV8, Idx, idx_sh, kv_lat, kv_rope, free, phase, tok, c0, st, g, rank):
+    def prime(Idx, nxt, tok, g, rank):
+        dst = rank * 32 + (g // 32) * 8 + (g % 32) % 8
+        nxt[0] = Idx[tok, dst]
+        if n_chunks > 1:
+            nxt[1] = Idx[tok, BI + dst]
+        else:
+            nxt[1] = -1
+        nxt[2] = Idx[tok, g % BI]
+
+    @T.macro
+    def gather(KV8, Idx, idx_sh, kv_lat, kv_rope, free, phase, tok, c, st, g, rank, nxt):
         KVS = T.view(KV8, (n_kv, ROW_BYTES // 4), f32)
         KVR = T.view(KV8, (n_kv, ROW_BYTES // 2), bf16)
         lat8 = T.alloc_local((lat_parts, 16), fp8)
@@ -152,8 +181,9 @@ def fp8_half_gather_macro(n_kv: Any) -> Any:
         lane = g % 32
         col = lane // 8
         dst = rank * 32 + (g // 32) * 8 + lane % 8
-        row = T.alloc_var("int32")  # a variable, not an inlined Idx read: the guard below names it
-        row = Idx[tok, c0 + dst]
+        c0 = c * BI
+        row = T.alloc_var("int32")  # a variable, not an inlined Idx read: the guards below name it
+        row = nxt[0]
         if (row >= 0) and (row < n_kv):
             for d in T.unroll(lat_parts):
                 for v in T.vectorized(16):
@@ -172,9 +202,18 @@ def fp8_half_gather_macro(n_kv: Any) -> Any:
             for u in T.unroll(rope_parts):
                 for v in T.vectorized(8):
                     rope[u, v] = T.cast(0, bf16)
+        row = nxt[1]  # chunk c + 1's (-1 past the last chunk)
+        if col == 0:  # noqa: SIM102 - the guard must stay the exact `if ((0 <= row) && (row < n_kv))` the check reads
+            if (row >= 0) and (row < n_kv):
+                T.call_extern("handle", "dsa_prefetch_row_l2", T.access_ptr(KV8[row, 0], "r"))
+        mask = T.alloc_var("int32")
+        mask = nxt[2]
+        nxt[0] = row
+        nxt[1] = T.if_then_else(c + 2 < n_chunks, Idx[tok, c0 + 2 * BI + dst], -1)
+        nxt[2] = T.if_then_else(c + 1 < n_chunks, Idx[tok, c0 + BI + g % BI], -1)
         T.barrier_wait(free[st], phase)  # the loads are in flight; the stores need the stage
         if g < BI:  # the score warpgroup's mask reads them: after the stage is free
-            idx_sh[st, g] = Idx[tok, c0 + g]
+            idx_sh[st, g] = mask
         for d in T.unroll(lat_parts):
             sc_h = T.cast(sc[d // 2], f16)
             for h2 in T.unroll(2):
@@ -185,4 +224,4 @@ def fp8_half_gather_macro(n_kv: Any) -> Any:
                 kv_rope[st, dst, u * 32 + col * 8 + v] = T.cast(T.cast(rope[u, v], f32), f16)
         T.fence_proxy_async()  # generic-proxy stores of the stage, read next by wgmma / bulk copies (async proxy)
 
-    return fp8_gather
+    return prime, gather

@@ -38,10 +38,15 @@ tensor-core operands (Q converted when loaded, the ring, P), which the gather re
 instructions a pair. ``wsf8c``: ``wsf8h`` with the two 64-head blocks of a row launched as a cluster of two that
 splits the gather (:mod:`.cluster_push`: each converts half of every chunk and pushes it into its peer's stage;
 ``free`` then counts both CTAs' consumers), with a gather of one row per thread whose loads are issued before the
-wait for a free stage (:func:`.gather_fp8.fp8_half_gather_macro`; setmaxnreg 240 / 168 / 96). In ncu (H200, batch 64 x 32K) the ``wsf8`` gather warps never waited
-for a free stage while both consumer warpgroups waited for rows; the register gather kept ~4 rows a warp in flight
-whatever the batch size asked (ptxas interleaves larger batches with their conversions to fit 88 registers), an L2
-prefetch of the next chunk's rows and a cp.async-staged gather did not help (the bench numbers are in
+wait for a free stage, its indices read a chunk ahead and the next chunk's rows prefetched into L2
+(:func:`.gather_fp8.fp8_half_gather_macros`; setmaxnreg 240 / 168 / 96). Its outputs (not split) leave through
+shared memory: once the last S GEMM is done Q is dead, and its 64 KB buffer, viewed as bf16, holds the block's
+``[64, 512]`` output; each consumer warpgroup writes its half there and stores it with TMA.
+
+In ncu (H200, batch 64 x 32K) the ``wsf8`` gather warps never waited for a free stage while both consumer
+warpgroups waited for rows; the register gather kept ~4 rows a warp in flight whatever the batch size asked (ptxas
+interleaves larger batches with their conversions to fit 88 registers), and with that gather an L2 prefetch of the
+next chunk's rows and a cp.async-staged gather did not help (the bench numbers are in
 docs/benchmarks.md); halving each CTA's rows did.
 """
 
@@ -56,7 +61,7 @@ REGS = (240, None, 56)  # score (inc), value (the launch count: no setmaxnreg), 
 # gets 248 (at 240 ptxas spilled 8 bytes there in this build): (248 + 168 + 88) * 128 = 168 * 384, the pool.
 REGS_FP8 = (248, None, 88)
 # wsf8c: its gather holds a row's eleven 16-byte loads a thread across the wait for a free stage
-# (.gather_fp8.fp8_half_gather_macro). ptxas spills 8 bytes there at 96 registers, 28 at 88; the score warpgroup does
+# (.gather_fp8.fp8_half_gather_macros). ptxas spills 8 bytes there at 96 registers, 28 at 88; the score warpgroup does
 # not spill at 240. (240 + 168 + 96) * 128 = 168 * 384. H200, batch 64 x 32K: 0.1154 ms, against 0.1196 at
 # (248, 168, 88) in the same run.
 REGS_FP8_CLUSTER = (240, None, 96)
@@ -73,9 +78,10 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
     from dsa_runtime.plugins.cuda_hopper.tilelang.chunk_steps import chunk_steps, ring_buffers, softmax_state
     from dsa_runtime.plugins.cuda_hopper.tilelang.cluster_push import CLUSTER_SRC, PUSH_BYTES
     from dsa_runtime.plugins.cuda_hopper.tilelang.gather_fp8 import (
+        PREFETCH_SRC,
         ROW_BYTES,
         fp8_gather_macro,
-        fp8_half_gather_macro,
+        fp8_half_gather_macros,
     )
 
     hb, d, half = HEAD_BLOCK, D_LATENT, D_LATENT // 2
@@ -94,11 +100,14 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
     kv_w, kv_t = (ROW_BYTES, "float8_e4m3fn") if fp8 else (D_QK, bf16)
     regs = REGS_FP8_CLUSTER if cluster else REGS_FP8 if fp8 else REGS
     if cluster:  # one row per thread, its loads issued before the wait for a free stage
-        fp8_gather = fp8_half_gather_macro(n_kv)
+        gather_prime, fp8_gather = fp8_half_gather_macros(n_kv, n_chunks)
     else:
         fp8_gather = fp8_gather_macro(n_kv, FP8_IN_FLIGHT, out=mm_t) if fp8 else None
 
     softmax, lse, scores, bf16_gather = chunk_steps(hb, BI, scale2, n_kv, split)
+    # wsf8c's bf16 outputs through the dead Q buffer and TMA stores (H200, batch 64 x 32K: 0.1021 ms against 0.1061
+    # with 4-byte stores from the accumulators, same run; split partials are fp32 and twice Q's size)
+    staged = cluster and not split
 
     @T.macro
     def publish(acc_s, alpha, p_sh, alpha_sh, acc_o_lo, p_ready, p_free, c):
@@ -128,9 +137,10 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
         Out: T.Tensor((n_tok, heads, d), out_t),
         Lse: T.Tensor((n_tok, heads), f32),
     ):
-        with T.Kernel(n_tok, heads // hb, threads=384, prelude=CLUSTER_SRC if cluster else None,
+        with T.Kernel(n_tok, heads // hb, threads=384, prelude=CLUSTER_SRC + PREFETCH_SRC if cluster else None,
                       cluster_dims=(1, 2, 1) if cluster else None) as (tok, hblk):
             q_lat, q_rope, kv_lat, kv_rope, idx_sh, p_sh, alpha_sh, l_sh = ring_buffers(T, hb, BI, mm_t)
+            o_sh = T.view(q_lat, dtype=bf16) if staged else None  # written only once Q is dead (staged)
 
             acc_s = T.alloc_fragment((hb, BI), f32)
             acc_o_lo = T.alloc_fragment((hb, half), f32)
@@ -194,7 +204,12 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
                 for h, e in T.Parallel(hb, half):
                     acc_o_lo[h, e] = T.if_then_else(l_i[h] > 0, acc_o_lo[h, e] / l_i[h], 0)
                 lse(l_blk, l_i, m_i)
-                T.copy(acc_o_lo, Out[tok, h0 : h0 + hb, 0:half])
+                if staged:  # this warpgroup's last S GEMM has completed: Q is dead
+                    T.copy(acc_o_lo, o_sh[:, 0:half])
+                    T.sync_threads(14, 128)  # ids 14, 15: TileLang's own syncs here take 3, 4 and 5
+                    T.copy(o_sh[:, 0:half], Out[tok, h0 : h0 + hb, 0:half])
+                else:
+                    T.copy(acc_o_lo, Out[tok, h0 : h0 + hb, 0:half])
                 T.copy(l_blk, Lse[tok, h0 : h0 + hb])
             elif tx < 256:  # value warpgroup: stays at the launch count (151 registers used; see the docstring)
                 if regs[1] is not None:
@@ -213,16 +228,25 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
                 T.barrier_wait(done, 0)
                 for h, e in T.Parallel(hb, half):
                     acc_o_hi[h, e] = T.if_then_else(l_sh[h] > 0, acc_o_hi[h, e] / l_sh[h], 0)
-                T.copy(acc_o_hi, Out[tok, h0 : h0 + hb, half:d])
+                if staged:  # done: the score warpgroup's S GEMMs have all completed, Q is dead
+                    T.copy(acc_o_hi, o_sh[:, half:d])
+                    T.sync_threads(15, 128)
+                    T.copy(o_sh[:, half:d], Out[tok, h0 : h0 + hb, half:d])
+                else:
+                    T.copy(acc_o_hi, Out[tok, h0 : h0 + hb, half:d])
             else:  # gather warpgroup
                 T.set_max_nreg(regs[2], 0)
                 g = tx - 256
+                if cluster:
+                    nxt = T.alloc_local((3,), "int32")  # indices read ahead (.gather_fp8.fp8_half_gather_macros)
+                    gather_prime(Idx, nxt, tok, g, hblk)
                 for r in T.serial(n_rounds):
                     for st in T.unroll(2):
                         if r * 2 + st < n_chunks:
                             c0 = (r * 2 + st) * BI
                             if cluster:  # the gather waits for the free stage itself, after issuing its loads
-                                fp8_gather(KV, Idx, idx_sh, kv_lat, kv_rope, free, (r + 1) % 2, tok, c0, st, g, hblk)
+                                fp8_gather(KV, Idx, idx_sh, kv_lat, kv_rope, free, (r + 1) % 2, tok, r * 2 + st, st, g,
+                                           hblk, nxt)
                                 T.sync_threads(7, 128)  # the warpgroup's half is in shared memory (and fenced)
                                 if g == 0:
                                     T.call_extern("handle", "dsa_push_half_stage", T.access_ptr(kv_lat[st, 0, 0], "r"),
