@@ -68,8 +68,9 @@ DECODE_CONFIG = TLConfig(block_i=64, num_stages=2, threads=512, variant="ws4")
 # the gather as a cluster, fp16 operands) 122.9 us, wsf8h (fp16 operands) 142.0 us, wsf8 (bf16) 148.8-149.1 us,
 # Triton 206.8 us; bench/attention.py the same run: wsf8c 0.122 ms = 43% of the bf16 matmul. wsf8c pairs the two
 # blocks of 128 heads; 64 heads (TP 2, or padded TP 8 ranks) run wsf8h. Since 2026-11-27 wsf8c's gather keeps a
-# whole half chunk in flight (.gather_fp8.fp8_half_gather_macro): bench/decode_latency.py, H200, batch 64 x 32K
-# 115.6 us and batch 128 221.0 us, FlashMLA 100.8 / 190.6 in the same run.
+# whole half chunk in flight with its indices read a chunk ahead (.gather_fp8.fp8_half_gather_macros) and its
+# outputs leave by TMA: bench/decode_latency.py, H200, batch 64 x 32K 101.5 us and batch 128 194.1 us, FlashMLA
+# 100.5 / 190.4 in the same run.
 FP8_DECODE_CONFIG = TLConfig(block_i=64, num_stages=2, threads=384, variant="wsf8c")
 FP8_DECODE_CONFIG_64 = TLConfig(block_i=64, num_stages=2, threads=384, variant="wsf8h")
 # What bench/tilelang_compile.py compiles and bench/sparse_attn_tilelang.py times.
