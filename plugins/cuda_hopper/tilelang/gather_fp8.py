@@ -45,16 +45,21 @@ def lane_slot(g: Any) -> Any:
     return ((g % 32) % 16) * WARPS + g // 32
 
 
+def half_row(g: Any, rank: Any) -> Any:
+    """``wsf8c``: the stage row gather thread ``g`` owns in CTA ``rank``'s half, ``32 rank + 8 (g // 32) + g % 8``
+    (lanes ``l``, ``l + 8``, ``l + 16``, ``l + 24`` of a warp share it, a column group each)."""
+    return rank * 32 + (g // 32) * 8 + (g % 32) % 8
+
+
 def fp8_gather_macro(n_kv: Any, in_flight: int = 1, out: str = "bfloat16") -> Any:
-    """The gather macro ``fp8_gather(KV8, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g, rank)``: ``KV8``
+    """The gather macro ``fp8_gather(KV8, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g)``: ``KV8``
     the ``[S, 656]`` e4m3 cache, ``g`` the thread's index in the gather warpgroup (0..127), chunk ``c0 .. c0 +
     64`` of row ``tok`` into stage ``st``; ends with the warpgroup's arrival on ``ready[st]``.
 
     ``in_flight``: rows a warp loads per pass before converting them (6 registers a lane each): the loads of one
     row alone keep too few bytes in flight to cover the memory latency. ``out``: the stage's dtype
     (``"float16"``: e4m3 -> fp16 is one instruction a pair and the scale one fp16 multiply a pair, where bf16 goes
-    through fp32, three instructions a value; the rope converted from bf16). ``rank`` is unused (the signature is
-    the one :func:`fp8_half_gather_macros`' gather shares)."""
+    through fp32, three instructions a value; the rope converted from bf16)."""
     import tilelang.language as T
 
     bf16, f16, f32, fp8 = "bfloat16", "float16", "float32", "float8_e4m3fn"
@@ -103,7 +108,7 @@ def fp8_gather_macro(n_kv: Any, in_flight: int = 1, out: str = "bfloat16") -> An
                     kv_rope[st, dst, lane * 2 + v] = rope[i, v]
 
     @T.macro
-    def fp8_gather(KV8, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g, rank):
+    def fp8_gather(KV8, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g):
         # The scales and the rope through views of the same buffer: one base pointer and row offset for all.
         KVS = T.view(KV8, (n_kv, ROW_BYTES // 4), f32)
         KVR = T.view(KV8, (n_kv, ROW_BYTES // 2), bf16)
@@ -140,7 +145,8 @@ def fp8_half_gather_macros(n_kv: Any, n_chunks: int) -> Any:
     arrival on ``ready`` (the caller first pushes the half into the peer CTA: :mod:`.cluster_push`).
     ``prime(Idx, nxt, tok, g, rank)`` fills ``nxt`` (an int32 local of 3) for chunk 0 before the first call.
 
-    Thread ``g`` (warp ``w = g // 32``, lane ``l``) owns stage row ``32 rank + 8 w + l % 8`` and its column group
+    Thread ``g`` (warp ``w = g // 32``, lane ``l``) owns stage row ``32 rank + 8 w + l % 8`` (:func:`half_row`) and
+    its column group
     ``l // 8``: latent bytes ``64 d + 16 (l // 8) .. + 16`` for ``d`` in 0..7 (eight 16-byte loads), the row's four
     scales (one 16-byte load) and rope values ``32 u + 8 (l // 8) .. + 8`` for ``u`` in 0..1 (two 16-byte loads).
     All eleven loads of a thread come from one row address, so they fit the gather's registers together (44 of
@@ -163,7 +169,7 @@ def fp8_half_gather_macros(n_kv: Any, n_chunks: int) -> Any:
 
     @T.macro
     def prime(Idx, nxt, tok, g, rank):
-        dst = rank * 32 + (g // 32) * 8 + (g % 32) % 8
+        dst = half_row(g, rank)
         nxt[0] = Idx[tok, dst]
         if n_chunks > 1:
             nxt[1] = Idx[tok, BI + dst]
@@ -180,7 +186,7 @@ def fp8_half_gather_macros(n_kv: Any, n_chunks: int) -> Any:
         rope = T.alloc_local((rope_parts, 8), bf16)
         lane = g % 32
         col = lane // 8
-        dst = rank * 32 + (g // 32) * 8 + lane % 8
+        dst = half_row(g, rank)
         c0 = c * BI
         row = T.alloc_var("int32")  # a variable, not an inlined Idx read: the guards below name it
         row = nxt[0]

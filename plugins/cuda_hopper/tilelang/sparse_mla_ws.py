@@ -257,7 +257,7 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
                                     T.barrier_arrive(ready[st])
                             elif fp8:
                                 T.barrier_wait(free[st], (r + 1) % 2)
-                                fp8_gather(KV, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g, 0)
+                                fp8_gather(KV, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g)
                             else:
                                 T.barrier_wait(free[st], (r + 1) % 2)
                                 bf16_gather(KV, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g)

@@ -144,7 +144,7 @@ def ws4_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fal
                             T.barrier_wait(free[st], (r + 1) % 2)
                             c0 = (r * 2 + st) * BI
                             if fp8:
-                                fp8_gather(KV, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g, 0)
+                                fp8_gather(KV, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g)
                             else:
                                 bf16_gather(KV, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g)
 
