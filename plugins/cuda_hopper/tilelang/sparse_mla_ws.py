@@ -123,6 +123,17 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
 
 
     @T.macro
+    def store_half(acc, o_sh, Out, tok, h0, lo, bar):
+        """One consumer warpgroup's normalised ``[64, 256]`` output columns ``lo ..``: through the dead Q buffer
+        and TMA when ``staged`` (after a barrier of the warpgroup's 128 threads, id ``bar``), else straight."""
+        if staged:
+            T.copy(acc, o_sh[:, lo : lo + half])
+            T.sync_threads(bar, 128)
+            T.copy(o_sh[:, lo : lo + half], Out[tok, h0 : h0 + hb, lo : lo + half])
+        else:
+            T.copy(acc, Out[tok, h0 : h0 + hb, lo : lo + half])
+
+    @T.macro
     def release(free, st, hblk):
         """This consumer thread is done with stage ``st`` (wsf8c: in the peer CTA's count as well)."""
         T.barrier_arrive(free[st])
@@ -204,12 +215,9 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
                 for h, e in T.Parallel(hb, half):
                     acc_o_lo[h, e] = T.if_then_else(l_i[h] > 0, acc_o_lo[h, e] / l_i[h], 0)
                 lse(l_blk, l_i, m_i)
-                if staged:  # this warpgroup's last S GEMM has completed: Q is dead
-                    T.copy(acc_o_lo, o_sh[:, 0:half])
-                    T.sync_threads(14, 128)  # ids 14, 15: TileLang's own syncs here take 3, 4 and 5
-                    T.copy(o_sh[:, 0:half], Out[tok, h0 : h0 + hb, 0:half])
-                else:
-                    T.copy(acc_o_lo, Out[tok, h0 : h0 + hb, 0:half])
+                # this warpgroup's last S GEMM has completed: Q is dead. Barrier ids 14 and 15: TileLang's own syncs
+                # here take 3, 4 and 5.
+                store_half(acc_o_lo, o_sh, Out, tok, h0, 0, 14)
                 T.copy(l_blk, Lse[tok, h0 : h0 + hb])
             elif tx < 256:  # value warpgroup: stays at the launch count (151 registers used; see the docstring)
                 if regs[1] is not None:
@@ -228,12 +236,7 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
                 T.barrier_wait(done, 0)
                 for h, e in T.Parallel(hb, half):
                     acc_o_hi[h, e] = T.if_then_else(l_sh[h] > 0, acc_o_hi[h, e] / l_sh[h], 0)
-                if staged:  # done: the score warpgroup's S GEMMs have all completed, Q is dead
-                    T.copy(acc_o_hi, o_sh[:, half:d])
-                    T.sync_threads(15, 128)
-                    T.copy(o_sh[:, half:d], Out[tok, h0 : h0 + hb, half:d])
-                else:
-                    T.copy(acc_o_hi, Out[tok, h0 : h0 + hb, half:d])
+                store_half(acc_o_hi, o_sh, Out, tok, h0, half, 15)  # after done: every S GEMM has completed
             else:  # gather warpgroup
                 T.set_max_nreg(regs[2], 0)
                 g = tx - 256
