@@ -79,6 +79,8 @@ def dry_run() -> None:
     def run(self, q, kv, idx, sm_scale, split, decode=False):
         if fault and self.config is not None and self.config.label() == fault:
             os._exit(134)
+        if idx.shape[0] != q.shape[0]:  # split rows: index row t over q row t % R (q read in place)
+            q = q.repeat(idx.shape[0] // q.shape[0], 1, 1)
         if kv.dtype == torch.float8_e4m3fn:  # the fp8_656 rows: dequantised as the kernel's gather does
             from dsa_runtime.reference.kv_quant import unpack_mla_fp32
 
@@ -86,7 +88,7 @@ def dry_run() -> None:
         out, lse = REF.prefill(q, kv, idx, sm_scale)
         return (out.float(), torch.where(torch.isposinf(lse), float("-inf"), lse)) if split else (out, lse)
 
-    def combine(part, part_lse):
+    def combine(part, part_lse, pdl=False):
         m = part_lse.max(dim=0).values
         empty = torch.isneginf(m)
         w = torch.exp(part_lse - torch.where(empty, 0.0, m)[None])

@@ -146,7 +146,11 @@ def test_plan_splits():
 
 def _torch_run(self, q, kv, idx, sm_scale, split, decode=False):
     """Stand-in for the compiled kernel: the reference in fp32, with the kernel's split-mode conventions (the
-    ``fp8_656`` rows, which reach it as ``[S, 656]`` e4m3, dequantised to bf16 as the kernel's gather does)."""
+    ``fp8_656`` rows, which reach it as ``[S, 656]`` e4m3, dequantised to bf16 as the kernel's gather does; split
+    index row ``t`` over q row ``t % R``, q read in place)."""
+    if idx.shape[0] != q.shape[0]:
+        assert split and idx.shape[0] % q.shape[0] == 0
+        q = q.repeat(idx.shape[0] // q.shape[0], 1, 1)
     if kv.dtype == torch.float8_e4m3fn:
         from dsa_runtime.reference.kv_quant import unpack_mla_fp32
 
@@ -158,7 +162,7 @@ def _torch_run(self, q, kv, idx, sm_scale, split, decode=False):
     return out, lse
 
 
-def _torch_combine(part, part_lse):
+def _torch_combine(part, part_lse, pdl=False):
     m = part_lse.max(dim=0).values
     empty = torch.isneginf(m)
     w = torch.exp(part_lse - torch.where(empty, 0.0, m))

@@ -24,6 +24,8 @@ class StandInTileLang(TileLangSparseAttn):
         super().__init__(decode_splits=None)
 
     def _run(self, q, kv, indices, sm_scale, split, decode=False):
+        if indices.shape[0] != q.shape[0]:  # split rows: index row t over q row t % R
+            q = q.repeat(indices.shape[0] // q.shape[0], 1, 1)
         if kv.dtype == torch.float8_e4m3fn:  # fp8_656 rows (decode): dequantised as the kernel's gather does
             assert decode and kv.dim() == 2 and kv.shape[-1] == 656, (decode, tuple(kv.shape))
             kv = unpack_mla_fp32(kv.view(torch.uint8), "fp8_656").bfloat16()

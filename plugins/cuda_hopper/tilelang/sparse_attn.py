@@ -133,7 +133,8 @@ class TileLangSparseAttn:
              decode: bool = False) -> tuple[Tensor, Tensor]:
         """q ``[R, H, 576]``, kv ``[S, 576]`` bf16 or ``[S, 656]`` ``float8_e4m3fn`` (the ``fp8_656`` rows viewed
         as e4m3: decode only), indices ``[R, K]`` -> out ``[R, H, 512]`` (bf16, or fp32 with ``split``) and lse
-        ``[R, H]`` (``+inf`` when empty, ``-inf`` with ``split``)."""
+        ``[R, H]`` (``+inf`` when empty, ``-inf`` with ``split``). ``split`` also takes indices ``[n * R, K]``
+        (``n`` splits of each row): row ``t`` then uses q row ``t % R``, read in place (out ``[n * R, ...]``)."""
         import torch
 
         from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import compiled
@@ -145,8 +146,10 @@ class TileLangSparseAttn:
         if width != D_QK or kv.dim() != 2 or kv.shape[-1] != kv_width:
             raise ValueError(f"tilelang sparse MLA needs q [T, H, {D_QK}] and kv [S, {kv_width}], got "
                              f"{tuple(q.shape)} and {tuple(kv.shape)}")
-        if indices.dim() != 2 or indices.shape[0] != rows:
-            raise ValueError(f"tilelang sparse MLA needs indices [T, K] with T = {rows}, got {tuple(indices.shape)}")
+        if indices.dim() != 2 or not (indices.shape[0] == rows or (split and rows and indices.shape[0] % rows == 0)):
+            raise ValueError(f"tilelang sparse MLA needs indices [T, K] with T = {rows}"
+                             f"{' (or n x that, split)' if split else ''}, got {tuple(indices.shape)}")
+        q_rows, rows = rows, indices.shape[0]  # split: the program's rows are the index rows
         if q.dtype != torch.bfloat16 or kv.dtype not in (torch.bfloat16, torch.float8_e4m3fn):
             raise ValueError(f"tilelang sparse MLA runs bf16 q and bf16 or fp8_656 kv, got {q.dtype} and {kv.dtype}")
         if fp8 and not decode:
@@ -154,7 +157,7 @@ class TileLangSparseAttn:
         out_dtype = torch.float32 if split else torch.bfloat16
         out = torch.empty(rows, heads, D_V, dtype=out_dtype, device=q.device)
         lse = torch.empty(rows, heads, dtype=torch.float32, device=q.device)
-        if rows == 0:
+        if rows == 0 or q_rows == 0:
             return out, lse
         if kv.shape[0] == 0 or k == 0:  # nothing can be selected: the empty-query convention
             out.zero_()
@@ -205,10 +208,10 @@ class TileLangSparseAttn:
             return out.view(b, n_q, heads, D_V), lse.view(b, n_q, heads)
         if k % (n * 64):
             raise ValueError(f"decode splits {n} need k a multiple of {n * 64}, got {k}")
-        # Split s of row r is row (s, r) of a problem with n * rows rows and k / n indices each.
-        sq = flat_q.unsqueeze(0).expand(n, rows, heads, D_QK).reshape(n * rows, heads, D_QK)
+        # Split s of row r is row s * rows + r of a problem with n * rows rows and k / n indices each; the program
+        # reads q row r in place (at one row, the indices' reshape is a view too: no copy at all).
         sidx = flat_idx.reshape(rows, n, k // n).transpose(0, 1).reshape(n * rows, k // n)
-        part, part_lse = self._run(sq, flat_kv, sidx, sm_scale, split=True, decode=True)
+        part, part_lse = self._run(flat_q, flat_kv, sidx, sm_scale, split=True, decode=True)
         out, lse = self._combine(part.view(n, rows, heads, D_V), part_lse.view(n, rows, heads))
         return out.view(b, n_q, heads, D_V), lse.view(b, n_q, heads)
 
@@ -217,4 +220,4 @@ class TileLangSparseAttn:
         Triton combine kernel (triton ships with torch on CUDA)."""
         from dsa_runtime.plugins.cuda_hopper.triton.sparse_mla_combine import combine_splits
 
-        return combine_splits(part, part_lse)
+        return combine_splits(part, part_lse, pdl=True)  # the split programs trigger it (.pdl)

@@ -108,6 +108,18 @@ def check_shape(heads: int, k: int, cfg: TLConfig) -> None:
                          f"got {cfg.label()}")
 
 
+def split_q_rows(T: Any, n_tok: Any, split: bool) -> Any:
+    """The first dimension of q as a program declares it: its own symbol ``R`` when ``split`` (see
+    :func:`program`), else the program's ``n_tok`` rows."""
+    return T.dynamic("q_rows") if split else n_tok
+
+
+def split_q_row(T: Any, tok: Any, q_rows: Any, split: bool) -> Any:
+    """The q row of program row ``tok``: ``tok % R`` when ``split`` (truncated: ``tok >= 0``, ``R > 0``; the floor
+    form adds sign fix-ups), else ``tok``, so an unsplit program's source does not change."""
+    return T.truncmod(tok, q_rows) if split else tok
+
+
 def pipe_program(heads: int, k: int, sm_scale: float, cfg: TLConfig, split: bool = False) -> Any:
     """The ``pipe`` schedule as a TileLang ``PrimFunc`` (imports tilelang); ``split``: see :func:`program`."""
     import tilelang.language as T
@@ -123,10 +135,11 @@ def pipe_program(heads: int, k: int, sm_scale: float, cfg: TLConfig, split: bool
     bf16, f32 = "bfloat16", "float32"
     out_t = f32 if split else bf16
     softmax, lse, _, _ = chunk_steps(hb, bi, scale2, n_kv, split)
+    q_rows = split_q_rows(T, n_tok, split)
 
     @T.prim_func
     def sparse_mla_pipe(
-        Q: T.Tensor((n_tok, heads, D_QK), bf16),
+        Q: T.Tensor((q_rows, heads, D_QK), bf16),
         KV: T.Tensor((n_kv, D_QK), bf16),
         Idx: T.Tensor((n_tok, k), "int32"),
         Out: T.Tensor((n_tok, heads, d), out_t),
@@ -148,8 +161,9 @@ def pipe_program(heads: int, k: int, sm_scale: float, cfg: TLConfig, split: bool
             alpha = T.alloc_fragment((hb,), f32)
 
             h0 = hblk * hb
-            T.copy(Q[tok, h0 : h0 + hb, 0:d], q_lat)
-            T.copy(Q[tok, h0 : h0 + hb, d:D_QK], q_rope)
+            q_tok = split_q_row(T, tok, q_rows, split)
+            T.copy(Q[q_tok, h0 : h0 + hb, 0:d], q_lat)
+            T.copy(Q[q_tok, h0 : h0 + hb, d:D_QK], q_rope)
             T.fill(acc_o, 0)
             T.fill(l_i, 0)
             # A finite floor instead of -inf keeps (m_prev - m) finite while every score so far was masked.
@@ -189,7 +203,9 @@ def program(heads: int, k: int, sm_scale: float, cfg: TLConfig, split: bool = Fa
     """The TileLang ``PrimFunc`` of ``cfg``'s schedule for this shape (checked first).
 
     ``split``: the program writes fp32 outputs and ``lse = -inf`` for an empty row (a split-K partial, merged
-    by :func:`..triton.sparse_mla_combine.combine_splits`) instead of bf16 and ``+inf``."""
+    by :func:`..triton.sparse_mla_combine.combine_splits`) instead of bf16 and ``+inf``. It then reads q in place:
+    q ``[R, H, 576]`` for index and output rows ``[n * R, ...]``, row ``t`` using q row ``t % R`` (split ``s`` of
+    query row ``r`` is row ``s * R + r``): no copy of q per split (:func:`split_q_row`)."""
     check_shape(heads, k, cfg)
     if cfg.variant in ("ws4", "ws4f8"):
         from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla_ws4 import ws4_program

@@ -53,7 +53,14 @@ docs/benchmarks.md); halving each CTA's rows did.
 # No ``from __future__ import annotations``: TileLang evaluates the kernel's annotations, which name locals.
 from typing import Any
 
-from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import D_LATENT, D_QK, HEAD_BLOCK, LOG2E
+from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import (
+    D_LATENT,
+    D_QK,
+    HEAD_BLOCK,
+    LOG2E,
+    split_q_row,
+    split_q_rows,
+)
 
 BI = 64
 REGS = (240, None, 56)  # score (inc), value (the launch count: no setmaxnreg), gather (dec)
@@ -83,6 +90,7 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
         fp8_gather_macro,
         fp8_half_gather_macros,
     )
+    from dsa_runtime.plugins.cuda_hopper.tilelang.pdl import PDL_SRC
 
     hb, d, half = HEAD_BLOCK, D_LATENT, D_LATENT // 2
     overlap = cfg.variant == "wsa"
@@ -90,6 +98,7 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
     n_rounds = -(-n_chunks // 2)
     scale2 = sm_scale * LOG2E
     n_tok, n_kv = T.dynamic("n_tok"), T.dynamic("n_kv")
+    q_rows = split_q_rows(T, n_tok, split)  # split: q is read in place (.sparse_mla.program)
     bf16, f32 = "bfloat16", "float32"
     out_t = f32 if split else bf16
     fp8 = cfg.variant in ("wsf8", "wsf8h", "wsf8c")
@@ -108,6 +117,7 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
     # wsf8c's bf16 outputs through the dead Q buffer and TMA stores (H200, batch 64 x 32K: 0.1021 ms against 0.1061
     # with 4-byte stores from the accumulators, same run; split partials are fp32 and twice Q's size)
     staged = cluster and not split
+    prelude = ((CLUSTER_SRC + PREFETCH_SRC if cluster else "") + (PDL_SRC if split else "")) or None
 
     @T.macro
     def publish(acc_s, alpha, p_sh, alpha_sh, acc_o_lo, p_ready, p_free, c):
@@ -142,13 +152,13 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
 
     @T.prim_func
     def sparse_mla_ws(
-        Q: T.Tensor((n_tok, heads, D_QK), bf16),
+        Q: T.Tensor((q_rows, heads, D_QK), bf16),
         KV: T.Tensor((n_kv, kv_w), kv_t),
         Idx: T.Tensor((n_tok, k), "int32"),
         Out: T.Tensor((n_tok, heads, d), out_t),
         Lse: T.Tensor((n_tok, heads), f32),
     ):
-        with T.Kernel(n_tok, heads // hb, threads=384, prelude=CLUSTER_SRC + PREFETCH_SRC if cluster else None,
+        with T.Kernel(n_tok, heads // hb, threads=384, prelude=prelude,
                       cluster_dims=(1, 2, 1) if cluster else None) as (tok, hblk):
             q_lat, q_rope, kv_lat, kv_rope, idx_sh, p_sh, alpha_sh, l_sh = ring_buffers(T, hb, BI, mm_t)
             o_sh = T.view(q_lat, dtype=bf16) if staged else None  # written only once Q is dead (staged)
@@ -170,8 +180,8 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
 
             if tx < 128:  # score warpgroup (the only reader of Q: it loads Q while the first gathers run)
                 T.set_max_nreg(regs[0], 1)
-                T.copy(Q[tok, h0 : h0 + hb, 0:d], q_lat)
-                T.copy(Q[tok, h0 : h0 + hb, d:D_QK], q_rope)
+                T.copy(Q[split_q_row(T, tok, q_rows, split), h0 : h0 + hb, 0:d], q_lat)
+                T.copy(Q[split_q_row(T, tok, q_rows, split), h0 : h0 + hb, d:D_QK], q_rope)
                 T.fill(acc_o_lo, 0)
                 T.fill(l_i, 0)
                 T.fill(m_i, -(2.0**30))  # finite floor: (m_prev - m) stays finite while all was masked
@@ -210,6 +220,8 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
                                 publish(acc_s, alpha, p_sh, alpha_sh, acc_o_lo, p_ready, p_free, r * 2 + st)
                                 T.gemm(p_sh, kv_lat[st, :, 0:half], acc_o_lo)
                                 release(free, st, hblk)
+                if split:  # the combine kernel (launched with PDL) may start launching: only the stores remain
+                    T.call_extern("handle", "dsa_launch_dependents")
                 T.copy(l_i, l_sh)
                 T.barrier_arrive(done)
                 for h, e in T.Parallel(hb, half):

@@ -31,7 +31,14 @@ warpgroups raise to 176 and ``gather`` lowers to 40: ``(112 + 2 * 176 + 40) * 12
 # No ``from __future__ import annotations``: TileLang evaluates the kernel's annotations, which name locals.
 from typing import Any
 
-from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import D_LATENT, D_QK, HEAD_BLOCK, LOG2E
+from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla import (
+    D_LATENT,
+    D_QK,
+    HEAD_BLOCK,
+    LOG2E,
+    split_q_row,
+    split_q_rows,
+)
 from dsa_runtime.plugins.cuda_hopper.tilelang.sparse_mla_ws import BI
 
 THREADS = 512
@@ -55,6 +62,7 @@ def ws4_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fal
     n_rounds = -(-n_chunks // 2)
     scale2 = sm_scale * LOG2E
     n_tok, n_kv = T.dynamic("n_tok"), T.dynamic("n_kv")
+    q_rows = split_q_rows(T, n_tok, split)  # split: q is read in place (.sparse_mla.program)
     bf16, f32 = "bfloat16", "float32"
     out_t = f32 if split else bf16
     kv_w, kv_t = (ROW_BYTES, "float8_e4m3fn") if fp8 else (D_QK, bf16)
@@ -64,7 +72,7 @@ def ws4_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fal
 
     @T.prim_func
     def sparse_mla_ws4(
-        Q: T.Tensor((n_tok, heads, D_QK), bf16),
+        Q: T.Tensor((q_rows, heads, D_QK), bf16),
         KV: T.Tensor((n_kv, kv_w), kv_t),
         Idx: T.Tensor((n_tok, k), "int32"),
         Out: T.Tensor((n_tok, heads, d), out_t),
@@ -92,8 +100,8 @@ def ws4_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fal
 
             if tx < 128:  # score warpgroup (the only reader of Q)
                 T.set_max_nreg(regs[0], 0)
-                T.copy(Q[tok, h0 : h0 + hb, 0:d], q_lat)
-                T.copy(Q[tok, h0 : h0 + hb, d:D_QK], q_rope)
+                T.copy(Q[split_q_row(T, tok, q_rows, split), h0 : h0 + hb, 0:d], q_lat)
+                T.copy(Q[split_q_row(T, tok, q_rows, split), h0 : h0 + hb, d:D_QK], q_rope)
                 T.fill(l_i, 0)
                 T.fill(m_i, -(2.0**30))  # finite floor: (m_prev - m) stays finite while all was masked
                 for r in T.serial(n_rounds):

@@ -21,7 +21,9 @@ TARGET_PROGRAMS = 264  # two per SM of an H100: head blocks get wider only while
 
 @triton.jit
 def _combine_kernel(part_ptr, plse_ptr, out_ptr, lse_ptr, n_splits, n_rows, d_v, stride_ps, stride_ls,
-                    BLOCK_HC: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr):
+                    BLOCK_HC: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # launched early (programmatic dependent launch): wait until the split kernel has finished and flushed
+        tl.extra.cuda.gdc_wait()
     rows = tl.program_id(0) * BLOCK_HC + tl.arange(0, BLOCK_HC)  # flat (query row, head)
     r_ok = rows < n_rows
     rows64 = rows.to(tl.int64)
@@ -55,8 +57,13 @@ def heads_per_program(n_rows: int) -> int:
     return block
 
 
-def combine_splits(part: Tensor, part_lse: Tensor, block_hc: int | None = None) -> tuple[Tensor, Tensor]:
-    """part ``[n, T, H, d_v]`` fp32 contiguous, part_lse ``[n, T, H]`` fp32 -> out ``[T, H, d_v]`` bf16, lse ``[T, H]``."""
+def combine_splits(part: Tensor, part_lse: Tensor, block_hc: int | None = None,
+                   pdl: bool = False) -> tuple[Tensor, Tensor]:
+    """part ``[n, T, H, d_v]`` fp32 contiguous, part_lse ``[n, T, H]`` fp32 -> out ``[T, H, d_v]`` bf16, lse ``[T, H]``.
+
+    ``pdl``: launch with programmatic dependent launch (SM90+, not under the interpreter), for a split kernel
+    that signals ``griddepcontrol.launch_dependents`` (the TileLang decode: :mod:`..tilelang.pdl`); the kernel
+    then waits for it with ``griddepcontrol.wait`` before reading the partials."""
     n, t_rows, heads, d_v = part.shape
     out = torch.empty(t_rows, heads, d_v, dtype=torch.bfloat16, device=part.device)
     lse = torch.empty(t_rows, heads, dtype=torch.float32, device=part.device)
@@ -66,9 +73,10 @@ def combine_splits(part: Tensor, part_lse: Tensor, block_hc: int | None = None) 
     if not (part.is_contiguous() and part_lse.is_contiguous()):
         raise ValueError("combine_splits needs contiguous partials")
     block = block_hc or heads_per_program(n_rows)
+    pdl = pdl and not INTERPRET and part.is_cuda and torch.cuda.get_device_capability(part.device)[0] >= 9
     _combine_kernel[(triton.cdiv(n_rows, block),)](
         part, part_lse, out, lse, n, n_rows, d_v, part.stride(0), part_lse.stride(0),
         BLOCK_HC=block, BLOCK_S=triton.next_power_of_2(max(n, 2)), BLOCK_DV=triton.next_power_of_2(d_v),
-        num_warps=4,
+        PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}),
     )
     return out, lse
