@@ -338,6 +338,13 @@ def test_program_lowers_to_sm90a_cuda_source(variant, split):
         assert loop.index(f"({cache} + ") < loop.index("dsa_prefetch_row_l2(") < loop.index("free[st_")
         # not split, the bf16 outputs leave through the dead Q buffer by TMA; split partials are fp32 stores
         assert ("tma_store(" in src) == (not split)
+        # Q (.q_f16, not split): every load of a thread issued before its first converted store, then a fence and
+        # a barrier
+        assert ("dsa_store_f16x8((" in src) == (not split)  # the call (the prelude defines it)
+        if not split:
+            q_part = src[src.index("warpgroup_reg_alloc<240>"):src.index("warpgroup_reg_dealloc<96>")]
+            q_part = q_part[:q_part.index("for (int r")]
+            assert q_part.rindex("(Q + ") < q_part.index("dsa_store_f16x8((") < q_part.index("_partial(8, 128)")
 
 
 def test_cluster_push_layout_check_reads_the_stage_stores():

@@ -41,7 +41,8 @@ splits the gather (:mod:`.cluster_push`: each converts half of every chunk and p
 wait for a free stage, its indices read a chunk ahead and the next chunk's rows prefetched into L2
 (:func:`.gather_fp8.fp8_half_gather_macros`; setmaxnreg 240 / 168 / 96). Its outputs (not split) leave through
 shared memory: once the last S GEMM is done Q is dead, and its 64 KB buffer, viewed as bf16, holds the block's
-``[64, 512]`` output; each consumer warpgroup writes its half there and stores it with TMA.
+``[64, 512]`` output; each consumer warpgroup writes its half there and stores it with TMA. Its Q (not split) comes in
+through :mod:`.q_f16` (every load of a thread in flight at once, then three instructions a converted pair).
 
 In ncu (H200, batch 64 x 32K) the ``wsf8`` gather warps never waited for a free stage while both consumer
 warpgroups waited for rows; the register gather kept ~4 rows a warp in flight whatever the batch size asked (ptxas
@@ -91,6 +92,7 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
         fp8_half_gather_macros,
     )
     from dsa_runtime.plugins.cuda_hopper.tilelang.pdl import PDL_SRC
+    from dsa_runtime.plugins.cuda_hopper.tilelang.q_f16 import Q_F16_SRC, q_f16_macro
 
     hb, d, half = HEAD_BLOCK, D_LATENT, D_LATENT // 2
     overlap = cfg.variant == "wsa"
@@ -117,7 +119,8 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
     # wsf8c's bf16 outputs through the dead Q buffer and TMA stores (H200, batch 64 x 32K: 0.1021 ms against 0.1061
     # with 4-byte stores from the accumulators, same run; split partials are fp32 and twice Q's size)
     staged = cluster and not split
-    prelude = ((CLUSTER_SRC + PREFETCH_SRC if cluster else "") + (PDL_SRC if split else "")) or None
+    prelude = ((CLUSTER_SRC + PREFETCH_SRC + Q_F16_SRC if cluster else "") + (PDL_SRC if split else "")) or None
+    q_f16 = q_f16_macro(hb, 128, 0, d, rope=True)  # wsf8c unsplit: Q's loads all in flight at once (.q_f16)
 
     @T.macro
     def publish(acc_s, alpha, p_sh, alpha_sh, acc_o_lo, p_ready, p_free, c):
@@ -180,8 +183,13 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
 
             if tx < 128:  # score warpgroup (the only reader of Q: it loads Q while the first gathers run)
                 T.set_max_nreg(regs[0], 1)
-                T.copy(Q[split_q_row(T, tok, q_rows, split), h0 : h0 + hb, 0:d], q_lat)
-                T.copy(Q[split_q_row(T, tok, q_rows, split), h0 : h0 + hb, d:D_QK], q_rope)
+                if staged:  # wsf8c unsplit (split, at batch 1, T.copy measured 0.4 us faster: 22.9 against 23.3)
+                    q_f16(Q, q_lat, q_rope, tok, h0, tx)
+                    T.fence_proxy_async()  # generic-proxy stores of Q, read by wgmma (async proxy)
+                    T.sync_threads(8, 128)  # (barrier 8: TileLang's own syncs take 3, 4, 5 and 7)
+                else:
+                    T.copy(Q[split_q_row(T, tok, q_rows, split), h0 : h0 + hb, 0:d], q_lat)
+                    T.copy(Q[split_q_row(T, tok, q_rows, split), h0 : h0 + hb, d:D_QK], q_rope)
                 T.fill(acc_o_lo, 0)
                 T.fill(l_i, 0)
                 T.fill(m_i, -(2.0**30))  # finite floor: (m_prev - m) stays finite while all was masked
