@@ -330,12 +330,14 @@ def test_program_lowers_to_sm90a_cuda_source(variant, split):
         # the gather issues a row's loads before it waits for a free stage (fp8_half_gather_macros), with the
         # chunk's row index read a chunk before (no Idx read between the loop's top and its first load) and the
         # next chunk's rows prefetched into L2 before the wait
+        # (dsa_ld_nc16: the read-only, evict_last, 256-byte-L2 loads FlashMLA's gather uses)
         cache = re.search(r"const fp8_e4_t\* __restrict__ (\w+)", src).group(1)
+        load = f"dsa_ld_nc16((&(lat8[(d * 16)])), (&({cache}["
         gather = src[src.index("warpgroup_reg_dealloc<96>"):]
-        assert gather.index(f"({cache} + ") < gather.index("free[st_") < gather.index("kv_lat) + ")
+        assert gather.index(load) < gather.index("free[st_") < gather.index("kv_lat) + ")
         loop = gather[gather.index("for (int r_"):]
-        assert loop.index(f"({cache} + ") < loop.index("Idx[")
-        assert loop.index(f"({cache} + ") < loop.index("dsa_prefetch_row_l2(") < loop.index("free[st_")
+        assert loop.index(load) < loop.index("Idx[")
+        assert loop.index(load) < loop.index("dsa_prefetch_row_l2(") < loop.index("free[st_")
         # not split, the bf16 outputs leave through the dead Q buffer by TMA; split partials are fp32 stores
         assert ("tma_store(" in src) == (not split)
         # Q (.q_f16, not split): every load of a thread issued before its first converted store, then a fence and
