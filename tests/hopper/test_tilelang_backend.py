@@ -323,18 +323,19 @@ def test_program_lowers_to_sm90a_cuda_source(variant, split):
     if fp8:  # a load outside the index check is caught
         unguarded = src.replace("if ((0 <= row) && (row < n_kv)) {", "if ((0 <= row)) {")
         assert any("outside the index check" in p for p in source_problems(unguarded))
-    if variant == "wsf8c":  # a stage layout other than the one the cluster push copies is caught
-        assert "dsa_push_half_stage(" in src and "cluster_sync" in src
-        moved = src.replace("(((int)blockIdx.y) * 2048)", "(((int)blockIdx.y) * 1024)")
-        assert any("wsf8c: the latent stage" in p for p in source_problems(moved))
+    if variant == "wsf8c":  # a source storing into the peer without the cluster sync after the barriers' init
+        assert "dsa_cvt8_both((" in src and "dsa_rope8_both((" in src and "cluster_sync" in src
+        assert "dsa_push" not in src and "cp.async.bulk.shared::cluster" not in src  # no bulk push any more
+        unsynced = src.replace("tl::cluster_sync();", "")
+        assert any("no cluster sync" in p for p in source_problems(unsynced))
         # the gather issues a row's loads before it waits for a free stage (fp8_half_gather_macros), with the
         # chunk's row index read a chunk before (no Idx read between the loop's top and its first load) and the
-        # next chunk's rows prefetched into L2 before the wait
-        # (dsa_ld_nc16: the read-only, evict_last, 256-byte-L2 loads FlashMLA's gather uses)
+        # next chunk's rows prefetched into L2 before the wait (dsa_ld_nc8 / nc16: the read-only, evict_last,
+        # 256-byte-L2 loads FlashMLA's gather uses); it converts and stores only after the wait
         cache = re.search(r"const fp8_e4_t\* __restrict__ (\w+)", src).group(1)
-        load = f"dsa_ld_nc16((&(lat8[(d * 16)])), (&({cache}["
+        load = re.search(rf"dsa_ld_nc8\(\(&\(lat8\[\(\(i_\d+ \* 64\) \+ \(a \* 8\)\)\]\)\), \(&\({cache}\[", src).group(0)
         gather = src[src.index("warpgroup_reg_dealloc<96>"):]
-        assert gather.index(load) < gather.index("free[st_") < gather.index("kv_lat) + ")
+        assert gather.index(load) < gather.index("free[st_") < gather.index("dsa_cvt8_both((")
         loop = gather[gather.index("for (int r_"):]
         assert loop.index(load) < loop.index("Idx[")
         assert loop.index(load) < loop.index("dsa_prefetch_row_l2(") < loop.index("free[st_")
@@ -349,22 +350,32 @@ def test_program_lowers_to_sm90a_cuda_source(variant, split):
             assert q_part.rindex("(Q + ") < q_part.index("dsa_store_f16x8((") < q_part.index("_partial(8, 128)")
 
 
-def test_cluster_push_layout_check_reads_the_stage_stores():
-    """push_layout_problems: silent on kernels without the push; names each stage whose stores do not follow the
-    [stage][atom][half] layout the bulk copies assume (CPU: the store lines as TileLang writes them)."""
-    from dsa_runtime.plugins.cuda_hopper.tilelang.cluster_push import push_layout_problems
+def test_half_gather_slots_cover_each_half_once_with_whole_rows_per_eight_lanes():
+    """half_slot: the 128 gather threads' two passes cover the 32 rows x 8 pieces of their CTA's half exactly once,
+    and eight consecutive lanes write one row (so a warp's stores into the peer are whole 128-byte rows)."""
+    from dsa_runtime.plugins.cuda_hopper.tilelang.gather_fp8 import half_slot
 
-    lat = ("*(uint4*)(((half_t*)kv_lat) + (((((((((st_2 * 32768) + (d_2 * 4096)) + (((int)blockIdx.y) * 2048)) + "
-           "((((int)threadIdx.x) >> 5) * 512)) = v;")
-    rope = "*(uint1*)(((half_t*)kv_rope) + ((((((st_2 * 4096) + (((int)blockIdx.y) * 2048)) + (pp * 1024)) = w;"
-    push = "dsa_push_half_stage(a, b, c, 0, 1);"
-    init = "free[0].init(512);\ntl::cluster_sync();"
-    assert push_layout_problems(lat + rope) == []  # no push: nothing to check
-    assert push_layout_problems("\n".join([init, lat, rope, push])) == []
-    bad = push_layout_problems("\n".join([init, lat.replace("4096", "2048"), rope.replace("* 2048", "* 1024"), push]))
-    assert len(bad) == 2 and "latent" in bad[0] and "rope" in bad[1]
-    unsynced = push_layout_problems("\n".join(["free[0].init(512);", lat, rope, push]))
-    assert unsynced == ["wsf8c: no cluster sync after the barriers are initialised"]
+    for rank in (0, 1):
+        slots = [half_slot(g, rank, i) for i in (0, 1) for g in range(128)]
+        assert sorted(slots) == [(rank * 32 + r, p) for r in range(32) for p in range(8)]
+        for i in (0, 1):
+            for g0 in range(0, 128, 8):
+                rows = {half_slot(g, rank, i)[0] for g in range(g0, g0 + 8)}
+                pieces = [half_slot(g, rank, i)[1] for g in range(g0, g0 + 8)]
+                assert len(rows) == 1 and pieces == list(range(8))
+
+
+def test_cluster_check_wants_the_sync_after_the_barrier_init():
+    """cluster_problems: silent on kernels that store into no peer; names a two-CTA kernel whose barriers may be
+    reached by the peer before they are initialised (CPU: the lines as TileLang writes them)."""
+    from dsa_runtime.plugins.cuda_hopper.tilelang.cluster_push import cluster_problems
+
+    store = "dsa_cvt8_both((&(((half_t*)kv_lat)[0])), delta, rbar, (&(lat8[0])), sc[0]);"
+    init = "free[0].init(512);"
+    assert cluster_problems(init) == []  # no peer stores: nothing to check
+    assert cluster_problems("\n".join([init, "tl::cluster_sync();", store])) == []
+    assert cluster_problems("\n".join([init, store])) == ["wsf8c: no cluster sync after the barriers are initialised"]
+    assert cluster_problems("\n".join(["tl::cluster_sync();", init, store])) != []
 
 
 def test_bad_launch_shapes_are_refused():

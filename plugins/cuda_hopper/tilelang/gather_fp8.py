@@ -23,9 +23,9 @@ The stage is written with ordinary stores (generic proxy) and read by wgmma (asy
 fences (``fence.proxy.async``) and then arrives on ``ready[stage]`` (128 arrivals, the count the cp.async gather's
 ``cp.async.mbarrier.arrive.noinc`` gave).
 
-``wsf8c`` converts only its CTA's half of each chunk and takes :func:`fp8_half_gather_macros` instead: one row per
-thread, all of a thread's loads from one row address and issued before the wait for the stage, the indices read
-a chunk ahead and the next chunk's rows prefetched into L2.
+``wsf8c`` converts only its CTA's half of each chunk and takes :func:`fp8_half_gather_macros` instead: eight
+lanes to a row, a thread's twenty loads issued before the wait for the stage, the indices read a chunk ahead, the
+next chunk's rows prefetched into L2, and each converted piece stored into both CTAs' stages (:mod:`.cluster_push`).
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the kernel's annotations.
@@ -43,12 +43,6 @@ BI = 64  # rows per chunk (the schedules' chunk)
 def lane_slot(g: Any) -> Any:
     """Chunk position of the index lane ``g % 32`` of gather warp ``g // 32`` holds (passes shuffle it out)."""
     return ((g % 32) % 16) * WARPS + g // 32
-
-
-def half_row(g: Any, rank: Any) -> Any:
-    """``wsf8c``: the stage row gather thread ``g`` owns in CTA ``rank``'s half, ``32 rank + 8 (g // 32) + g % 8``
-    (lanes ``l``, ``l + 8``, ``l + 16``, ``l + 24`` of a warp share it, a column group each)."""
-    return rank * 32 + (g // 32) * 8 + (g % 32) % 8
 
 
 def fp8_gather_macro(n_kv: Any, in_flight: int = 1, out: str = "bfloat16") -> Any:
@@ -128,115 +122,164 @@ def fp8_gather_macro(n_kv: Any, in_flight: int = 1, out: str = "bfloat16") -> An
     return fp8_gather
 
 
-# The gather's loads (dsa_ld_nc16), and the next chunk's rows into L2 while this chunk's loads are in flight: one
-# bulk prefetch a row (656 bytes, no registers, nothing to wait for).
-PREFETCH_SRC = r"""
-// A row's 16-byte load as FlashMLA's gather issues it: read-only path, kept in L1 (evict_last), 256-byte L2
-// fetches (a 656-byte row spans three); not volatile, so ptxas may still schedule the eleven loads together.
+# The wsf8c gather's device helpers: loads as FlashMLA's gather issues them (read-only path, kept in L1 with
+# evict_last, 256-byte L2 fetches; not volatile, so ptxas schedules a thread's loads together), the next chunk's
+# rows into L2 (one bulk prefetch a row: no registers, nothing to wait for), and the conversions of eight values
+# whose 16 bytes go into both CTAs' stages (.cluster_push.CLUSTER_SRC's dsa_store_both, defined before these).
+GATHER_SRC = r"""
+__device__ __forceinline__ void dsa_ld_nc8(void* dst, const void* src) {
+  int2 r;
+  asm("ld.global.nc.L1::evict_last.L2::256B.v2.s32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(src));
+  *static_cast<int2*>(dst) = r;
+}
+
 __device__ __forceinline__ void dsa_ld_nc16(void* dst, const void* src) {
   int4 r;
   asm("ld.global.nc.L1::evict_last.L2::256B.v4.s32 {%0, %1, %2, %3}, [%4];"
       : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(src));
   *static_cast<int4*>(dst) = r;
 }
+
 __device__ __forceinline__ void dsa_prefetch_row_l2(const void* row) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], 656;" :: "l"(row) : "memory");
+}
+
+// Eight e4m3 values (registers) times fp16(scale) -> eight fp16 (e4m3 -> fp16 is exact; one rounding, the
+// product's), into both stages.
+__device__ __forceinline__ void dsa_cvt8_both(void* dst, unsigned delta, unsigned rbar, const void* src,
+                                              float scale) {
+  const unsigned short* s = static_cast<const unsigned short*>(src);
+  unsigned sc2, h[4];
+  asm("cvt.rn.f16x2.f32 %0, %1, %1;" : "=r"(sc2) : "f"(scale));
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    unsigned x;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(x) : "h"(s[i]));
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(h[i]) : "r"(x), "r"(sc2));
+  }
+  dsa_store_both(dst, delta, rbar, make_uint4(h[0], h[1], h[2], h[3]));
+}
+
+// Eight bf16 values (registers) -> eight fp16 (through fp32, exact, then rounded once), into both stages.
+// cvt.rn.f16x2.f32 puts its first source in the upper half.
+__device__ __forceinline__ void dsa_rope8_both(void* dst, unsigned delta, unsigned rbar, const void* src) {
+  const unsigned* s = static_cast<const unsigned*>(src);
+  unsigned h[4];
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(h[i]) : "f"(__uint_as_float(s[i] & 0xffff0000u)),
+        "f"(__uint_as_float(s[i] << 16)));
+  }
+  dsa_store_both(dst, delta, rbar, make_uint4(h[0], h[1], h[2], h[3]));
 }
 """
 
 
+def half_slot(g: Any, rank: Any, i: Any) -> tuple[Any, Any]:
+    """``wsf8c``: the stage row and 16-byte piece (8 columns of each 64-column atom) gather thread ``g`` (0..127)
+    converts in pass ``i`` (0..1) in CTA ``rank``: row ``32 rank + 16 i + 4 (g // 32) + (g % 32) // 8``, piece
+    ``g % 8``. Eight consecutive lanes share a row, so a warp's store of piece ``p`` of atom ``a`` writes four whole
+    128-byte rows of the atom (also in the peer CTA, where these rows go over the cluster network)."""
+    return rank * 32 + i * 16 + (g // 32) * 4 + (g % 32) // 8, g % 8
+
+
 def fp8_half_gather_macros(n_kv: Any, n_chunks: int) -> Any:
-    """``(prime, gather)``: the gather of ``wsf8c`` (one row per thread, fp16 stages, ``n_chunks`` chunks of 64).
+    """``(prime, gather)``: the gather of ``wsf8c`` (fp16 stages, ``n_chunks`` chunks of 64 rows), which converts
+    rows ``32 rank .. + 32`` of every chunk and writes each converted piece into both CTAs' stages.
 
-    ``gather(KV8, Idx, idx_sh, kv_lat, kv_rope, free, phase, tok, c, st, g, rank, nxt)`` converts rows
-    ``32 rank .. + 32`` of chunk ``c`` of row ``tok`` into stage ``st`` once ``free[st]`` has completed ``phase``; no
-    arrival on ``ready`` (the caller first pushes the half into the peer CTA: :mod:`.cluster_push`).
-    ``prime(Idx, nxt, tok, g, rank)`` fills ``nxt`` (an int32 local of 3) for chunk 0 before the first call.
+    ``gather(KV8, Idx, idx_sh, kv_lat, kv_rope, free, ready, phase, tok, c, st, g, rank, nxt, delta, rbar)``
+    converts chunk ``c`` of row ``tok`` into stage ``st`` of this CTA and of the peer once ``free[st]`` (both CTAs'
+    consumers) has completed ``phase``, then arrives on ``ready[st]`` (thread 0 also expecting the peer's
+    :data:`.cluster_push.PEER_BYTES`). ``delta`` and ``rbar``: the peer's shared window offset and its
+    ``ready[st]`` (:data:`.cluster_push.CLUSTER_SRC`). ``prime(Idx, nxt, tok, g, rank)`` fills ``nxt`` (an int32
+    local of 5) for chunk 0 before the first call.
 
-    Thread ``g`` (warp ``w = g // 32``, lane ``l``) owns stage row ``32 rank + 8 w + l % 8`` (:func:`half_row`) and
-    its column group
-    ``l // 8``: latent bytes ``64 d + 16 (l // 8) .. + 16`` for ``d`` in 0..7 (eight 16-byte loads), the row's four
-    scales (one 16-byte load) and rope values ``32 u + 8 (l // 8) .. + 8`` for ``u`` in 0..1 (two 16-byte loads).
-    All eleven loads of a thread come from one row address, so they fit the gather's registers together (44 of
-    data) and are in flight at once: the half chunk (21 KB) is read in one memory latency. They are
-    ``ld.global.nc.L1::evict_last.L2::256B``, FlashMLA's flavour (H200, batch 64 x 32K, same run: 0.0954 ms a call
-    of a 4-layer graph against 0.0960 with plain loads; batch 128 0.1921 against 0.1932). They are issued before
-    the wait for the stage, which registers do not need, so that latency overlaps the consumers' last use of it.
+    Thread ``g`` converts piece ``g % 8`` of two stage rows (:func:`half_slot`): per row eight 8-byte latent loads
+    (bytes ``64 a + 8 p ..``), the row's four scales (16 bytes) and rope values ``8 p .. + 8`` (16 bytes), twenty
+    loads from two row addresses, 48 registers of data, all issued before the wait for the stage, which registers
+    do not need: their latency overlaps the consumers' last use of it. Each converted piece (eight fp16) is stored
+    locally and sent to the peer from the same registers, eight lanes to a row: no warpgroup barrier and no bulk
+    push on the rows' path (:mod:`.cluster_push`). An index of ``-1`` (or ``>= S``) reads nothing: zero registers,
+    a zero stage row (its score is masked; a zero ``V`` row keeps ``0 * V`` finite).
 
-    The indices are read ahead: ``nxt`` holds, between calls, this thread's row index for chunks ``c`` and
+    The indices are read ahead: ``nxt`` holds, between calls, this thread's two row indices for chunks ``c`` and
     ``c + 1`` and the mask index (``g < 64``) of chunk ``c``. So chunk ``c``'s loads wait on no index read; while
-    they are in flight the gather reads chunk ``c + 2``'s row index and chunk ``c + 1``'s mask index, and one
-    thread of the four that share a row prefetches chunk ``c + 1``'s row into L2 (:data:`PREFETCH_SRC`).
-    Reading each chunk's index just before its loads put two memory latencies in a row on the gather's path: in a
-    per-chunk globaltimer trace (H200, batch 64 x 32K, 2026-11-27) its chunk period was about 2.7 us, nearly all
-    of it from issuing the loads to storing the rows, while the score warpgroup waited 1.3 us a chunk for rows.
-    With the indices read ahead and the prefetch, 0.1061 ms against 0.1158 in the same run (docs/benchmarks.md,
-    session 15; the share of each of the two was not measured apart)."""
+    they are in flight the gather reads chunk ``c + 2``'s row indices and chunk ``c + 1``'s mask index, and one
+    thread of the eight that share a row prefetches chunk ``c + 1``'s row into L2 (:data:`GATHER_SRC`). Reading
+    each chunk's index just before its loads put two memory latencies in a row on the gather's path (session 15:
+    0.1061 ms against 0.1158 at batch 64 x 32K with the read-ahead and the prefetch, H200)."""
     import tilelang.language as T
 
-    bf16, f16, f32, fp8 = "bfloat16", "float16", "float32", "float8_e4m3fn"
-    lat_parts, rope_parts = D_LATENT // 64, 2
+    from dsa_runtime.plugins.cuda_hopper.tilelang.cluster_push import PEER_BYTES
+
+    bf16, f32, fp8 = "bfloat16", "float32", "float8_e4m3fn"
+
+    def row_of(g, rank, i):
+        return half_slot(g, rank, i)[0]
 
     @T.macro
     def prime(Idx, nxt, tok, g, rank):
-        dst = half_row(g, rank)
-        nxt[0] = Idx[tok, dst]
-        if n_chunks > 1:
-            nxt[1] = Idx[tok, BI + dst]
-        else:
-            nxt[1] = -1
-        nxt[2] = Idx[tok, g % BI]
+        for i in T.unroll(2):
+            nxt[i] = Idx[tok, row_of(g, rank, i)]
+            if n_chunks > 1:
+                nxt[2 + i] = Idx[tok, BI + row_of(g, rank, i)]
+            else:
+                nxt[2 + i] = -1
+        nxt[4] = Idx[tok, g % BI]
 
     @T.macro
-    def gather(KV8, Idx, idx_sh, kv_lat, kv_rope, free, phase, tok, c, st, g, rank, nxt):
+    def gather(KV8, Idx, idx_sh, kv_lat, kv_rope, free, ready, phase, tok, c, st, g, rank, nxt, delta, rbar):
         KVS = T.view(KV8, (n_kv, ROW_BYTES // 4), f32)
         KVR = T.view(KV8, (n_kv, ROW_BYTES // 2), bf16)
-        lat8 = T.alloc_local((lat_parts, 16), fp8)
-        sc = T.alloc_local((4,), f32)
-        rope = T.alloc_local((rope_parts, 8), bf16)
-        lane = g % 32
-        col = lane // 8
-        dst = half_row(g, rank)
+        lat8 = T.alloc_local((2, 8, 8), fp8)
+        sc = T.alloc_local((2, 4), f32)
+        rope = T.alloc_local((2, 8), bf16)
+        p = g % 8
         c0 = c * BI
         row = T.alloc_var("int32")  # a variable, not an inlined Idx read: the guards below name it
-        row = nxt[0]
-        if (row >= 0) and (row < n_kv):
-            for d in T.unroll(lat_parts):
-                T.call_extern("handle", "dsa_ld_nc16", T.access_ptr(lat8[d, 0], "w", 16),
-                              T.access_ptr(KV8[row, d * 64 + col * 16], "r", 16))
-            T.call_extern("handle", "dsa_ld_nc16", T.access_ptr(sc[0], "w", 4), T.access_ptr(KVS[row, SCALE_AT], "r", 4))
-            for u in T.unroll(rope_parts):
-                T.call_extern("handle", "dsa_ld_nc16", T.access_ptr(rope[u, 0], "w", 8),
-                              T.access_ptr(KVR[row, ROPE_AT + u * 32 + col * 8], "r", 8))
-        else:  # -1 (or past the cache): a zero row, nothing read
-            for d in T.unroll(lat_parts):
-                for v in T.vectorized(16):
-                    lat8[d, v] = T.cast(0, fp8)
-            for v in T.vectorized(4):
-                sc[v] = T.float32(0)
-            for u in T.unroll(rope_parts):
-                for v in T.vectorized(8):
-                    rope[u, v] = T.cast(0, bf16)
-        row = nxt[1]  # chunk c + 1's (-1 past the last chunk)
-        if col == 0:  # noqa: SIM102 - the guard must stay the exact `if ((0 <= row) && (row < n_kv))` the check reads
+        for i in T.unroll(2):
+            row = nxt[i]
             if (row >= 0) and (row < n_kv):
-                T.call_extern("handle", "dsa_prefetch_row_l2", T.access_ptr(KV8[row, 0], "r"))
+                for a in T.unroll(8):
+                    T.call_extern("handle", "dsa_ld_nc8", T.access_ptr(lat8[i, a, 0], "w", 8),
+                                  T.access_ptr(KV8[row, a * 64 + p * 8], "r", 8))
+                T.call_extern("handle", "dsa_ld_nc16", T.access_ptr(sc[i, 0], "w", 4),
+                              T.access_ptr(KVS[row, SCALE_AT], "r", 4))
+                T.call_extern("handle", "dsa_ld_nc16", T.access_ptr(rope[i, 0], "w", 8),
+                              T.access_ptr(KVR[row, ROPE_AT + p * 8], "r", 8))
+            else:  # -1 (or past the cache): a zero row, nothing read
+                for a in T.unroll(8):
+                    for v in T.vectorized(8):
+                        lat8[i, a, v] = T.cast(0, fp8)
+                for v in T.vectorized(4):
+                    sc[i, v] = T.float32(0)
+                for v in T.vectorized(8):
+                    rope[i, v] = T.cast(0, bf16)
+        for i in T.unroll(2):
+            row = nxt[2 + i]  # chunk c + 1's (-1 past the last chunk)
+            if p == 0:  # noqa: SIM102 - the guard must stay the exact `if ((0 <= row) && (row < n_kv))` the check reads
+                if (row >= 0) and (row < n_kv):
+                    T.call_extern("handle", "dsa_prefetch_row_l2", T.access_ptr(KV8[row, 0], "r"))
         mask = T.alloc_var("int32")
-        mask = nxt[2]
-        nxt[0] = row
-        nxt[1] = T.if_then_else(c + 2 < n_chunks, Idx[tok, c0 + 2 * BI + dst], -1)
-        nxt[2] = T.if_then_else(c + 1 < n_chunks, Idx[tok, c0 + BI + g % BI], -1)
-        T.barrier_wait(free[st], phase)  # the loads are in flight; the stores need the stage
+        mask = nxt[4]
+        for i in T.unroll(2):
+            nxt[i] = nxt[2 + i]
+            nxt[2 + i] = T.if_then_else(c + 2 < n_chunks, Idx[tok, c0 + 2 * BI + row_of(g, rank, i)], -1)
+        nxt[4] = T.if_then_else(c + 1 < n_chunks, Idx[tok, c0 + BI + g % BI], -1)
+        T.barrier_wait(free[st], phase)  # the loads are in flight; the stores need the stage free in both CTAs
         if g < BI:  # the score warpgroup's mask reads them: after the stage is free
             idx_sh[st, g] = mask
-        for d in T.unroll(lat_parts):
-            sc_h = T.cast(sc[d // 2], f16)
-            for h2 in T.unroll(2):
-                for v in T.vectorized(8):
-                    kv_lat[st, dst, d * 64 + col * 16 + h2 * 8 + v] = T.cast(lat8[d, h2 * 8 + v], f16) * sc_h
-        for u in T.unroll(rope_parts):
-            for v in T.vectorized(8):
-                kv_rope[st, dst, u * 32 + col * 8 + v] = T.cast(T.cast(rope[u, v], f32), f16)
-        T.fence_proxy_async()  # generic-proxy stores of the stage, read next by wgmma / bulk copies (async proxy)
+        for i in T.unroll(2):
+            for a in T.unroll(8):
+                T.call_extern("handle", "dsa_cvt8_both",
+                              T.access_ptr(kv_lat[st, row_of(g, rank, i), a * 64 + p * 8], "w", 8), delta, rbar,
+                              T.access_ptr(lat8[i, a, 0], "r", 8), sc[i, a // 2])
+            T.call_extern("handle", "dsa_rope8_both", T.access_ptr(kv_rope[st, row_of(g, rank, i), p * 8], "w", 8),
+                          delta, rbar, T.access_ptr(rope[i, 0], "r", 8))
+        T.fence_proxy_async()  # generic-proxy stores of the stage, read next by wgmma (async proxy)
+        if g == 0:
+            T.mbarrier_arrive_expect_tx(ready[st], PEER_BYTES)  # and the peer's half, its st.async bytes
+        else:
+            T.barrier_arrive(ready[st])
 
     return prime, gather

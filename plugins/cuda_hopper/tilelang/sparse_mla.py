@@ -68,9 +68,9 @@ DECODE_CONFIG = TLConfig(block_i=64, num_stages=2, threads=512, variant="ws4")
 # the gather as a cluster, fp16 operands) 122.9 us, wsf8h (fp16 operands) 142.0 us, wsf8 (bf16) 148.8-149.1 us,
 # Triton 206.8 us; bench/attention.py the same run: wsf8c 0.122 ms = 43% of the bf16 matmul. wsf8c pairs the two
 # blocks of 128 heads; 64 heads (TP 2, or padded TP 8 ranks) run wsf8h. Since 2026-11-27 wsf8c's gather keeps a
-# whole half chunk in flight with its indices read a chunk ahead (.gather_fp8.fp8_half_gather_macros) and its
-# outputs leave by TMA: bench/decode_latency.py, H200, batch 64 x 32K 101.5 us and batch 128 194.1 us, FlashMLA
-# 100.5 / 190.4 in the same run.
+# whole half chunk in flight with its indices read a chunk ahead and stores each converted piece into both CTAs
+# (.gather_fp8.fp8_half_gather_macros), and its outputs leave by TMA: H200, one run, batch 64 x 32K 95.5 us and
+# batch 128 183.5 us, FlashMLA 100.6 / 190.7 (docs/benchmarks.md, session 16).
 FP8_DECODE_CONFIG = TLConfig(block_i=64, num_stages=2, threads=384, variant="wsf8c")
 FP8_DECODE_CONFIG_64 = TLConfig(block_i=64, num_stages=2, threads=384, variant="wsf8h")
 # What bench/tilelang_compile.py compiles and bench/sparse_attn_tilelang.py times.
@@ -242,10 +242,10 @@ def source_problems(src: str) -> list[str]:
         out.append("no wgmma GEMM")
     fp8 = re.search(r"const fp8_e4_t\* __restrict__ (\w+)", src)
     if fp8:  # the fp8_656 gathers load rows into registers: each load must sit under the index check
-        from dsa_runtime.plugins.cuda_hopper.tilelang.cluster_push import push_layout_problems
+        from dsa_runtime.plugins.cuda_hopper.tilelang.cluster_push import cluster_problems
         from dsa_runtime.plugins.cuda_hopper.tilelang.setmaxnreg_check import setmaxnreg_problems
 
-        return out + fp8_gather_problems(src, fp8.group(1)) + setmaxnreg_problems(src) + push_layout_problems(src)
+        return out + fp8_gather_problems(src, fp8.group(1)) + setmaxnreg_problems(src) + cluster_problems(src)
     gathers = re.findall(r"cp_async_gs(?:_conditional)?<16>\([^;]*KV\[[^;]*;", src)
     if not gathers:
         out.append("KV rows are not gathered with cp.async")

@@ -36,10 +36,10 @@ generated source.
 each gather warp loading 4 rows (24 registers a lane) before converting them. ``wsf8h``: the same with fp16
 tensor-core operands (Q converted when loaded, the ring, P), which the gather reaches from e4m3 in two
 instructions a pair. ``wsf8c``: ``wsf8h`` with the two 64-head blocks of a row launched as a cluster of two that
-splits the gather (:mod:`.cluster_push`: each converts half of every chunk and pushes it into its peer's stage;
-``free`` then counts both CTAs' consumers), with a gather of one row per thread whose loads are issued before the
-wait for a free stage, its indices read a chunk ahead and the next chunk's rows prefetched into L2
-(:func:`.gather_fp8.fp8_half_gather_macros`; setmaxnreg 240 / 168 / 96). Its outputs (not split) leave through
+splits the gather (:mod:`.cluster_push`: each converts half of every chunk and stores each converted piece into
+its own stage and, with ``st.async``, into its peer's; ``free`` then counts both CTAs' consumers), a gather whose
+loads are issued before the wait for a free stage, its indices read a chunk ahead and the next chunk's rows
+prefetched into L2 (:func:`.gather_fp8.fp8_half_gather_macros`; setmaxnreg 240 / 168 / 96). Its outputs (not split) leave through
 shared memory: once the last S GEMM is done Q is dead, and its 64 KB buffer, viewed as bf16, holds the block's
 ``[64, 512]`` output; each consumer warpgroup writes its half there and stores it with TMA. Its Q (not split) comes in
 through :mod:`.q_f16` (every load of a thread in flight at once, then three instructions a converted pair).
@@ -68,10 +68,10 @@ REGS = (240, None, 56)  # score (inc), value (the launch count: no setmaxnreg), 
 # wsf8: the dequantising gather (.gather_fp8) holds its rows in registers, so it keeps 88; the score warpgroup
 # gets 248 (at 240 ptxas spilled 8 bytes there in this build): (248 + 168 + 88) * 128 = 168 * 384, the pool.
 REGS_FP8 = (248, None, 88)
-# wsf8c: its gather holds a row's eleven 16-byte loads a thread across the wait for a free stage
-# (.gather_fp8.fp8_half_gather_macros). ptxas spills 8 bytes there at 96 registers, 28 at 88; the score warpgroup does
-# not spill at 240. (240 + 168 + 96) * 128 = 168 * 384. H200, batch 64 x 32K: 0.1154 ms, against 0.1196 at
-# (248, 168, 88) in the same run.
+# wsf8c: its gather holds a thread's twenty loads (48 registers of data) across the wait for a free stage
+# (.gather_fp8.fp8_half_gather_macros); no spill at 96 (4 bytes split), none in the score warpgroup at 240.
+# (240 + 168 + 96) * 128 = 168 * 384. H200, batch 64 x 32K: 0.1154 ms, against 0.1196 at (248, 168, 88) in the same
+# run (session 14); (240, 160, 104) measured the same (session 16).
 REGS_FP8_CLUSTER = (240, None, 96)
 FP8_IN_FLIGHT = 4  # wsf8: rows a gather warp loads before converting (8 spilled at 88 registers)
 
@@ -84,9 +84,9 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
     import tilelang.language as T
 
     from dsa_runtime.plugins.cuda_hopper.tilelang.chunk_steps import chunk_steps, ring_buffers, softmax_state
-    from dsa_runtime.plugins.cuda_hopper.tilelang.cluster_push import CLUSTER_SRC, PUSH_BYTES
+    from dsa_runtime.plugins.cuda_hopper.tilelang.cluster_push import CLUSTER_SRC
     from dsa_runtime.plugins.cuda_hopper.tilelang.gather_fp8 import (
-        PREFETCH_SRC,
+        GATHER_SRC,
         ROW_BYTES,
         fp8_gather_macro,
         fp8_half_gather_macros,
@@ -110,7 +110,7 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
     mm_t = "float16" if cfg.variant in ("wsf8h", "wsf8c") else "bfloat16"
     kv_w, kv_t = (ROW_BYTES, "float8_e4m3fn") if fp8 else (D_QK, bf16)
     regs = REGS_FP8_CLUSTER if cluster else REGS_FP8 if fp8 else REGS
-    if cluster:  # one row per thread, its loads issued before the wait for a free stage
+    if cluster:  # its loads issued before the wait for a free stage, its stores into both CTAs
         gather_prime, fp8_gather = fp8_half_gather_macros(n_kv, n_chunks)
     else:
         fp8_gather = fp8_gather_macro(n_kv, FP8_IN_FLIGHT, out=mm_t) if fp8 else None
@@ -119,7 +119,7 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
     # wsf8c's bf16 outputs through the dead Q buffer and TMA stores (H200, batch 64 x 32K: 0.1021 ms against 0.1061
     # with 4-byte stores from the accumulators, same run; split partials are fp32 and twice Q's size)
     staged = cluster and not split
-    prelude = ((CLUSTER_SRC + PREFETCH_SRC + Q_F16_SRC if cluster else "") + (PDL_SRC if split else "")) or None
+    prelude = ((CLUSTER_SRC + GATHER_SRC + Q_F16_SRC if cluster else "") + (PDL_SRC if split else "")) or None
     q_f16 = q_f16_macro(hb, 128, 0, d, rope=True)  # wsf8c unsplit: Q's loads all in flight at once (.q_f16)
 
     @T.macro
@@ -261,30 +261,25 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
                 T.set_max_nreg(regs[2], 0)
                 g = tx - 256
                 if cluster:
-                    nxt = T.alloc_local((3,), "int32")  # indices read ahead (.gather_fp8.fp8_half_gather_macros)
+                    nxt = T.alloc_local((5,), "int32")  # indices read ahead (.gather_fp8.fp8_half_gather_macros)
                     gather_prime(Idx, nxt, tok, g, hblk)
+                    delta = T.alloc_var("uint32")  # the peer's shared window, as an offset from ours
+                    delta = T.call_extern("uint32", "dsa_peer_delta", T.access_ptr(kv_lat[0, 0, 0], "r"), 1 - hblk)
                 for r in T.serial(n_rounds):
                     for st in T.unroll(2):
                         if r * 2 + st < n_chunks:
                             c0 = (r * 2 + st) * BI
-                            if cluster:  # the gather waits for the free stage itself, after issuing its loads
-                                fp8_gather(KV, Idx, idx_sh, kv_lat, kv_rope, free, (r + 1) % 2, tok, r * 2 + st, st, g,
-                                           hblk, nxt)
-                                T.sync_threads(7, 128)  # the warpgroup's half is in shared memory (and fenced)
-                                if g == 0:
-                                    T.call_extern("handle", "dsa_push_half_stage", T.access_ptr(kv_lat[st, 0, 0], "r"),
-                                                  T.access_ptr(kv_rope[st, 0, 0], "r"), T.address_of(ready[st]), hblk,
-                                                  1 - hblk)
-                                    T.mbarrier_arrive_expect_tx(ready[st], PUSH_BYTES)
-                                else:
-                                    T.barrier_arrive(ready[st])
+                            if cluster:  # waits for the free stage itself (after its loads); stores into both CTAs
+                                fp8_gather(KV, Idx, idx_sh, kv_lat, kv_rope, free, ready, (r + 1) % 2, tok, r * 2 + st,
+                                           st, g, hblk, nxt, delta,
+                                           T.call_extern("uint32", "dsa_peer_bar", T.address_of(ready[st]), 1 - hblk))
                             elif fp8:
                                 T.barrier_wait(free[st], (r + 1) % 2)
                                 fp8_gather(KV, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g)
                             else:
                                 T.barrier_wait(free[st], (r + 1) % 2)
                                 bf16_gather(KV, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g)
-            if cluster:  # no CTA leaves while its peer may still push into it or arrive on its barriers
+            if cluster:  # no CTA leaves while its peer may still store into it or arrive on its barriers
                 T.call_extern("handle", "dsa_cluster_sync")
 
     return sparse_mla_ws
