@@ -31,6 +31,9 @@ class PlatformDefaults:
             ``sparse_attn.prefill`` prefers ``flashmla_sparse``, ``sparse_attn.decode`` ``fa3``); overrides
             ``backends`` for that method.
         reasons: field or family -> why this default (logged at start-up).
+        by_heads: ``(method, kv_layout, heads)`` -> preferred backend names for that shape alone (measured where
+            the fastest backend changes with the head count, e.g. a TP rank's 64 against 128 heads); overrides
+            ``methods``. Its reason is ``reasons[f"{method}@{kv_layout}/{heads}"]``.
     """
 
     kv_layout: str
@@ -41,12 +44,22 @@ class PlatformDefaults:
     backends: dict[str, tuple[str, ...]] = field(default_factory=dict)
     reasons: dict[str, str] = field(default_factory=dict)
     methods: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    by_heads: dict[tuple[str, str, int], tuple[str, ...]] = field(default_factory=dict)
 
-    def preference(self, method: str) -> tuple[str, ...]:
-        """Preferred backends for ``"family.method"``: its own list, else its family's."""
+    def preference(self, method: str, kv_layout: str | None = None, heads: object = None) -> tuple[str, ...]:
+        """Preferred backends for ``"family.method"``: the list for this KV layout and head count, else the
+        method's own, else its family's."""
+        if (method, kv_layout, heads) in self.by_heads:
+            return self.by_heads[(method, kv_layout, heads)]  # type: ignore[index]
         if method in self.methods:
             return self.methods[method]
         return self.backends.get(method.split(".")[0], ())
+
+    def preference_reason(self, method: str, kv_layout: str | None, heads: object) -> str | None:
+        """Why :meth:`preference` has a list of its own for this shape (None when it has none)."""
+        if (method, kv_layout, heads) not in self.by_heads:
+            return None
+        return self.reasons.get(f"{method}@{kv_layout}/{heads}", "measured for this head count")
 
 
 @dataclass

@@ -269,7 +269,8 @@ def _auto_choice(
     # (backend, why) of the earlier preferences passed over: said in the reason
     passed_over: list[tuple[str, str]] = []
     padded: str | None = None  # the first preference that runs the method only with head/k padding
-    for name in defaults.preference(method):
+    heads = needs.get("heads")
+    for name in defaults.preference(method, kv_layout, heads):
         backend = manager.backends.get(name)
         if backend is None:
             skipped.append(f"no {name!r} backend registered")
@@ -287,6 +288,9 @@ def _auto_choice(
                 passed_over.append((name, f"{name} would pad ({pads})"))
                 continue
             choice = _preferred(platform, defaults, family, name, method, fallback, skipped, passed_over)
+            shaped = defaults.preference_reason(method, kv_layout, heads)
+            if shaped:
+                choice = replace(choice, reason=f"{choice.reason}; at {heads} heads with {kv_layout} KV: {shaped}")
             if pads:  # (the note of what is padded is added by the caller)
                 limit = CHEAP_HEAD_PADDING[(method, kv_layout)]
                 choice = replace(choice, reason=f"{choice.reason}; padding up to {limit:g}x the heads is measured "

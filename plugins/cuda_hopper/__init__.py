@@ -71,12 +71,19 @@ def defaults(_: Detection) -> PlatformDefaults:
             # 0.098 at 1 x 128K; DeepGEMM ahead only at 64 x 32K (0.110 vs 0.117). Prefill stays DeepGEMM's.
             "indexer.logits_paged": ("triton", "deepgemm"),
         },
+        by_heads={
+            ("sparse_attn.decode", "fp8_656", 128): ("fa3", "tilelang", "flashmla_kv", "triton"),
+        },
         reasons={
             "kv_layout": "SGLang's Hopper default: bf16 KV (FP8 KV is the default only on SM>=100)",
             "prefill_attn": "SGLang's Hopper default: flashmla_sparse prefill",
             "decode_attn": "SGLang's Hopper default: fa3 decode over gathered bf16 pages",
             "sparse_attn": "SGLang's Hopper choices: flashmla_sparse prefill, fa3 decode (not provided here), "
-            "flashmla_kv for an FP8 cache, else our TileLang kernels (bf16 KV; fp8_656 decode), else Triton",
+            "flashmla_kv for an FP8 cache (our TileLang wsf8c first at 128 heads, measured faster), else our TileLang "
+            "kernels (bf16 KV; fp8_656 decode), else Triton",
+            "sparse_attn.decode@fp8_656/128": "tilelang's wsf8c before flashmla_kv, measured on one H200 "
+            "(2026-11-27, CUDA graphs, 32K, k 2048): batch 64 96.0 against 99.3 us, 2 queries 183.7 against 189.4; "
+            "flashmla_kv stays ahead at batch 1 (22.2 against 23.3 us) and at 64 heads (80.5 against 90.1 at batch 64)",
             "moe": "Triton fused grouped routing + FP8 block-scaled grouped GEMMs (DeepGEMM first when registered)",
             **NVIDIA_REASONS,
         },

@@ -261,3 +261,35 @@ def test_auto_runs_few_head_fp8_decode_unpadded_unless_padding_is_listed_as_chea
     assert tp8.backend_of("sparse_attn.decode") == "triton"  # 4x padding: past the limit
     bf16 = resolve_kernels(KernelConfig(kv_layout="bf16"), manager=manager, needs=needs | {"heads": 32})
     assert bf16.backend_of("sparse_attn.decode") == "triton", bf16.choices["sparse_attn.decode"].reason
+
+
+def test_auto_orders_the_fp8_decode_by_head_count(monkeypatch):
+    # Measured (H200, 2026-11-27, CUDA graphs, 32K, k 2048): at 128 heads tilelang's wsf8c 96.0 us against
+    # flashmla_kv's 99.3 at batch 64; at 64 heads flashmla_kv 80.5 against 90.1. The Hopper defaults list tilelang
+    # first at 128 heads only, and the choice's reason says why.
+    import sys
+
+    from tests.hopper import fake_flash_mla
+
+    monkeypatch.setitem(sys.modules, "flash_mla", fake_flash_mla.make())
+    monkeypatch.setenv("DSA_FAKE_GPU", "NVIDIA H100 80GB HBM3:9.0")
+    pytest.importorskip("triton", reason="needs the triton package (pip install -e '.[test]')")
+    manager = manager_with()
+    monkeypatch.setattr(manager.backends["tilelang"], "available", lambda: (True, "tilelang importable (test)"))
+    needs = {"k": 2048, "page_size": 64, "decode_queries": 1}
+
+    def decode(heads: int, layout: str = "fp8_656"):
+        resolved = resolve_kernels(KernelConfig(kv_layout=layout), manager=manager, needs=needs | {"heads": heads})
+        return resolved.choices["sparse_attn.decode"]
+
+    full = decode(128)
+    assert full.backend == "tilelang", full.reason
+    assert "at 128 heads with fp8_656 KV: tilelang's wsf8c before flashmla_kv" in full.reason
+    half = decode(64)
+    assert half.backend == "flashmla_kv" and "heads with fp8_656 KV" not in half.reason, half.reason
+    bf16 = decode(128, "bf16")  # flashmla_kv claims no bf16 cache; no head-count list for bf16
+    assert bf16.backend == "tilelang" and "heads with bf16 KV" not in bf16.reason, bf16.reason
+    # Without tilelang the 128-head list falls through to flashmla_kv, still saying which list it followed.
+    monkeypatch.setattr(manager.backends["tilelang"], "available", lambda: (False, "no tilelang here"))
+    alone = decode(128)
+    assert alone.backend == "flashmla_kv" and "at 128 heads with fp8_656 KV" in alone.reason, alone.reason
