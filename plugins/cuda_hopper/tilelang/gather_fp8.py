@@ -125,7 +125,8 @@ def fp8_gather_macro(n_kv: Any, in_flight: int = 1, out: str = "bfloat16") -> An
 # The wsf8c gather's device helpers: loads as FlashMLA's gather issues them (read-only path, kept in L1 with
 # evict_last, 256-byte L2 fetches; not volatile, so ptxas schedules a thread's loads together), the next chunk's
 # rows into L2 (one bulk prefetch a row: no registers, nothing to wait for), and the conversions of eight values
-# whose 16 bytes go into both CTAs' stages (.cluster_push.CLUSTER_SRC's dsa_store_both, defined before these).
+# whose 16 bytes go into both CTAs' stages (dsa_store_both of .cluster_push.CLUSTER_SRC and the bf16 -> fp16
+# conversion of .q_f16.Q_F16_SRC, both placed before these in the prelude).
 GATHER_SRC = r"""
 __device__ __forceinline__ void dsa_ld_nc8(void* dst, const void* src) {
   int2 r;
@@ -160,17 +161,9 @@ __device__ __forceinline__ void dsa_cvt8_both(void* dst, unsigned delta, unsigne
   dsa_store_both(dst, delta, rbar, make_uint4(h[0], h[1], h[2], h[3]));
 }
 
-// Eight bf16 values (registers) -> eight fp16 (through fp32, exact, then rounded once), into both stages.
-// cvt.rn.f16x2.f32 puts its first source in the upper half.
+// Eight bf16 values (registers) -> eight fp16 (.q_f16.Q_F16_SRC's conversion), into both stages.
 __device__ __forceinline__ void dsa_rope8_both(void* dst, unsigned delta, unsigned rbar, const void* src) {
-  const unsigned* s = static_cast<const unsigned*>(src);
-  unsigned h[4];
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(h[i]) : "f"(__uint_as_float(s[i] & 0xffff0000u)),
-        "f"(__uint_as_float(s[i] << 16)));
-  }
-  dsa_store_both(dst, delta, rbar, make_uint4(h[0], h[1], h[2], h[3]));
+  dsa_store_both(dst, delta, rbar, dsa_bf16x8_to_f16x8(src));
 }
 """
 

@@ -24,15 +24,16 @@ __device__ __forceinline__ unsigned dsa_bf16x2_to_f16x2(unsigned w) {
   return r;
 }
 
-// Eight bf16 values (registers) -> eight fp16 values, one 16-byte store (shared memory).
-__device__ __forceinline__ void dsa_store_f16x8(void* dst, const void* src) {
+// Eight bf16 values (registers) -> eight fp16 values (also the wsf8c gather's rope: .gather_fp8.GATHER_SRC).
+__device__ __forceinline__ uint4 dsa_bf16x8_to_f16x8(const void* src) {
   const unsigned* s = static_cast<const unsigned*>(src);
-  uint4 r;
-  r.x = dsa_bf16x2_to_f16x2(s[0]);
-  r.y = dsa_bf16x2_to_f16x2(s[1]);
-  r.z = dsa_bf16x2_to_f16x2(s[2]);
-  r.w = dsa_bf16x2_to_f16x2(s[3]);
-  *static_cast<uint4*>(dst) = r;
+  return make_uint4(dsa_bf16x2_to_f16x2(s[0]), dsa_bf16x2_to_f16x2(s[1]), dsa_bf16x2_to_f16x2(s[2]),
+                    dsa_bf16x2_to_f16x2(s[3]));
+}
+
+// ... into shared memory, one 16-byte store.
+__device__ __forceinline__ void dsa_store_f16x8(void* dst, const void* src) {
+  *static_cast<uint4*>(dst) = dsa_bf16x8_to_f16x8(src);
 }
 """
 

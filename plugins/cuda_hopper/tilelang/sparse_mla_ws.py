@@ -119,7 +119,7 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
     # wsf8c's bf16 outputs through the dead Q buffer and TMA stores (H200, batch 64 x 32K: 0.1021 ms against 0.1061
     # with 4-byte stores from the accumulators, same run; split partials are fp32 and twice Q's size)
     staged = cluster and not split
-    prelude = ((CLUSTER_SRC + GATHER_SRC + Q_F16_SRC if cluster else "") + (PDL_SRC if split else "")) or None
+    prelude = ((CLUSTER_SRC + Q_F16_SRC + GATHER_SRC if cluster else "") + (PDL_SRC if split else "")) or None
     q_f16 = q_f16_macro(hb, 128, 0, d, rope=True)  # wsf8c unsplit: Q's loads all in flight at once (.q_f16)
 
     @T.macro
