@@ -333,7 +333,8 @@ def test_program_lowers_to_sm90a_cuda_source(variant, split):
         # next chunk's rows prefetched into L2 before the wait (dsa_ld_nc8 / nc16: the read-only, evict_last,
         # 256-byte-L2 loads FlashMLA's gather uses); it converts and stores only after the wait
         cache = re.search(r"const fp8_e4_t\* __restrict__ (\w+)", src).group(1)
-        load = re.search(rf"dsa_ld_nc8\(\(&\(lat8\[\(\(i_\d+ \* 64\) \+ \(a \* 8\)\)\]\)\), \(&\({cache}\[", src).group(0)
+        lat8 = r"dsa_ld_nc8\(\(&\(lat8\[\(\(i_\d+ \* 64\) \+ \(a \* 8\)\)\]\)\), "
+        load = re.search(lat8 + rf"\(&\({cache}\[", src).group(0)
         gather = src[src.index("warpgroup_reg_dealloc<96>"):]
         assert gather.index(load) < gather.index("free[st_") < gather.index("dsa_cvt8_both((")
         loop = gather[gather.index("for (int r_"):]

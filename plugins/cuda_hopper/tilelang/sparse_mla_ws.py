@@ -39,10 +39,11 @@ instructions a pair. ``wsf8c``: ``wsf8h`` with the two 64-head blocks of a row l
 splits the gather (:mod:`.cluster_push`: each converts half of every chunk and stores each converted piece into
 its own stage and, with ``st.async``, into its peer's; ``free`` then counts both CTAs' consumers), a gather whose
 loads are issued before the wait for a free stage, its indices read a chunk ahead and the next chunk's rows
-prefetched into L2 (:func:`.gather_fp8.fp8_half_gather_macros`; setmaxnreg 240 / 168 / 96). Its outputs (not split) leave through
-shared memory: once the last S GEMM is done Q is dead, and its 64 KB buffer, viewed as bf16, holds the block's
-``[64, 512]`` output; each consumer warpgroup writes its half there and stores it with TMA. Its Q (not split) comes in
-through :mod:`.q_f16` (every load of a thread in flight at once, then three instructions a converted pair).
+prefetched into L2 (:func:`.gather_fp8.fp8_half_gather_macros`; setmaxnreg 240 / 168 / 96). Its outputs (not
+split) leave through shared memory: once the last S GEMM is done Q is dead, and its 64 KB buffer, viewed as bf16,
+holds the block's ``[64, 512]`` output; each consumer warpgroup writes its half there and stores it with TMA. Its
+Q (not split) comes in through :mod:`.q_f16` (every load of a thread in flight at once, then three instructions a
+converted pair).
 
 In ncu (H200, batch 64 x 32K) the ``wsf8`` gather warps never waited for a free stage while both consumer
 warpgroups waited for rows; the register gather kept ~4 rows a warp in flight whatever the batch size asked (ptxas
