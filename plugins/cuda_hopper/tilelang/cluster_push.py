@@ -30,18 +30,16 @@ __device__ __forceinline__ void dsa_cluster_sync() {
   asm volatile("barrier.cluster.arrive.aligned;\n\tbarrier.cluster.wait.aligned;\n" ::: "memory");
 }
 
-// The peer CTA's shared::cluster address of `local` is `local`'s shared address plus this (one mapa).
-__device__ __forceinline__ unsigned dsa_peer_delta(const void* local, int peer) {
+// The peer CTA's copy of the shared object at `local` (same offset), as a shared::cluster address (mapa).
+__device__ __forceinline__ unsigned dsa_peer_addr(const void* local, int peer) {
   unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(local)), r;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(peer));
-  return r - a;
+  return r;
 }
 
-// The peer CTA's copy of the mbarrier `bar` (same offset), as a shared::cluster address.
-__device__ __forceinline__ unsigned dsa_peer_bar(const void* bar, int peer) {
-  unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(bar)), r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(peer));
-  return r;
+// The peer CTA's shared::cluster address of `local` is `local`'s shared address plus this (one mapa).
+__device__ __forceinline__ unsigned dsa_peer_delta(const void* local, int peer) {
+  return dsa_peer_addr(local, peer) - static_cast<unsigned>(__cvta_generic_to_shared(local));
 }
 
 // 16 bytes into this CTA's shared memory at `dst` and into the peer's at the same offset (`delta`: dsa_peer_delta),

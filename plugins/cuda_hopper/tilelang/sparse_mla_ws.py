@@ -273,7 +273,7 @@ def ws_program(heads: int, k: int, sm_scale: float, cfg: Any, split: bool = Fals
                             if cluster:  # waits for the free stage itself (after its loads); stores into both CTAs
                                 fp8_gather(KV, Idx, idx_sh, kv_lat, kv_rope, free, ready, (r + 1) % 2, tok, r * 2 + st,
                                            st, g, hblk, nxt, delta,
-                                           T.call_extern("uint32", "dsa_peer_bar", T.address_of(ready[st]), 1 - hblk))
+                                           T.call_extern("uint32", "dsa_peer_addr", T.address_of(ready[st]), 1 - hblk))
                             elif fp8:
                                 T.barrier_wait(free[st], (r + 1) % 2)
                                 fp8_gather(KV, Idx, idx_sh, kv_lat, kv_rope, ready, tok, c0, st, g)
