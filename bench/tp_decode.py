@@ -60,7 +60,7 @@ def model_config(name: str, moe_layers: int):
 
 def batches(config, batch: int, prompt: int, page: int, seed: int):
     """Prompts of ragged lengths (prompt/2 .. prompt) and page tables (disjoint, never page 0)."""
-    from dsa_runtime.model.runner import ForwardSeq
+    from dsa_runtime.model.seqs import ForwardSeq
 
     g = torch.Generator().manual_seed(seed)
     lens = torch.randint(prompt // 2, prompt + 1, (batch,), generator=g).tolist()
@@ -84,11 +84,11 @@ def sync() -> None:
 def run(runner, seqs, steps: int, profile: bool = False) -> dict:
     """Prefill, then ``steps`` decodes fed with tp-independent tokens; returns logits and timings (with
     ``profile``, ``common.step_profile`` of the timed steps too)."""
-    from dsa_runtime.model.runner import ForwardBatch, ForwardSeq
+    from dsa_runtime.model.seqs import ForwardBatch, ForwardSeq, forward
 
     sync()
     t0 = time.perf_counter()
-    pre = runner.forward(ForwardBatch(seqs))
+    pre = forward(runner, ForwardBatch(seqs))
     sync()
     t_pre = time.perf_counter() - t0
     lengths = [len(s.token_ids) for s in seqs]
@@ -108,7 +108,7 @@ def run(runner, seqs, steps: int, profile: bool = False) -> dict:
         batch = [ForwardSeq([t], n, s.page_table, "last") for t, n, s in zip(nxt, lengths, seqs, strict=True)]
         sync()
         t1 = time.perf_counter()
-        out = runner.forward(ForwardBatch(batch))
+        out = forward(runner, ForwardBatch(batch))
         sync()
         times.append(time.perf_counter() - t1)
         if step == 0:

@@ -51,16 +51,16 @@ def tables(ps: list[list[int]], extra: int) -> tuple[list[list[int]], int]:
 def drive(runner, ps, tabs, feed: list[list[int]] | None, steps: int):
     """Prefill (all rows' logits) then ``steps`` decodes; tokens fed from ``feed`` (else greedy).
     Returns (prefill logits per prompt, decode logits ``[steps, n, V]``, fed tokens per prompt)."""
-    from dsa_runtime.model.runner import ForwardBatch, ForwardSeq
+    from dsa_runtime.model.seqs import ForwardBatch, ForwardSeq, forward
 
-    pre = runner.forward(ForwardBatch([ForwardSeq(p, 0, t, "all") for p, t in zip(ps, tabs, strict=True)]))
+    pre = forward(runner, ForwardBatch([ForwardSeq(p, 0, t, "all") for p, t in zip(ps, tabs, strict=True)]))
     pre = [o.float().cpu() for o in pre]
     fed = feed or [[int(o[-1].argmax())] for o in pre]
     lengths = [len(p) for p in ps]
     dec = []
     for s in range(steps):
         seqs = [ForwardSeq([f[s]], n, t, "last") for f, n, t in zip(fed, lengths, tabs, strict=True)]
-        out = torch.stack([o.float().cpu() for o in runner.forward(ForwardBatch(seqs))])
+        out = torch.stack([o.float().cpu() for o in forward(runner, ForwardBatch(seqs))])
         dec.append(out)
         if feed is None:
             for f, o in zip(fed, out, strict=True):
@@ -91,7 +91,8 @@ def measure(args) -> dict:
     from dsa_runtime.distributed.runtime import DistributedRunner, RankSpec
     from dsa_runtime.loader.presets import preset_config
     from dsa_runtime.model.config import ModelConfig
-    from dsa_runtime.model.runner import ForwardBatch, ForwardSeq, ModelRunner, kernel_needs
+    from dsa_runtime.model.runner import ModelRunner, kernel_needs
+    from dsa_runtime.model.seqs import ForwardBatch, ForwardSeq
     from dsa_runtime.resolve import KernelConfig, resolve_kernels
     from tests.distributed import hooks
 

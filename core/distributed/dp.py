@@ -19,20 +19,11 @@ from torch import Tensor
 
 if TYPE_CHECKING:
     from dsa_runtime.distributed.comm import TPContext
-    from dsa_runtime.model.batch import ForwardBatch
 
 
 def group_of(page_table: list[int], dp: int) -> int:
     """The attention group serving a sequence with this page table."""
     return page_table[0] % dp if dp > 1 else 0
-
-
-def split_batch(batch: ForwardBatch, dp: int) -> list[list[int]]:
-    """Indices of ``batch.seqs`` per attention group (batch order kept inside each group)."""
-    groups: list[list[int]] = [[] for _ in range(dp)]
-    for i, seq in enumerate(batch.seqs):
-        groups[group_of(seq.page_table, dp)].append(i)
-    return groups
 
 
 def padded_rows(counts: list[int], multiple: int) -> int:

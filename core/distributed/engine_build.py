@@ -17,7 +17,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_TOKENS = 32768
 
 
-def _spec(config: Any, path: Path, kernels: Any, num_pages: int, page_size: int, hidden: int) -> Any:
+def _spec(config: Any, path: Path, kernels: Any, num_pages: int, page_size: int, hidden: int,
+          max_context: int) -> Any:
     from dsa_runtime.distributed.runtime import RankSpec
 
     device_type = "cuda" if str(kernels.device).startswith("cuda") else "cpu"
@@ -33,10 +34,16 @@ def _spec(config: Any, path: Path, kernels: Any, num_pages: int, page_size: int,
                 "lower --tp, add --nnodes, or run on the CPU with --device cpu"
             )
     threads = config.cpu_threads or (1 if hidden <= 1024 else None)
+    cuda = device_type == "cuda"
     return RankSpec(model_path=str(path), dtype=config.dtype, device_type=device_type,
                     kernel_config=config.kernel_config(), num_pages=num_pages, page_size=page_size,
-                    cpu_threads=threads if device_type == "cpu" else None, nextn=config.speculative,
-                    config_overrides=config.model_overrides())
+                    cpu_threads=None if cuda else threads, nextn=config.speculative,
+                    config_overrides=config.model_overrides(),
+                    # One slot beyond --max-running-requests: Engine.score runs beside a full batch.
+                    max_requests=config.max_running_requests + 1, max_model_len=max_context,
+                    draft_steps=config.speculative_num_steps or 1,
+                    graph_batch_sizes=config.graph_row_sizes() if cuda else [],
+                    chain_batch_sizes=config.graph_batch_sizes() if cuda else None)
 
 
 def _kernels(config: Any, model_config: Any) -> Any:
@@ -67,8 +74,12 @@ def run_worker_node(config: Any, path: Path) -> int:
     kernels = _kernels(config, model_config)
     page_size = config.page_size or kernels.defaults.page_size
     num_pages = _num_pages(config, model_config, kernels, page_size)
-    spec = _spec(config, path, kernels, num_pages, page_size, model_config.hidden_size)
+    spec = _spec(config, path, kernels, num_pages, page_size, model_config.hidden_size, _max_context(config, model_config))
     return serve_worker_node(config.parallel(), spec)
+
+
+def _max_context(config: Any, model_config: Any) -> int:
+    return min(config.max_model_len or model_config.max_position_embeddings, model_config.max_position_embeddings)
 
 
 def _num_pages(config: Any, model_config: Any, kernels: Any, page_size: int) -> int:
@@ -100,13 +111,12 @@ def build_distributed_parts(config: Any, path: Path, extra_eos: set[int]) -> Any
     page_size = config.page_size or kernels.defaults.page_size
     num_pages = _num_pages(config, model_config, kernels, page_size)
     parallel = config.parallel()
-    spec = _spec(config, path, kernels, num_pages, page_size, model_config.hidden_size)
+    max_context = _max_context(config, model_config)
+    spec = _spec(config, path, kernels, num_pages, page_size, model_config.hidden_size, max_context)
     logger.info("tensor parallel: tp %d, dp %d (%d ranks per attention group), %d node(s); KV %d pages x %d",
                 parallel.tp, parallel.dp, parallel.attn_size, parallel.nnodes, num_pages, page_size)
     runner = DistributedRunner(parallel, spec)
     tokenizer = load_tokenizer(layout.folder) if (layout.folder / "tokenizer.json").is_file() else None
-    max_context = min(config.max_model_len or model_config.max_position_embeddings,
-                      model_config.max_position_embeddings)
     eos = {model_config.eos_token_id, getattr(tokenizer, "eos_id", model_config.eos_token_id)} | extra_eos
     return EngineParts(
         runner=runner, tokenizer=tokenizer, allocator=PageAllocator(num_pages), page_size=page_size,

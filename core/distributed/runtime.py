@@ -1,17 +1,17 @@
-"""Worker processes in lockstep behind the ModelRunner interface.
+"""Rank processes in lockstep (SPMD) behind the :class:`~dsa_runtime.model.step.Runner` protocol.
 
-Rank 0 lives in the caller's process (it owns the scheduler and the tokenizer); ranks ``1 .. n-1`` of this
-node are spawned (``torch.multiprocessing``, spawn). Each step rank 0 broadcasts the :class:`ForwardBatch`
-on the gloo ``ctrl`` group; every rank runs its slice of the model; under DP attention the attention-group
-leaders send their sequences' logits to rank 0. A worker that dies takes the service down: the watchdog
-checks the workers before every step and turns a failed collective into :class:`WorkerDiedError` naming
-the rank and its exit code; collectives time out (``ParallelConfig.timeout_s``) instead of hanging, and a
-worker exits when rank 0's process is gone.
+Rank 0 lives in the caller's process (it owns the scheduler, the tokenizer and the sampler); ranks ``1 .. n-1``
+of this node are spawned (``torch.multiprocessing``, spawn). Every rank owns a runner over its slice of the
+weights, with its own KV cache, request-slot state and captured CUDA graphs (collectives inside them). Each step
+rank 0 broadcasts the step's token rows as a few int64 tensors (``wire.py``) and every rank runs its part of the
+same step; under DP attention each group runs its own rows and the group leaders send their picked rows' outputs
+to rank 0. A worker that dies takes the service down: the watchdog checks the workers before every step and
+turns a failed collective into :class:`WorkerDiedError` naming the rank and its exit code; collectives time out
+(``ParallelConfig.timeout_s``) instead of hanging, and a worker exits when rank 0's process is gone.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import socket
@@ -24,12 +24,11 @@ from typing import Any
 
 import torch
 
-from dsa_runtime.distributed.dp import split_batch
 from dsa_runtime.distributed.parallel import ParallelConfig
+from dsa_runtime.distributed.wire import OP_CALL, OP_STEP, OP_STOP, Message, lay_out
+from dsa_runtime.model.step import Step, StepKind
 
 logger = logging.getLogger(__name__)
-STOP = "stop"
-
 
 class WorkerDiedError(RuntimeError):
     """A tensor-parallel worker process is gone; the service cannot go on."""
@@ -55,6 +54,9 @@ class RankSpec:
         nextn: every rank also builds its slice of the MTP layer and a draft cache layer (speculative
             decoding; ``model_path`` or ``tensors`` only).
         config_overrides: ``--json-model-override-args`` of a ``model_path`` checkpoint.
+        max_requests, max_model_len, draft_steps: every rank's slot state (``ModelRunner.setup``);
+            max_model_len None: the cache's capacity.
+        graph_batch_sizes, chain_batch_sizes: the CUDA-graph buckets every rank captures (CUDA only).
     """
 
     model_path: str | None = None
@@ -73,6 +75,11 @@ class RankSpec:
     hooks: list[str] = field(default_factory=list)
     nextn: bool = False
     config_overrides: dict[str, Any] = field(default_factory=dict)
+    max_requests: int = 16
+    max_model_len: int | None = None
+    draft_steps: int = 1
+    graph_batch_sizes: list[int] = field(default_factory=list)
+    chain_batch_sizes: list[int] | None = None
 
 
 def free_port() -> int:
@@ -124,58 +131,54 @@ def build_rank_runner(spec: RankSpec, tp: Any) -> Any:
     # release_tensors: this rank's slices are freed as the model is built from them, so building peaks at the
     # model plus one layer (random full-size weights are drawn on the GPU; a checkpoint's slices sit in host RAM).
     runner = ModelRunner(config, tensors, kernels=kernels, cache=cache, dtype=spec.dtype, device=tp.device,
-                         mha_max_keys=spec.mha_max_keys, tp=tp, nextn=spec.nextn, release_tensors=True)
+                         mha_max_keys=spec.mha_max_keys, tp=tp, nextn=spec.nextn, release_tensors=True,
+                         max_requests=spec.max_requests, max_model_len=spec.max_model_len,
+                         draft_steps=spec.draft_steps)
     runner.bytes_loaded = loaded  # type: ignore[attr-defined]
     del tensors
+    # Every rank captures the same buckets in the same order: the collectives inside the graphs pair up.
+    runner.capture_graphs(spec.graph_batch_sizes, spec.chain_batch_sizes, progress=info.rank == 0)
     for hook in spec.hooks:
         load_object(hook)(runner)  # type: ignore[operator]
     return runner
 
 
-def run_step(runner: Any, tp: Any, batch: Any, *, hidden: bool = False, draft: Any = None) -> dict[int, Any]:
-    """One step on this rank; returns ``{batch index: result}`` of the sequences its group served: logits, or
-    with ``hidden`` ``(logits, hidden rows)`` of the main model, or with ``draft`` (the previous hidden states
-    ``[T, D]`` of the whole batch, speculative decoding) ``(logits, hidden rows)`` of the NextN layer."""
-    from dsa_runtime.model.batch import ForwardBatch
+def _send(tp: Any, msg: Message) -> None:
+    import torch.distributed as dist
 
-    def call(sub: Any, prev: Any) -> list[Any]:
-        if draft is not None:
-            logits, g = runner.draft_forward(sub, prev)
-            return list(zip(logits, g.split([len(s.token_ids) for s in sub.seqs]), strict=True))
-        if hidden:
-            return list(zip(*runner.forward(sub, hidden=True), strict=True))
-        return runner.forward(sub)
+    header, payload = msg.encode(tp.info.dp)
+    dist.broadcast(header, src=0, group=tp.ctrl_group)
+    if payload.numel():
+        dist.broadcast(payload, src=0, group=tp.ctrl_group)
 
+
+def _receive(tp: Any) -> Message:
+    import torch.distributed as dist
+
+    header = torch.empty(10 + tp.info.dp, dtype=torch.int64)
+    dist.broadcast(header, src=0, group=tp.ctrl_group)
+    payload = torch.empty(Message.payload_size(header), dtype=torch.int64)
+    if payload.numel():
+        dist.broadcast(payload, src=0, group=tp.ctrl_group)
+    return Message.decode(header, payload)
+
+
+def execute(runner: Any, tp: Any, msg: Message, tokens: torch.Tensor | None = None) -> torch.Tensor | None:
+    """This rank's part of a step (every rank runs it, rank 0 with the sampled ``tokens`` it publishes): the
+    published tokens first, then its group's rows; a group leader other than rank 0's sends its output there."""
+    import torch.distributed as dist
+
+    if msg.publish is not None:
+        if tokens is None:
+            tokens = torch.empty(msg.publish.numel(), dtype=torch.int64, device=tp.device)
+        if tp.info.world > 1:
+            dist.broadcast(tokens, src=0, group=tp.world_group)
+        runner.publish(msg.publish, tokens)
+    out = runner.run(msg.local_step(tp.info.dp_rank))
     info = tp.info
-    if info.dp == 1:
-        return dict(enumerate(call(batch, draft)))
-    groups = split_batch(batch, info.dp)
-    tp.group_tokens = [sum(len(batch.seqs[i].token_ids) for i in g) for g in groups]
-    mine = groups[info.dp_rank]
-    if not mine:
-        with torch.inference_mode():
-            runner.model.idle_layers(runner.kernels, draft=draft is not None)
-        return {}
-    prev = None
-    if draft is not None:  # this group's rows of the previous hidden states
-        starts = [0, *itertools.accumulate(len(s.token_ids) for s in batch.seqs)]
-        prev = torch.cat([draft[starts[i]:starts[i + 1]] for i in mine])
-    out = call(ForwardBatch([batch.seqs[i] for i in mine]), prev)
-    return dict(zip(mine, out, strict=True))
-
-
-def _to_device(value: Any, device: Any) -> Any:
-    if isinstance(value, tuple):
-        return tuple(_to_device(v, device) for v in value)
-    return value.to(device) if value is not None else None
-
-
-def _to_cpu(value: Any) -> Any:
-    """A compact CPU copy: a sequence's logits are often a row view of the step's ``[T, V]`` logits, and pickling
-    a view writes its whole storage (every row of the step, once per sequence)."""
-    if isinstance(value, tuple):
-        return tuple(_to_cpu(v) for v in value)
-    return value.to("cpu", copy=True) if value is not None else None
+    if info.dp > 1 and out is not None and info.attn_rank == 0 and info.dp_rank != 0 and out.shape[0]:
+        dist.send(out.contiguous(), dst=0, group=tp.world_group)
+    return out
 
 
 def _watch_parent(parent: int) -> None:
@@ -201,28 +204,17 @@ def worker_main(local_rank: int, parallel: ParallelConfig, spec: RankSpec, metho
         tp = init_groups(parallel, rank, device, method)
         runner = build_rank_runner(spec, tp)
         while True:
-            box: list[Any] = [None]
-            dist.broadcast_object_list(box, src=0, group=tp.ctrl_group)
-            msg = box[0]
-            if msg == STOP:
+            msg = _receive(tp)
+            if msg.op == OP_STOP:
                 break
-            kind, payload = msg
-            if kind == "call":
+            if msg.op == OP_CALL:
                 from dsa_runtime.backend import load_object
 
-                dist.gather_object(load_object(payload)(runner), None, dst=0, group=tp.ctrl_group)
+                box: list[Any] = [None]
+                dist.broadcast_object_list(box, src=0, group=tp.ctrl_group)
+                dist.gather_object(load_object(box[0])(runner), None, dst=0, group=tp.ctrl_group)
                 continue
-            try:
-                if kind == "draft":  # the NextN layer (speculative decoding)
-                    batch, prev = payload
-                    result = run_step(runner, tp, batch, draft=prev.to(device))
-                else:
-                    result = run_step(runner, tp, payload, hidden=kind == "step_hidden")
-            except ValueError:
-                continue  # a malformed batch: rank 0 raises the same one-line error before any collective
-            if parallel.dp > 1:
-                mine = {i: _to_cpu(v) for i, v in result.items()}
-                dist.gather_object(mine if tp.info.attn_rank == 0 else None, None, dst=0, group=tp.ctrl_group)
+            execute(runner, tp, msg)
         dist.destroy_process_group()
     except Exception:
         sys.stderr.write(f"dsa-runtime: tensor-parallel rank {rank} failed:\n{traceback.format_exc()}")
@@ -231,10 +223,11 @@ def worker_main(local_rank: int, parallel: ParallelConfig, spec: RankSpec, metho
 
 
 class DistributedRunner:
-    """Rank 0's view: the ModelRunner interface (``forward(ForwardBatch)``) over all ranks.
+    """Rank 0's view: a :class:`~dsa_runtime.model.step.Runner` over all ranks.
 
     Starts the workers of this node (ranks 1 .. ranks_per_node-1), joins the process group as rank 0 and
-    builds its own slice. ``shutdown()`` stops the workers (also at interpreter exit).
+    builds its own slice. ``shutdown()`` stops the workers (also at interpreter exit). With one rank it runs the
+    same code with nobody to send to (``--distributed-executor-backend mp`` at ``--tp 1``).
     """
 
     def __init__(self, parallel: ParallelConfig, spec: RankSpec) -> None:
@@ -254,6 +247,9 @@ class DistributedRunner:
             self.procs.append(p)
         self._closed = False
         self.runner: Any = None
+        self._slot_group = torch.zeros(spec.max_requests + 1, dtype=torch.int64)  # DP: each slot's group
+        self._publish: list[tuple[torch.Tensor, torch.Tensor]] = []  # sampled tokens the next step sends
+        self._hidden_layout: Any = None  # DP: the group layout of the last TARGET step that kept hidden states
         device = torch.device("cuda:0") if spec.device_type == "cuda" else torch.device("cpu")
         try:
             self.tp = init_groups(parallel, 0, device, method)
@@ -265,7 +261,7 @@ class DistributedRunner:
 
         atexit.register(self.shutdown)
 
-    # The attributes the engine reads from a runner.
+    # The Runner protocol, and what the engine's extras read.
     @property
     def config(self) -> Any:
         return self.runner.config
@@ -288,8 +284,19 @@ class DistributedRunner:
 
     @property
     def nextn(self) -> bool:
-        """Whether every rank runs the MTP layer (speculative decoding through :meth:`draft_forward`)."""
         return self.spec.nextn
+
+    @property
+    def max_requests(self) -> int:
+        return self.runner.max_requests
+
+    @property
+    def max_pages(self) -> int:
+        return self.runner.max_pages
+
+    @property
+    def graph_rows(self) -> int:
+        return self.runner.graph_rows
 
     def check_workers(self) -> None:
         """Raise :class:`WorkerDiedError` when a worker of this node has exited."""
@@ -311,57 +318,65 @@ class DistributedRunner:
                                    "a peer rank is gone or stuck, stopping")
         return exc
 
-    def _broadcast(self, msg: Any) -> None:
-        import torch.distributed as dist
+    def publish(self, slots: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Sampled tokens for the slots' next rows of token -1: sent with the next step, to every rank."""
+        self._publish.append((slots, tokens))
 
-        dist.broadcast_object_list([msg], src=0, group=self.tp.ctrl_group)
-
-    def draft_forward(self, batch: Any, prev_hidden: Any) -> tuple[list[Any], Any]:
-        """:meth:`ModelRunner.draft_forward` on every rank (``prev_hidden`` is sent to the workers; under DP
-        attention each group runs its sequences' rows): the NextN layer's logits per sequence and its hidden
-        states ``[T, D]``, on rank 0."""
-        results = self._step(("draft", (batch, prev_hidden.cpu())), batch, draft=prev_hidden)
-        return [r[0] for r in results], torch.cat([r[1] for r in results])
-
-    def forward(self, batch: Any, *, hidden: bool = False) -> list[Any] | tuple[list[Any], list[Any]]:
-        """One step on every rank; logits per sequence as :meth:`ModelRunner.forward` returns them (with
-        ``hidden``, also each sequence's hidden states, as ``(logits, hiddens)``)."""
-        results = self._step(("step_hidden" if hidden else "step", batch), batch, hidden=hidden)
-        if not hidden:
-            return results
-        return [r[0] for r in results], [r[1] for r in results]
-
-    def _step(self, msg: Any, batch: Any, *, hidden: bool = False, draft: Any = None) -> list[Any]:
-        """Broadcast ``msg``, run this rank's part, gather the groups' results (DP attention): one per sequence."""
-        import torch.distributed as dist
-
-        from dsa_runtime.model.batch import build_step
-
+    def run(self, step: Step) -> torch.Tensor | None:
+        """Run ``step`` on every rank (``ModelRunner.run``'s contract); the output, on rank 0."""
         if self._closed:
             raise WorkerDiedError("the tensor-parallel runtime was shut down")
         self.check_workers()
-        cfg = self.runner.config
-        # Validate before any rank starts, so a bad batch is one clear error and nobody waits.
-        build_step(batch, page_size=self.spec.page_size, num_pages=self.spec.num_pages,
-                   vocab_size=cfg.vocab_size, device="cpu")
+        runner = self.runner
+        # Validate before any rank starts, so a bad step is one clear error and nobody waits.
+        step.check(runner.max_requests, runner.max_pages, runner.cache.page_size, runner.config.vocab_size)
+        dp = self.parallel.dp
+        if step.pages is not None and dp > 1:  # a slot's group: its first page's (dsa_runtime.distributed.dp)
+            first = step.pages[1] == 0
+            self._slot_group[step.pages[0, first]] = step.pages[2, first] % dp
+        publish = tokens = None
+        if self._publish:
+            publish = torch.cat([s for s, _ in self._publish])
+            tokens = torch.cat([t.to(torch.int64) for _, t in self._publish])
+        layout = order = None
+        if dp == 1:
+            msg = Message(OP_STEP, step, step.num_rows, None, publish)
+        else:
+            laid, layout, picks, order = lay_out(step, self._slot_group[step.rows[0]], dp, runner.max_requests)
+            if step.source is not None:  # rows of the kept hidden states, as group-local rows
+                last = self._hidden_layout
+                laid.source = torch.zeros(laid.num_rows, dtype=torch.int64)
+                laid.source[layout.position] = last.position[step.source] % last.group_rows
+            msg = Message(OP_STEP, laid, layout.group_rows, picks, publish)
         try:
-            self._broadcast(msg)
-            result = run_step(self.runner, self.tp, batch, hidden=hidden, draft=draft)
-            if self.parallel.dp > 1:
-                # Rank 0 keeps its group's results where they are and sends None: gather_object pickles the
-                # root's own input too, and its logits are CUDA row views of the step's [T, V] logits, whose
-                # whole storage pickling copies device -> host -> device once per sequence (measured on 2 H200s
-                # at 19 layers, 100 requests: a tp 2 dp 2 decode step 304 ms against tp 2's 83 ms).
-                parts: list[Any] = [None] * self.parallel.tp
-                dist.gather_object(None, parts, dst=0, group=self.tp.ctrl_group)
-                for part in parts:
-                    for i, v in (part or {}).items():
-                        result[i] = _to_device(v, self.tp.device)
+            _send(self.tp, msg)
+            self._publish = []
+            out = execute(runner, self.tp, msg, tokens)
+            if layout is not None:
+                if step.kind is StepKind.TARGET and step.hidden:
+                    self._hidden_layout = layout
+                if out is not None:
+                    out = self._gather(out, msg, layout.position if order is None else order)
         except Exception as exc:
             self._closed = True
             self._kill()
             raise self._died(exc) from exc
-        return [result[i] for i in range(len(batch.seqs))]
+        return out
+
+    def _gather(self, out: torch.Tensor, msg: Message, index: torch.Tensor) -> torch.Tensor:
+        """DP attention: every group's output (its leader sends it), concatenated in group order, then ``index``
+        picks the step's rows in its own order."""
+        import torch.distributed as dist
+
+        parts = [out]
+        attn = self.parallel.attn_size
+        for g in range(1, self.parallel.dp):
+            n = msg.picks[g] if msg.picks is not None else msg.group_rows
+            if n:
+                buf = torch.empty(n, *out.shape[1:], dtype=out.dtype, device=out.device)
+                dist.recv(buf, src=g * attn, group=self.tp.world_group)
+                parts.append(buf)
+        return torch.cat(parts).index_select(0, index.to(out.device))
 
     def collect(self, fn: str) -> list[Any]:
         """``fn(runner)`` (a ``"module:function"`` name) on every rank, in rank order (tests, diagnostics)."""
@@ -370,7 +385,8 @@ class DistributedRunner:
         from dsa_runtime.backend import load_object
 
         self.check_workers()
-        self._broadcast(("call", fn))
+        _send(self.tp, Message(OP_CALL))
+        dist.broadcast_object_list([fn], src=0, group=self.tp.ctrl_group)
         out: list[Any] = [None] * self.parallel.tp
         dist.gather_object(load_object(fn)(self.runner), out, dst=0, group=self.tp.ctrl_group)  # type: ignore[operator]
         return out
@@ -398,7 +414,7 @@ class DistributedRunner:
         self._closed = True
         try:
             if all(p.is_alive() for p in self.procs):
-                self._broadcast(STOP)
+                _send(self.tp, Message(OP_STOP))
             for p in self.procs:
                 p.join(timeout=10)
         finally:

@@ -30,7 +30,7 @@ def build_parts(config: EngineConfig) -> EngineParts:
     from dsa_runtime.loader import default_model_path, load_checkpoint
 
     path = Path(config.model) if config.model else default_model_path()
-    if config.tp > 1:
+    if config.tp > 1 or config.distributed_executor_backend == "mp":
         from dsa_runtime.distributed.engine_build import build_distributed_parts, run_worker_node
 
         if config.node_rank > 0:  # this node only runs ranks; node 0 owns the scheduler
@@ -112,7 +112,10 @@ def build_parts_from_weights(
         "graph_max_bs": max(config.graph_row_sizes(), default=0) if device.type == "cuda" else 0,
         "draft_layers": draft_layers,
     }
-    runner_args = {"kernels": kernels, "dtype": dtype, "device": device, "nextn": bool(draft_layers)}
+    # One slot beyond --max-running-requests: Engine.score runs beside a full batch.
+    runner_args = {"kernels": kernels, "dtype": dtype, "device": device, "nextn": bool(draft_layers),
+                   "max_requests": config.max_running_requests + 1, "max_model_len": max_context,
+                   "draft_steps": config.speculative_num_steps or 1}
     if config.max_total_tokens is None and device.type == "cuda":
         # Weights first, so the budget is what is left; then the cache.
         runner = _runner_without_cache(model_config, tensors, runner_args)
@@ -121,18 +124,18 @@ def build_parts_from_weights(
         )
         runner.cache = KVCache(model_config, plan.num_pages, page_size, kernels.kv_layout, device, dtype,
                                draft_layers=draft_layers)
+        runner.setup(runner_args["max_requests"], max_context, runner_args["draft_steps"])  # the real page size
     else:
         tokens = config.max_total_tokens or CPU_DEFAULT_TOKENS
         plan = plan_capacity(**plan_args, max_total_tokens=tokens)
         cache = KVCache(model_config, plan.num_pages, page_size, kernels.kv_layout, device, dtype,
                         draft_layers=draft_layers)
         runner = ModelRunner(model_config, tensors, cache=cache, **runner_args)
-    runner.setup_decode(config.max_running_requests, max_context, config.graph_row_sizes(),
-                        draft_steps=config.speculative_num_steps or 1, chain_batch_sizes=config.graph_batch_sizes())
-    graphs = getattr(runner, "graphs", None)
-    if graphs is not None:
-        logger.info("decode CUDA graphs: %.1f MiB measured, %.1f MiB set aside by the memory planner",
-                    graphs.capture_bytes / 2**20, plan.workspace.get("cuda_graphs", 0) / 2**20)
+    runner.capture_graphs(config.graph_row_sizes(), chain_batch_sizes=config.graph_batch_sizes())
+    if runner.graphs:
+        logger.info("CUDA graphs: %.1f MiB measured, %.1f MiB set aside by the memory planner",
+                    sum(g.capture_bytes for g in runner.graphs.values()) / 2**20,
+                    plan.workspace.get("cuda_graphs", 0) / 2**20)
     logger.info(
         "KV cache: %d pages x %d tokens (%s), %.1f MiB; workspace %.1f MiB",
         plan.num_pages, page_size, kernels.kv_layout, plan.cache_bytes / 2**20, plan.workspace_bytes / 2**20,
@@ -159,4 +162,4 @@ def _runner_without_cache(model_config: Any, tensors: dict[str, Any], runner_arg
 
     placeholder = KVCache(model_config, 2, 1, runner_args["kernels"].kv_layout, runner_args["device"],
                           draft_layers=int(runner_args["nextn"]))
-    return ModelRunner(model_config, tensors, cache=placeholder, **runner_args)
+    return ModelRunner(model_config, tensors, cache=placeholder, **{**runner_args, "max_model_len": 2})

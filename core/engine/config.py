@@ -171,6 +171,12 @@ class EngineConfig:
                       "fp32 (tp N equals tp 1 up to fp32 summation order; 2x all-reduce bytes) or bf16",
                       choices=("fp32", "bf16")),
     )
+    distributed_executor_backend: str = field(
+        default="uni",
+        metadata=_opt("--distributed-executor-backend", "uni: the model in this process at --tp 1; mp: the "
+                      "distributed runner (rank processes, steps sent as token rows) even at --tp 1, always above",
+                      choices=("uni", "mp")),
+    )
     json_model_override_args: str | None = field(
         default=None,
         metadata=_opt("--json-model-override-args", "a JSON object merged into the checkpoint's config.json, e.g. "

@@ -5,8 +5,9 @@
 >>> while engine.has_unfinished():                         # doctest: +SKIP
 ...     for out in engine.step(): print(out.new_text, end="")
 
-One :meth:`step` = one scheduler decision (decodes + prefill chunks under the token budget), one model
-forward over the mixed batch, one sampled token for every sequence whose known tokens are now all cached.
+One :meth:`step` = one scheduler decision (decodes + prefill chunks under the token budget), the model over
+the step's token rows (:class:`~dsa_runtime.model.step.Step`), one sampled token for every sequence whose known
+tokens are now all cached.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from dsa_runtime.cache.radix import RadixCache
 from dsa_runtime.engine.compile_log import install_compile_log
 from dsa_runtime.engine.config import EngineConfig
 from dsa_runtime.engine.detokenizer import make_detokenizer
-from dsa_runtime.engine.forward import make_batch, score_batch
 from dsa_runtime.engine.outputs import EngineStats, RequestMetrics, RequestOutput, TokenLogprob
 from dsa_runtime.engine.params import SamplingParams
 from dsa_runtime.engine.request import Request, Status
@@ -32,7 +32,8 @@ from dsa_runtime.engine.speculative import Speculator
 from dsa_runtime.engine.stop import find_stop
 from dsa_runtime.engine.structured import GrammarBackend, GrammarState
 from dsa_runtime.model.batch import pack_in_order
-from dsa_runtime.model.decode_state import DecodePlan
+from dsa_runtime.model.slots import SlotTable
+from dsa_runtime.model.step import Runner, Step, StepKind
 
 
 @dataclass
@@ -48,12 +49,12 @@ class _Launched:
 class EngineParts:
     """What an engine runs on; :func:`dsa_runtime.engine.build.build_parts` makes them from a config.
 
-    ``runner.forward(ForwardBatch) -> list[Tensor | None]``; ``tokenizer.decode(ids, skip_special_tokens)``;
+    ``runner``: a :class:`~dsa_runtime.model.step.Runner`; ``tokenizer.decode(ids, skip_special_tokens)``;
     ``allocator``: ``num_free``, ``alloc(n)``, ``free(pages)``, ``num_used``. ``max_model_len`` is capped by the
     cache capacity here, so the config need not know it.
     """
 
-    runner: Any
+    runner: Runner
     tokenizer: Any
     allocator: Any
     page_size: int
@@ -64,18 +65,21 @@ class EngineParts:
     extras: dict[str, Any] = field(default_factory=dict)
 
 
-def _pack_rows(items: list, limit: int) -> list[list]:
-    """Scheduled items (in order) packed into groups of at most ``limit`` token rows each (one group when
-    ``limit`` is 0: no graphs, the eager decode takes any batch)."""
-    if not items:
-        return []
-    if limit <= 0:
-        return [items]
-    return pack_in_order(items, lambda item: item.num_tokens, limit)
+def _groups(plan: list, graph_rows: int) -> list[list]:
+    """The step's scheduled items as groups of one runner step each: items that fit the largest graph packed in
+    order into groups of at most ``graph_rows`` rows (one replay each), the rest (long prompt chunks) one eager
+    group first; without graphs one group of everything."""
+    if graph_rows <= 0:
+        return [plan]
+    fits = [item.num_tokens <= graph_rows for item in plan]
+    eager = [item for item, ok in zip(plan, fits, strict=True) if not ok]
+    graphed = pack_in_order([item for item, ok in zip(plan, fits, strict=True) if ok], lambda i: i.num_tokens,
+                            graph_rows)
+    return ([eager] if eager else []) + graphed
 
 
 class Engine:
-    """Continuous-batching engine. See the module docstring; fields of the API in ``INTERFACES.md``."""
+    """Continuous-batching engine. See the module docstring and ``docs/engine.md``."""
 
     def __init__(self, config: EngineConfig | None = None, *, parts: EngineParts | None = None) -> None:
         self.config = config or EngineConfig()
@@ -93,13 +97,10 @@ class Engine:
         self.max_model_len = min(parts.max_model_len, cap)
         if self.config.max_model_len is not None:
             self.max_model_len = min(self.max_model_len, self.config.max_model_len)
-        # GPU-resident decode state: a runner with request slots (ModelRunner.setup_decode) runs decode rows and
-        # short prefill chunks as [3, R] plan rows of token rows; others (TP workers, test fakes) take every step
-        # through forward().
-        self._slots = getattr(parts.runner, "request_slots", None)
+        # Request slots: this host's view of the runner's per-slot device state (block tables, sampled tokens).
+        self.slots = SlotTable(parts.runner.max_requests, parts.runner.max_pages)
         # Overlap scheduling pays off where the device runs asynchronously to the host (CUDA).
-        self._overlap = (self._slots is not None and not self.config.disable_overlap_schedule
-                         and self._slots.device.type == "cuda")
+        self._overlap = not self.config.disable_overlap_schedule and parts.runner.device.type == "cuda"
         self._inflight: _Launched | None = None
         self._grammar: GrammarBackend | None = None  # structured output: built on the first constrained request
         self._early_outputs: list[RequestOutput] = []  # the previous step's, read early for a grammar's mask
@@ -109,8 +110,8 @@ class Engine:
             parts.allocator,
             parts.page_size,
             self.config.chunked_prefill_size,
-            self.config.max_running_requests,
-            on_release=self._release_slot if self._slots is not None else None,
+            min(self.config.max_running_requests, self.slots.max_requests),
+            on_release=self._release_slot,
             prefix_cache=self.prefix_cache,
         )
         # MTP speculative decoding: decode steps draft and verify several tokens (speculative.py), synchronously.
@@ -218,39 +219,22 @@ class Engine:
     def _launch(self, plan: list) -> _Launched | None:
         """Queue the step's forward and its sampling on the device; nothing waits for the GPU here.
 
-        With GPU-resident decode state a step runs through :meth:`_rows_step`: every token of the step is a row
-        of a decode-shaped batch (a prefill chunk's tokens are rows at consecutive positions of their request's
-        slot: attention reads the cache after the step's rows are written, so each row sees its own prefix),
-        replayed as a CUDA graph. When the rows exceed the largest graph they are packed into several replays;
-        a chunk longer than the largest graph (a long prompt) goes through the eager ``runner.forward``, as do
-        all prefill chunks on a runner without graphs (the CPU), beside the decode rows.
+        Every token of the step is a token row (a prefill chunk's tokens are rows at consecutive positions of
+        their request's slot). Items that fit the largest graph are packed into groups of one replay each; a
+        chunk longer than that (a long prompt) runs in one eager step, as does everything without graphs.
         """
-        if self._slots is None:
-            groups, chunks = [], list(plan)
-        else:
-            graph_rows = self._graph_rows()
-            fits = [item.num_tokens == 1 and item.sample or 0 < item.num_tokens <= graph_rows for item in plan]
-            chunks = [item for item, ok in zip(plan, fits, strict=True) if not ok]
-            groups = _pack_rows([item for item, ok in zip(plan, fits, strict=True) if ok], graph_rows)
         parts: list[torch.Tensor] = []
         requests: list[Request] = []
-        if chunks:
-            results = self.runner.forward(make_batch(chunks))
-            rows_logits = [lg for item, lg in zip(chunks, results, strict=True) if item.sample]
-            if any(lg is None for lg in rows_logits):
-                raise RuntimeError("the model runner returned no logits for a sequence that asked for them")
-            if rows_logits:
-                parts.append(torch.stack([lg.reshape(-1) for lg in rows_logits]))
-                requests += [item.request for item in chunks if item.sample]
-        sampled_slots: list[torch.Tensor] = []
+        sampled: list[int] = []  # the slot of each sampled row
+        groups = _groups(plan, self.runner.graph_rows)
         for k, group in enumerate(groups):
-            slots, group_logits = self._rows_step(group)
-            if group_logits is not None:
+            logits = self._rows_step(group)
+            if logits is not None:
                 if k + 1 < len(groups):  # a later replay of the same bucket reuses the graph's output memory
-                    group_logits = group_logits.clone()
-                parts.append(group_logits)
-                sampled_slots.append(slots)
+                    logits = logits.clone()
+                parts.append(logits)
                 requests += [item.request for item in group if item.sample]
+        sampled = [r.slot for r in requests]
         self._counters["steps"] += 1
         for item in plan:
             request = item.request
@@ -270,12 +254,11 @@ class Engine:
             logits, [r.params for r in requests], [r.seed for r in requests],
             [r.num_output_tokens + r.inflight for r in requests],  # tokens each request has sampled so far
         )
-        decode_only = not chunks and all(item.num_tokens == 1 and item.sample for item in plan)
-        if decode_only:
-            slots = sampled_slots[0] if len(sampled_slots) == 1 else torch.cat(sampled_slots)
-            self._slots.next_ids.index_copy_(0, slots, pending.tokens)
+        # The next step's rows of these slots may read the tokens on the device (token -1) before the host has.
+        self.runner.publish(torch.tensor(sampled, dtype=torch.int64), pending.tokens)
         for request in requests:
             request.inflight += 1
+        decode_only = all(item.num_tokens == 1 and item.sample for item in plan)
         return _Launched(requests, pending, decode_only)
 
     def _resolve(self) -> list[RequestOutput]:
@@ -294,43 +277,43 @@ class Engine:
                 self.scheduler.remove(request)
         return outputs
 
-    def _graph_rows(self) -> int:
-        """Rows the runner's largest decode graph takes (0 without graphs)."""
-        graphs = getattr(self.runner, "graphs", None)
-        return graphs.max_bs if graphs is not None else 0
-
-    def _rows_step(self, plan: list) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """Run ``plan`` through the runner's GPU-resident state as one ``[3, R]`` plan of token rows (slot, token,
-        position; token -1 when it is still in flight), each request's slot acquired on its first step and its
-        new pages synced in one copy. Returns the sampled rows' slots on the device and their logits
-        ``[S, vocab]`` (None when no row samples)."""
-        slots = self._slots
-        requests = [item.request for item in plan]
-        for request in requests:
+    def step_of(self, spans: list[tuple[Request, list[int], int]], kind: StepKind = StepKind.TARGET,
+                **fields) -> Step:
+        """A runner step of ``(request, tokens, first position)`` spans, in order: each request's slot acquired
+        on its first step and the pages it gained since its last step written first. ``tokens`` may hold
+        negative ids (device-side tokens, ``core/model/step.py``)."""
+        for request, _, _ in spans:
             if request.slot < 0:
-                request.slot = slots.acquire()
-        slots.sync([(r.slot, r.pages) for r in requests])
-        row_slots: list[int] = []
+                request.slot = self.slots.acquire()
+        slots: list[int] = []
         tokens: list[int] = []
         positions: list[int] = []
-        picked: list[int] = []  # the row of each sampled item (its chunk's last token)
-        for item, r in zip(plan, requests, strict=True):
-            ids = r.token_ids
-            for p in range(item.start, item.start + item.num_tokens):
-                row_slots.append(r.slot)
-                tokens.append(ids[p] if p < len(ids) else -1)
-                positions.append(p)
+        for request, toks, start in spans:
+            slots += [request.slot] * len(toks)
+            tokens += toks
+            positions += range(start, start + len(toks))
+        pages = self.slots.updates([(r.slot, r.pages) for r, _, _ in spans])
+        return Step.of(kind, slots, tokens, positions, pages=pages, **fields)
+
+    def _rows_step(self, group: list) -> torch.Tensor | None:
+        """Run scheduled items as one runner step; the logits ``[S, vocab]`` of its sampled items (each one's
+        last row), or None when no item samples (prefill chunks that only fill the cache)."""
+        spans = []
+        picked: list[int] = []
+        rows = 0
+        for item in group:
+            ids = item.request.token_ids
+            # A token not on the host yet (overlap scheduling) is the slot's last sampled one: -1.
+            toks = [ids[p] if p < len(ids) else -1 for p in range(item.start, item.start + item.num_tokens)]
+            spans.append((item.request, toks, item.start))
+            rows += item.num_tokens
             if item.sample:
-                picked.append(len(positions) - 1)
-        plan_rows = DecodePlan.from_lists(row_slots, tokens, positions)
-        plan_rows.rows = plan_rows.rows.to(slots.device, non_blocking=True)
-        logits = self.runner.decode(plan_rows)
-        if not picked:  # prefill chunks that only fill the cache
-            return None, None
-        if len(picked) == len(positions):
-            return plan_rows.rows[0], logits
-        pick = torch.tensor(picked, dtype=torch.int64).to(slots.device, non_blocking=True)
-        return plan_rows.rows[0, pick], logits.index_select(0, pick)
+                picked.append(rows - 1)
+        pick = None if len(picked) == rows else torch.tensor(picked, dtype=torch.int64)
+        if not picked:
+            pick = torch.zeros(0, dtype=torch.int64)
+        logits = self.runner.run(self.step_of(spans, pick=pick))
+        return logits if picked else None
 
     def _grammar_state(self, params: SamplingParams) -> GrammarState:
         """A matcher for a structured-output request: ``ValueError`` for an invalid schema / regex / grammar,
@@ -342,7 +325,7 @@ class Engine:
 
     def _release_slot(self, request: Request) -> None:
         if request.slot >= 0:
-            self._slots.release(request.slot)
+            self.slots.release(request.slot)
             request.slot = -1
         request.draft_ready = False
 
@@ -400,19 +383,25 @@ class Engine:
         """
         ids = self._check_prompt(token_ids, limit=self.max_model_len + 1)
         need = -(-len(ids) // self.parts.page_size)
+        if self.slots.num_free == 0:
+            raise ValueError(f"scoring needs a free request slot; all {self.slots.max_requests} are in use")
         pages = self.scheduler.take_pages(need)
         if not pages:
             raise ValueError(
                 f"scoring {len(ids)} tokens needs {need} free KV pages; {self.scheduler.num_available} are free"
             )
+        slot = self.slots.acquire()
         try:
             rows = []
             budget = self.config.chunked_prefill_size
             for start in range(0, len(ids), budget):
-                (logits,) = self.runner.forward(score_batch(ids[start : start + budget], start, pages))
-                rows.append(logits.float().cpu())
+                chunk = ids[start : start + budget]
+                step = Step.of(StepKind.TARGET, [slot] * len(chunk), chunk, list(range(start, start + len(chunk))),
+                               pages=self.slots.updates([(slot, pages)]))
+                rows.append(self.runner.run(step).float().cpu())
             return torch.cat(rows)
         finally:
+            self.slots.release(slot)
             self.allocator.free(pages)
 
     def _check_prompt(self, token_ids: list[int], limit: int) -> list[int]:

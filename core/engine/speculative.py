@@ -30,22 +30,21 @@ of a step are written first), so nothing stale is ever read. Prefill chunks run 
 NextN layer (each token's hidden state with the token after it; the final chunk's last row takes the sampled
 first token), which fills the draft cache of the prompt and gives the first ``d_1``.
 
-Speculation runs each step synchronously (no overlap scheduling). Prefill chunks run the eager forward; verify
-and draft rows use the runner's decode path (CUDA graphs of both when captured).
+Speculation runs each step synchronously (no overlap scheduling), through the same runner steps as plain
+decoding (``core/model/step.py``): a ``CHAIN`` step drafts, one ``TARGET`` step runs the prefill chunks and the
+verifies (its rows read the drafts on the device), a ``DRAFT`` step extends; each replays a CUDA graph when one
+covers its rows. Draft state lives in the runner's slot state on every rank.
 """
 
 from __future__ import annotations
 
-import itertools
-import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from dsa_runtime.engine.sampler import sample_async
-from dsa_runtime.model.batch import ForwardBatch, ForwardSeq
-from dsa_runtime.model.decode_state import DecodePlan
+from dsa_runtime.model.step import StepKind
 
 if TYPE_CHECKING:
     from dsa_runtime.engine.engine import Engine
@@ -76,35 +75,24 @@ class _Verify:
 
     request: Request
     budget: int  # draft tokens it verifies this step (0: a plain decode row)
-    row0: int  # its first row among the step's verify rows (and sampled tokens)
+    row0: int  # its first row in the step's TARGET rows
+
+
+def _draft_token(j: int) -> int:
+    """The row token id of a slot's ``j``-th draft (``j >= 1``), read from its token state on the device."""
+    return -1 - j
 
 
 class Speculator:
-    """Runs an engine's steps with MTP speculation. ``num_steps``: most draft tokens per verify.
-
-    Draft state lives on the device, per request slot: :attr:`first_draft` (the next ``d_1``) and
-    :attr:`chain_hidden` (the hidden state its chain continues from). Drafts never visit the host before the
-    verify's sampled tokens do (one copy per step), so draft steps, the verify and the extend are queued back to
-    back (graph replays on CUDA).
-    """
+    """Runs an engine's steps with MTP speculation. ``num_steps``: most draft tokens per verify."""
 
     def __init__(self, engine: Engine, num_steps: int) -> None:
-        runner = engine.runner
-        if not getattr(runner, "nextn", False):
+        if not engine.runner.nextn:
             raise ValueError("speculative decoding needs a model runner built with its NextN layer (nextn=True)")
         self.engine = engine
-        self.runner = runner
-        self.slots = getattr(runner, "request_slots", None)
-        # Without request slots (the TP runner) every forward goes through ForwardBatch: drafts visit the host
-        # after each draft step, and each request's draft state is kept here instead of in slot buffers.
-        self.rows_mode = self.slots is not None
+        self.runner = engine.runner
         self.num_steps = num_steps
         self.counters = SpecCounters()
-        self._state: weakref.WeakKeyDictionary[Request, tuple[int, torch.Tensor]] = weakref.WeakKeyDictionary()
-        if self.rows_mode:
-            n, device = self.slots.max_requests + 1, self.slots.device
-            self.first_draft = torch.zeros(n, dtype=torch.int64, device=device)
-            self.chain_hidden = torch.zeros(n, runner.config.hidden_size, dtype=runner.dtype, device=device)
 
     # --- the step ------------------------------------------------------------------------------------------------
     def step(self, plan: list[ScheduledSeq]) -> list[RequestOutput]:
@@ -112,75 +100,60 @@ class Speculator:
         outputs of the requests that produced tokens (several per verify) or finished."""
         eng = self.engine
         is_verify = [item.num_tokens == 1 and item.sample and item.request.is_decoding for item in plan]
-        verifies = [item.request for item, v in zip(plan, is_verify, strict=True) if v]
         chunks = [item for item, v in zip(plan, is_verify, strict=True) if not v]
-        specs, drafts = self._draft(verifies)
+        specs = [_Verify(item.request, self._budget(item.request), 0)
+                 for item, v in zip(plan, is_verify, strict=True) if v]
+        drafts = self._draft(specs)
 
-        # Target forward: prefill chunks eagerly (with hidden states), verify rows on the decode path (or, without
-        # request slots, as sequences of the same forward).
-        chunk_logits: list[torch.Tensor | None] = []
-        chunk_hidden: list[torch.Tensor] = []
-        seqs = [ForwardSeq(item.request.token_ids[item.start:item.start + item.num_tokens], item.start,
-                           item.request.pages, "last" if item.sample else "none") for item in chunks]
-        if not self.rows_mode:
-            seqs += [ForwardSeq([s.request.token_ids[-1], *drafts[i]], len(s.request.token_ids) - 1, s.request.pages,
-                                "all") for i, s in enumerate(specs)]
-        if seqs:
-            chunk_logits, chunk_hidden = self.runner.forward(ForwardBatch(seqs), hidden=True)
-        verify_logits = verify_hidden = None
-        drafts_host = None
-        if specs and not self.rows_mode:
-            n = len(chunks)
-            verify_logits, verify_hidden = torch.cat(chunk_logits[n:]), torch.cat(chunk_hidden[n:])
-            chunk_logits, chunk_hidden = chunk_logits[:n], chunk_hidden[:n]
-        elif specs:
-            rows = self._rows([(s.request, [s.request.token_ids[-1]] + [0] * s.budget, len(s.request.token_ids) - 1)
-                               for s in specs])
-            cols = [(i, s.row0 + 1 + j) for i, s in enumerate(specs) for j in range(s.budget)]
-            if cols:  # the draft tokens, from the device
-                src_i, dst = zip(*cols, strict=True)
-                src_j = [c - specs[i].row0 - 1 for i, c in cols]
-                idx = torch.tensor([src_i, src_j, dst], dtype=torch.int64).to(rows.rows.device, non_blocking=True)
-                rows.rows[1, idx[2]] = drafts[idx[0], idx[1]]
-                drafts_host = _to_host(drafts)
-            verify_logits, verify_hidden = self.runner.decode(rows, hidden=True)
+        # One TARGET step: the prefill chunks' rows, then each verify's last token and drafts.
+        spans: list[tuple[Request, list[int], int]] = []
+        pick: list[int] = []
+        chunk_rows: list[tuple[int, int]] = []  # each chunk's first row and length
+        row = 0
+        for item in chunks:
+            spans.append((item.request, item.request.token_ids[item.start:item.start + item.num_tokens], item.start))
+            chunk_rows.append((row, item.num_tokens))
+            row += item.num_tokens
+            if item.sample:
+                pick.append(row - 1)
+        for s in specs:
+            r = s.request
+            spans.append((r, [r.token_ids[-1], *(_draft_token(j) for j in range(1, s.budget + 1))],
+                          len(r.token_ids) - 1))
+            s.row0 = row
+            pick += range(row, row + s.budget + 1)
+            row += s.budget + 1
+        logits = self.runner.run(eng.step_of(spans, pick=torch.tensor(pick, dtype=torch.int64), hidden=True))
+        drafts_host = _to_host(drafts) if drafts is not None else None
 
         # Sample every verify row and each final chunk's last row in one pass.
-        logits_parts: list[torch.Tensor] = []
         row_requests: list[Request] = []
         offsets: list[int] = []
-        sampled = [(item, lg) for item, lg in zip(chunks, chunk_logits, strict=True) if item.sample]
-        for item, lg in sampled:
-            logits_parts.append(lg.reshape(1, -1))
+        sampled = [item for item in chunks if item.sample]
+        for item in sampled:
             row_requests.append(item.request)
             offsets.append(item.request.num_output_tokens)
         base = len(row_requests)
-        if specs:
-            logits_parts.append(verify_logits)
-            for s in specs:
-                row_requests += [s.request] * (s.budget + 1)
-                offsets += range(s.request.num_output_tokens, s.request.num_output_tokens + s.budget + 1)
+        for s in specs:
+            row_requests += [s.request] * (s.budget + 1)
+            offsets += range(s.request.num_output_tokens, s.request.num_output_tokens + s.budget + 1)
         tokens: list[int] = []
         logprobs: list = []
         if row_requests:
-            logits = logits_parts[0] if len(logits_parts) == 1 else torch.cat(logits_parts)
             if eng._grammar is not None and any(r.grammar is not None for r in row_requests):
                 # Structured requests verify no drafts: each has exactly one row, at its current matcher state.
                 eng._grammar.mask(logits, [r.grammar for r in row_requests])
             tokens, logprobs = sample_async(logits, [r.params for r in row_requests], [r.seed for r in row_requests],
                                             offsets).result()
-        if self.rows_mode:
-            draft_ids = drafts_host.tolist() if drafts_host is not None else []
-        else:
-            draft_ids = drafts
+        draft_ids = drafts_host.tolist() if drafts_host is not None else [[] for _ in specs]
 
         eng._counters["steps"] += 1
         outputs: list[RequestOutput] = []
         extend: list[tuple[Request, list[int], int]] = []  # (request, tokens, first position)
-        extend_hidden: list[torch.Tensor] = []
+        sources: list[int] = []  # the TARGET row whose hidden state each extend row continues
         # Prefill chunks: computed; the final one's sampled token is the request's first (or next) output.
         k = 0
-        for item, hidden in zip(chunks, chunk_hidden, strict=True):
+        for item, (row0, n) in zip(chunks, chunk_rows, strict=True):
             request = item.request
             request.num_computed += item.num_tokens
             end = item.start + item.num_tokens
@@ -192,13 +165,12 @@ class Speculator:
             else:
                 nxt = request.token_ids[item.start + 1:end + 1]
             extend.append((request, nxt, item.start))
-            extend_hidden.append(hidden)
-        for k, (item, _) in enumerate(sampled):
+            sources += range(row0, row0 + n)
+        for k, item in enumerate(sampled):
             self._emit(item.request, tokens[k:k + 1], logprobs[k:k + 1], outputs)
         # Verifies: accept the longest agreeing prefix plus the target's next token.
-        verify_rows: list[int] = []
         for i, s in enumerate(specs):
-            row = base + s.row0
+            row = base + (s.row0 - specs[0].row0)
             ys = tokens[row:row + s.budget + 1]
             ds = draft_ids[i][:s.budget] if s.budget else []
             a = 0
@@ -213,12 +185,9 @@ class Speculator:
                 self.counters.accepted += a
                 self.counters.emitted += a + 1
             extend.append((request, ys[:a + 1], start))
-            verify_rows += range(s.row0, s.row0 + a + 1)
+            sources += range(s.row0, s.row0 + a + 1)
             self._emit(request, ys[:a + 1], logprobs[row:row + a + 1], outputs)
-        if verify_rows:
-            extend_hidden.append(verify_hidden.index_select(
-                0, torch.tensor(verify_rows, dtype=torch.int64).to(verify_hidden.device, non_blocking=True)))
-        self._extend(extend, torch.cat(extend_hidden) if extend_hidden else None)
+        self._extend(extend, sources)
         return outputs
 
     def _emit(self, request: Request, tokens: list[int], logprobs: list, outputs: list[RequestOutput]) -> None:
@@ -240,7 +209,7 @@ class Speculator:
         """Draft tokens this request can verify now: at most ``num_steps``, leaving room for the target's own
         token under ``max_tokens`` and ``max_model_len``, within its pages; none for a grammar or before the
         request has a first draft."""
-        if request.grammar is not None or not request.draft_ready or (self.rows_mode and request.slot < 0):
+        if request.grammar is not None or not request.draft_ready or request.slot < 0:
             return 0
         n = len(request.token_ids)
         eng = self.engine
@@ -248,111 +217,38 @@ class Speculator:
                    len(request.pages) * eng.parts.page_size - n)
         return max(0, min(self.num_steps, room))
 
-    def _draft(self, requests: list[Request]) -> tuple[list[_Verify], torch.Tensor | None]:
-        """Each request's draft chain, on the device: ``drafts`` ``[V, num_steps]`` int64 (row ``i``: request
-        ``i``'s ``d_1 .. d_k`` in its first ``k = specs[i].budget`` columns): ``d_1`` from the last extend, the
-        rest from :meth:`ModelRunner.draft_chain` (one graph replay for the whole chain when captured)."""
-        specs: list[_Verify] = []
-        row = 0
-        for request in requests:
-            k = self._budget(request)
-            specs.append(_Verify(request, k, row))
-            row += k + 1
+    def _draft(self, specs: list[_Verify]) -> torch.Tensor | None:
+        """Each verify's draft chain, on the device, by one ``CHAIN`` step: ``[V, num_steps]`` int64 (row ``i``:
+        the drafts ``d_1 .. d_k`` of ``specs[i]`` in its first ``k = budget`` columns), or None when nobody drafts.
+        The runner keeps them in the slots' token state, where the verify rows read them."""
         if not any(s.budget for s in specs):
-            return specs, None if self.rows_mode else [[] for _ in specs]
-        if not self.rows_mode:
-            return specs, self._draft_forward(specs)
-        device = self.slots.device
-        rows = self._rows([(s.request, [0], len(s.request.token_ids) - 1) for s in specs])
-        slot_ids = rows.rows[0]
-        first = self.first_draft[slot_ids]
-        if self.num_steps == 1:
-            return specs, first[:, None]
-        rows.rows[1] = first
-        budget = torch.tensor([s.budget for s in specs], dtype=torch.int64).to(device, non_blocking=True)
-        chain = self.runner.draft_chain(rows, self.chain_hidden[slot_ids], budget)
-        return specs, torch.cat([first[:, None], chain], dim=1)
+            return None
+        budget = torch.tensor([s.budget for s in specs], dtype=torch.int64)
+        step = self.engine.step_of([(s.request, [0], len(s.request.token_ids) - 1) for s in specs], StepKind.CHAIN,
+                                   budget=budget)
+        return self.runner.run(step)
 
-    def _draft_forward(self, specs: list[_Verify]) -> list[list[int]]:
-        """The draft chains through ``draft_forward`` (runners without request slots): host lists of drafts."""
-        drafts = [[self._state[s.request][0]] if s.budget else [] for s in specs]
-        hidden = {i: self._state[s.request][1] for i, s in enumerate(specs) if s.budget}
-        for step in range(1, self.num_steps):
-            active = [i for i, s in enumerate(specs) if s.budget > step]
-            if not active:
-                break
-            batch = ForwardBatch([ForwardSeq([drafts[i][-1]], len(specs[i].request.token_ids) - 2 + step,
-                                             specs[i].request.pages, "last") for i in active])
-            per_seq, g = self.runner.draft_forward(batch, torch.stack([hidden[i] for i in active]))
-            nxt = torch.stack(per_seq).argmax(dim=-1).tolist()
-            for j, i in enumerate(active):
-                drafts[i].append(int(nxt[j]))
-                hidden[i] = g[j]
-        return drafts
-
-    def _extend(self, items: list[tuple[Request, list[int], int]], hidden: torch.Tensor | None) -> None:
-        """The NextN layer over the target's new hidden states ``[sum of lengths, D]`` (in ``items`` order),
-        each with the token after it: fills the draft cache and sets each unfinished request's next ``d_1`` and
-        chain start (its last row), by slot.
-
-        Verify-sized spans run as decode rows (a graph replay when one fits); prefill chunks through the eager
-        ragged forward.
-        """
-        if not items:
+    def _extend(self, items: list[tuple[Request, list[int], int]], sources: list[int]) -> None:
+        """The NextN layer over the target's new hidden states (rows ``sources`` of the TARGET step), each with
+        the token after it, by one ``DRAFT`` step: fills the draft cache and sets each unfinished request's next
+        ``d_1`` and chain start (its last row), by slot."""
+        spans: list[tuple[Request, list[int], int]] = []
+        rows: list[int] = []
+        pick: list[int] = []
+        at = 0
+        for request, toks, start in items:
+            n = len(toks)
+            if not request.finished:
+                spans.append((request, toks, start))
+                rows += sources[at:at + n]
+                pick.append(len(rows) - 1)
+            at += n
+        if not spans:
             return
-        offsets = [0, *itertools.accumulate(len(t) for _, t, _ in items)]
-        short = [i for i, (_, t, _) in enumerate(items) if len(t) <= self.num_steps + 1]
-        long = [i for i, (_, t, _) in enumerate(items) if len(t) > self.num_steps + 1]
-        device = hidden.device
-        for rows_path, group in ((True, short), (False, long)):
-            group = [i for i in group if not items[i][0].finished]
-            if not group:
-                continue
-            for i in group:
-                request = items[i][0]
-                if self.rows_mode and request.slot < 0:
-                    request.slot = self.slots.acquire()
-            rows_of = [r for i in group for r in range(offsets[i], offsets[i + 1])]
-            prev = hidden.index_select(0, torch.tensor(rows_of, dtype=torch.int64).to(device, non_blocking=True))
-            ends = list(itertools.accumulate(len(items[i][1]) for i in group))
-            last = torch.tensor([e - 1 for e in ends], dtype=torch.int64).to(device, non_blocking=True)
-            if rows_path and self.rows_mode:
-                logits, g = self.runner.draft_decode(self._rows([items[i] for i in group]), prev)
-                logits = logits.index_select(0, last)
-            else:
-                batch = ForwardBatch([ForwardSeq(items[i][1], items[i][2], items[i][0].pages, "last")
-                                      for i in group])
-                per_seq, g = self.runner.draft_forward(batch, prev)
-                logits = torch.stack(per_seq)
-            if self.rows_mode:
-                slot_ids = torch.tensor([items[i][0].slot for i in group], dtype=torch.int64).to(device, non_blocking=True)
-                self.first_draft[slot_ids] = logits.argmax(dim=-1)
-                self.chain_hidden[slot_ids] = g.index_select(0, last).to(self.chain_hidden.dtype)
-            else:
-                firsts = logits.argmax(dim=-1).tolist()
-                g_last = g.index_select(0, last)
-                for j, i in enumerate(group):
-                    self._state[items[i][0]] = (int(firsts[j]), g_last[j])
-            for i in group:
-                items[i][0].draft_ready = True
-
-    def _rows(self, spans: list[tuple[Request, list[int], int]]) -> DecodePlan:
-        """Decode-shaped plan rows for ``(request, tokens, first position)`` spans (slots acquired and synced)."""
-        slots = self.slots
+        self.runner.run(self.engine.step_of(spans, StepKind.DRAFT, pick=torch.tensor(pick, dtype=torch.int64),
+                                            source=torch.tensor(rows, dtype=torch.int64)))
         for request, _, _ in spans:
-            if request.slot < 0:
-                request.slot = slots.acquire()
-        slots.sync([(r.slot, r.pages) for r, _, _ in spans])
-        row_slots: list[int] = []
-        tokens: list[int] = []
-        positions: list[int] = []
-        for request, toks, start in spans:
-            row_slots += [request.slot] * len(toks)
-            tokens += toks
-            positions += range(start, start + len(toks))
-        plan = DecodePlan.from_lists(row_slots, tokens, positions)
-        plan.rows = plan.rows.to(slots.device, non_blocking=True)
-        return plan
+            request.draft_ready = True
 
 
 def _to_host(t: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,10 @@
 """The DeepSeek V3 / V3.2 model: config, layers and the model runner the engine drives.
 
-Layout (one concept per file): ``config.py`` / ``config_parse.py`` (ModelConfig), ``batch.py`` (ForwardSeq,
-ForwardBatch and the flat per-step metadata), ``runner.py`` (ModelRunner, kernel_needs), ``deepseek.py``
+Layout (one concept per file): ``config.py`` / ``config_parse.py`` (ModelConfig), ``step.py`` (Step, the one
+description of a step: token rows; the Runner protocol), ``slots.py`` (per-slot state: the host's SlotTable, each
+rank's SlotState), ``batch.py`` (the flat per-step metadata derived from the rows), ``runner.py`` (ModelRunner,
+kernel_needs), ``decode_graph.py`` (CUDA graphs per bucket), ``seqs.py`` (per-sequence batches for tests and
+benchmarks), ``deepseek.py``
 (decoder stack), ``mla.py`` (projections, cache writes), ``attention.py`` (absorbed sparse / dense and MHA
 paths), ``indexer.py`` (lightning indexer), ``moe.py`` (dense FFN and MoE), ``rope.py`` (YaRN), ``ops.py``
 (norms, ``linear``), ``weights.py`` (what stays FP8). Kernels are reached only through the resolved kernels.

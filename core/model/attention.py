@@ -4,9 +4,11 @@ Every path reads the keys back from the cache *after* this step's rows were writ
 prefill and decode see exactly the same stored values (bf16 rows, or FP8 rows whose ue8m0 scales make the
 bf16 dequantisation exact) and agree with each other.
 
-* decode (one new token): ``kernels.sparse_attn.decode`` over the paged cache, indices = physical slots:
-  the indexer's top-k through ``logits_paged`` + ``topk_transform`` when the context exceeds ``index_topk``,
-  else every visible slot (dense, exact). The V3 family always takes every visible slot.
+* decode rows (:func:`decode_attention`; every row of a graphed step, and the short runs of an eager one):
+  ``kernels.sparse_attn.decode`` over the paged cache, indices = physical slots from the rows' block tables:
+  for DSA the indexer's top-k (``logits_paged`` + ``topk_transform``, which gives a row of at most
+  ``index_topk`` tokens every one of its positions); for the V3 family every visible slot. Shapes depend on
+  the row count and the table width only, so the path is graph-safe.
 * prefill chunks, absorbed (all of a step's at once): each chunk's rows ``0 .. end-1`` gathered and
   dequantised into one flat bf16 buffer (``kernels.kv_quant.dequantize_mla``), one
   ``kernels.sparse_attn.prefill`` call with indices into it: top-k of ``logits_ragged`` over the chunk's cached
@@ -32,12 +34,12 @@ DENSE_WIDTH_MULTIPLE = 64  # dense (V3) index sets are padded to this, the granu
 
 @dataclass
 class DecodeTables:
-    """Tensor-only metadata of a pure decode step (the CUDA-graph path): no per-sequence Python objects.
+    """Tensor-only metadata of a step's decode rows: no per-sequence Python objects.
 
-    lens ``[B]`` int32: tokens in each row's cache, this step's one included; table ``[B, P]`` int32: each
-    row's block table (a padded row: page 0, length 1); rows ``[B]`` int32 ``0 .. B-1`` and starts ``[B]``
-    int32 zeros (the top-k's row map and window starts); width: the indexer logits' width, ``P * page_size``
-    (static across replays of one graph).
+    lens ``[B]`` int32: tokens each row sees, itself included; table ``[B, P]`` int32: each row's block table
+    (a padded row: page 0, length 1); rows ``[B]`` int32 ``0 .. B-1`` and starts ``[B]`` int32 zeros (the
+    top-k's row map and window starts); width: the indexer logits' width, ``P * page_size`` (static across
+    replays of one graph); index: ``[B]`` int64, the step's token rows that are decode rows (None: every row).
     """
 
     lens: Tensor
@@ -45,6 +47,7 @@ class DecodeTables:
     rows: Tensor
     starts: Tensor
     width: int
+    index: Tensor | None = None
 
 
 @dataclass
@@ -62,8 +65,7 @@ class AttnContext:
     # Sparse prefill chunks with at most this many keys run MHA over the indexer's selected keys (0: never).
     # On CPU at few heads the per-head form costs a third of the absorbed (576-wide) scores.
     sparse_mha_max_keys: int = 0
-    # A pure decode step built from tensors alone (GPU-resident state, CUDA graphs): every layer's attention
-    # takes decode_attention_tables; step.seqs is empty then.
+    # The step's decode rows (all of a graphed step's); step.seqs holds its prefill chunks only.
     decode: DecodeTables | None = None
 
     def is_dense(self, seq: SeqMeta) -> bool:
@@ -75,9 +77,9 @@ class AttnContext:
         return seq.end_pos <= (self.mha_max_keys if self.is_dense(seq) else self.sparse_mha_max_keys)
 
     def needs_index_queries(self) -> bool:
-        if self.decode is not None:
-            return self.index_topk is not None
-        return any(not self.is_dense(s) for s in self.step.seqs)
+        if self.index_topk is None:
+            return False
+        return self.decode is not None or any(not self.is_dense(s) for s in self.step.seqs)
 
     def index_width(self, longest: int) -> int:
         """Width K of the index tensors: ``index_topk`` for DSA (what the kernels were resolved for, dense
@@ -107,93 +109,25 @@ class AttnContext:
         return got
 
 
-def _decode_plan(ctx: AttnContext, seqs: list[SeqMeta], device) -> dict:
-    """Index tables of the step's decodes, built once per step (every layer reuses them; no per-sequence
-    tensor work inside the layer loop).
-
-    ``dense_idx`` ``[B, K]`` int32: every visible slot of the dense rows (``-1`` padded; sparse rows -1);
-    for the sparse rows: ``sparse`` (their positions in ``seqs``, or None when every row is sparse),
-    ``tok`` (their token rows), ``lens`` int32, ``table`` int32 ``[Bs, pages]``, ``longest``, ``starts``,
-    ``rows``.
-    """
-    key = tuple(s.index for s in seqs)
-    memo = ctx.memo.get("decode")
-    if memo is not None and memo["key"] == key:
-        return memo
-    ps = ctx.step.page_size
-    ends = [s.end_pos for s in seqs]
-    sparse = [i for i, s in enumerate(seqs) if not ctx.is_dense(s)]
-    dense_ends = [e for s, e in zip(seqs, ends, strict=True) if ctx.is_dense(s)]
-    width = ctx.index_width(max(dense_ends) if len(sparse) < len(seqs) else ctx.index_topk or 1)
-    table = ctx.step.tables_of(seqs)  # [B, P] int64
-    memo = {"key": key, "width": width}
-    if len(sparse) < len(seqs):
-        pos = torch.arange(width, device=device)
-        page = (pos // ps).clamp_max(table.shape[1] - 1)
-        slots = table[:, page] * ps + pos % ps
-        end_t = torch.tensor([e if ctx.is_dense(s) else 0 for s, e in zip(seqs, ends, strict=True)], device=device)
-        memo["dense_idx"] = torch.where(pos[None, :] < end_t[:, None], slots, -1).to(torch.int32)
-    if sparse:
-        sp = torch.tensor(sparse, device=device)
-        lens = torch.tensor([ends[i] for i in sparse], dtype=torch.int32, device=device)
-        memo.update(
-            sparse=None if len(sparse) == len(seqs) else sp,
-            tok=torch.tensor([seqs[i].t0 for i in sparse], device=device),
-            lens=lens,
-            table=(table if len(sparse) == len(seqs) else table[sp]).to(torch.int32),
-            longest=max(ends[i] for i in sparse),
-            starts=torch.zeros_like(lens),
-            rows=torch.arange(len(sparse), dtype=torch.int32, device=device),
-        )
-    ctx.memo["decode"] = memo
-    return memo
-
-
-def decode_attention(ctx: AttnContext, seqs: list[SeqMeta], q: Tensor, kv_cache: Tensor,
-                     index_cache: Tensor | None, iq) -> Tensor:
-    """q ``[B, H, 576]`` (one row per decode seq) -> latent outputs ``[B, H, 512]``."""
-    kernels, device = ctx.kernels, q.device
-    plan = _decode_plan(ctx, seqs, device)
-    indices = plan.get("dense_idx")
-    if "tok" in plan:
-        def select() -> Tensor:
-            tok = plan["tok"]
-            q8 = iq.q8[tok].unsqueeze(1)  # [Bs, 1, n, 128]
-            logits = kernels.indexer.logits_paged(q8, iq.weights[tok], index_cache, plan["lens"], plan["table"],
-                                                  plan["longest"])
-            return kernels.topk.topk_transform(logits, plan["starts"], plan["lens"], ctx.index_topk,
-                                               plan["table"], plan["rows"], ctx.step.page_size)
-
-        picked = ctx.shared_topk(("decode", plan["key"]), select)
-        if indices is None:
-            indices = picked.to(torch.int32)
-        else:
-            indices = indices.clone()
-            indices[plan["sparse"]] = picked.to(torch.int32)
-    out, _lse = kernels.sparse_attn.decode(
-        q.unsqueeze(1), kv_cache, indices.unsqueeze(1), ctx.sm_scale, layout=ctx.kv_layout
-    )
-    return out[:, 0]
-
-
-def decode_attention_tables(ctx: AttnContext, q: Tensor, kv_cache: Tensor, index_cache: Tensor | None,
-                            iq) -> Tensor:
-    """q ``[B, H, 576]`` of a pure decode step described by ``ctx.decode`` -> latent outputs ``[B, H, 512]``.
+def decode_attention(ctx: AttnContext, q: Tensor, kv_cache: Tensor, index_cache: Tensor | None, iq) -> Tensor:
+    """q ``[B, H, 576]`` of the step's decode rows (``ctx.decode``) -> latent outputs ``[B, H, 512]``.
 
     Graph-safe: shapes depend on B and the static width only, never on the lengths' values. DSA rows all go
     through the indexer over the static width and the top-k with per-row lengths (a row of at most
-    ``index_topk`` tokens gets every one of its positions, the same set as the dense path of
-    :func:`decode_attention`); V3 rows take every visible slot of the width, ``-1`` past their length.
+    ``index_topk`` tokens gets every one of its positions); V3 rows take every visible slot of the width, ``-1``
+    past their length. ``iq`` holds the indexer queries of every token row of the step.
     """
     t = ctx.decode
     kernels, ps = ctx.kernels, ctx.step.page_size
     if ctx.index_topk is not None:
         def select() -> Tensor:
-            logits = kernels.indexer.logits_paged(iq.q8.unsqueeze(1), iq.weights, index_cache, t.lens, t.table,
-                                                  t.width)
+            q8, w = iq.q8, iq.weights
+            if t.index is not None:
+                q8, w = q8.index_select(0, t.index), w.index_select(0, t.index)
+            logits = kernels.indexer.logits_paged(q8.unsqueeze(1), w, index_cache, t.lens, t.table, t.width)
             return kernels.topk.topk_transform(logits, t.starts, t.lens, ctx.index_topk, t.table, t.rows, ps)
 
-        indices = ctx.shared_topk("decode_tables", select)
+        indices = ctx.shared_topk("decode", select)
     else:
         width = -(-t.width // DENSE_WIDTH_MULTIPLE) * DENSE_WIDTH_MULTIPLE
         pos = torch.arange(width, device=q.device)

@@ -2,8 +2,8 @@
 captured once per batch-size bucket and replayed with its inputs copied into static buffers.
 
 A step of ``B`` rows replays the smallest bucket ``>= B``; the rows past ``B`` are inert (the null slot of
-:class:`~dsa_runtime.model.decode_state.RequestSlots`: page 0, position 0, length 1, token 0), so they write
-and read only page 0, which no request owns. The graph reads the step's plan rows (slot, token, position) from
+:class:`~dsa_runtime.model.slots.SlotState`: page 0, position 0, length 1, token 0), so they write
+and read only page 0, which no request owns. The graph reads the step's token rows (slot, token, position) from
 a static ``[3, max_bs]`` buffer and derives the block tables, lengths and KV slots itself, so one copy of
 ``3 * B`` integers is the whole per-step input. Buckets are captured largest first into one memory pool (as
 SGLang, vLLM and nano-vllm do); capture time and memory are logged.

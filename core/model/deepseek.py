@@ -9,8 +9,6 @@ The dense V3 family attends through the same absorbed kernels with every visible
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import torch
 from torch import Tensor
 
@@ -42,8 +40,7 @@ class DecoderLayer:
                  index_cache: Tensor | None) -> Tensor:
         """h ``[T, D]`` residual stream (model dtype) -> ``[T, D]``. Under TP the FFN / MoE weights are
         intermediate-split: :func:`run_ffn` all-reduces (and, with DP attention, gathers the groups' rows)."""
-        if h.shape[0]:  # an idle DP attention group still joins the FFN collectives, with no rows
-            h = h + self.attn(rms_norm(h, self.attn_norm, self.eps), cos, sin, ctx, kv_cache, index_cache)
+        h = h + self.attn(rms_norm(h, self.attn_norm, self.eps), cos, sin, ctx, kv_cache, index_cache)
         return h + run_ffn(self.ffn, rms_norm(h, self.ffn_norm, self.eps), ctx.kernels, self.tp)
 
 
@@ -107,14 +104,6 @@ class DeepseekModel:
         mine = (local >= 0) & (local < self.embed.shape[0])
         h = self.embed[local.clamp(0, max(self.embed.shape[0] - 1, 0))] * mine[:, None].to(self.embed.dtype)
         return self.tp.all_reduce_attn(h)
-
-    def idle_layers(self, kernels, draft: bool = False) -> None:
-        """An attention group with no tokens this step: join each layer's FFN collectives with zero rows (with
-        ``draft``, the NextN layer's: a draft step of speculative decoding)."""
-        h = torch.zeros(0, self.config.hidden_size, dtype=self.dtype, device=self.device)
-        ctx = SimpleNamespace(kernels=kernels)
-        for layer in [self.nextn.block] if draft else self.layers:
-            layer(h, None, None, ctx, None, None)  # type: ignore[arg-type]
 
     def hidden_states(self, ctx: AttnContext, kv_pools: list[Tensor], index_pools: list[Tensor]) -> Tensor:
         """Run every layer over the step's tokens; returns the post-final-norm hidden ``[T, D]``."""

@@ -14,7 +14,6 @@ from torch import Tensor
 from dsa_runtime.model.attention import (
     AttnContext,
     decode_attention,
-    decode_attention_tables,
     mha_groups,
     prefill_absorbed,
     prefill_mha,
@@ -50,12 +49,15 @@ def store_mla(kernels, kv_cache: Tensor, slots: Tensor, c: Tensor, k_pe: Tensor,
         fn(kv_cache, slots, c, k_pe, layout=layout)
 
 
-def _rows_of(ctx: AttnContext, seqs: list[SeqMeta], device) -> Tensor:
-    """Token rows ``[n]`` of single-row or whole sequences (memoised per step by their indices)."""
+def _absorbed_rows(ctx: AttnContext, seqs: list[SeqMeta], device) -> Tensor:
+    """Token rows ``[n]`` of the step's decode rows and of the absorbed prefill chunks ``seqs`` (memoised)."""
     key = ("rows", tuple(s.index for s in seqs))
     rows = ctx.memo.get(key)
     if rows is None:
-        rows = ctx.memo[key] = torch.cat([torch.arange(s.t0, s.t1, device=device) for s in seqs])
+        parts = [torch.arange(s.t0, s.t1, device=device) for s in seqs]
+        if ctx.decode is not None:
+            parts.insert(0, ctx.decode.index)
+        rows = ctx.memo[key] = torch.cat(parts)
     return rows  # type: ignore[return-value]
 
 
@@ -119,13 +121,12 @@ class MLA:
         seqs = ctx.step.seqs
         groups = mha_groups(ctx)
         if not groups:  # every row goes through the absorbed kernels: one up-projection for all of them
-            lat = self._absorbed(ctx, seqs, q_nope, q_pe, kv_cache, index_cache, iq)
-            out = self._up_v(lat)
+            out = self._up_v(self._absorbed(ctx, seqs, q_nope, q_pe, kv_cache, index_cache, iq))
         else:
             out = torch.empty(t, self.heads, self.v_dim, dtype=x.dtype, device=x.device)
             absorbed = [s for s in seqs if not ctx.uses_mha(s)]
-            if absorbed:
-                rows = _rows_of(ctx, absorbed, x.device)
+            if absorbed or ctx.decode is not None:
+                rows = _absorbed_rows(ctx, absorbed, x.device)
                 lat = self._absorbed(ctx, absorbed, q_nope, q_pe, kv_cache, index_cache, iq)
                 out[rows] = self._up_v(lat.index_select(0, rows))
             for group in groups:
@@ -140,23 +141,19 @@ class MLA:
 
     def _absorbed(self, ctx: AttnContext, seqs: list[SeqMeta], q_nope: Tensor, q_pe: Tensor, kv_cache: Tensor,
                   index_cache: Tensor | None, iq) -> Tensor:
-        """Latent outputs ``[T, H, 512]`` of the absorbed (MQA) kernels; rows of other sequences are zero."""
+        """Latent outputs ``[T, H, 512]`` of the absorbed (MQA) kernels for the step's decode rows and the prefill
+        chunks ``seqs``; rows of other chunks are zero."""
         # Absorb W_UK into the query: score = [q_nope W_UK | q_pe] . [c | k_pe] (576-d MQA).
         q_abs = torch.cat([self._per_head(q_nope, self.w_uk, "thn,hnc->thc"), q_pe], dim=-1)
-        if ctx.decode is not None:  # a pure decode step from tensors alone (CUDA-graph path)
-            return decode_attention_tables(ctx, q_abs, kv_cache, index_cache, iq)
-        t = q_abs.shape[0]
-        decodes = [s for s in seqs if s.is_decode]
-        if len(decodes) == t:  # a pure decode step: the kernel's rows are the step's rows
-            return decode_attention(ctx, decodes, q_abs, kv_cache, index_cache, iq)
-        lat = torch.zeros(t, self.heads, self.lora, dtype=torch.bfloat16, device=q_abs.device)
-        if decodes:
-            rows = _rows_of(ctx, decodes, q_abs.device)
-            lat[rows] = decode_attention(ctx, decodes, q_abs.index_select(0, rows), kv_cache, index_cache,
-                                         iq).to(lat.dtype)
-        prefills = [s for s in seqs if not s.is_decode]
-        if prefills:
-            for rows, out in prefill_absorbed(ctx, prefills, q_abs, kv_cache, index_cache, iq):
+        d = ctx.decode
+        if d is not None and d.index is None:  # every row is a decode row: the kernel's rows are the step's
+            return decode_attention(ctx, q_abs, kv_cache, index_cache, iq)
+        lat = torch.zeros(q_abs.shape[0], self.heads, self.lora, dtype=torch.bfloat16, device=q_abs.device)
+        if d is not None:
+            lat[d.index] = decode_attention(ctx, q_abs.index_select(0, d.index), kv_cache, index_cache,
+                                            iq).to(lat.dtype)
+        if seqs:
+            for rows, out in prefill_absorbed(ctx, seqs, q_abs, kv_cache, index_cache, iq):
                 lat[rows] = out.to(lat.dtype)
         return lat
 

@@ -1,8 +1,11 @@
-"""ModelRunner: the engine's only view of the model (``plan/INTERFACES.md``).
+"""ModelRunner: one rank's model, its paged KV cache and its per-slot device state, run one :class:`Step` at a
+time (``docs/engine.md`` draws the step's data flow).
 
-``forward(ForwardBatch)`` runs one step over a mix of prefill chunks and decodes: it writes every new
-token's MLA row and index-K row into the paged cache at its slot (every layer), then returns float32 logits
-per sequence as asked (``"last"`` ``[vocab]``, ``"all"`` ``[len, vocab]``, ``"none"`` None).
+:meth:`ModelRunner.run` takes a step's token rows (``core/model/step.py``): it writes every row's MLA row and
+index-K row into the paged cache at the row's slot and position (every layer), then returns the float32 logits
+of the rows the step picks. A step that fits a captured CUDA graph replays it (every row a decode row); other
+steps run eagerly, their long runs of one slot's rows (prompt chunks) through the ragged prefill kernels and the
+rest as decode rows.
 
 Model dtype: bfloat16 (default) or float32. With float32 the kernels receive float32 activations; the
 ``reference`` backend computes in fp32 either way, GPU kernels need bfloat16, so float32 is a CPU /
@@ -18,18 +21,19 @@ import torch
 from torch import Tensor
 
 from dsa_runtime.model.attention import AttnContext, DecodeTables
-from dsa_runtime.model.batch import ForwardBatch, ForwardSeq, StepMeta, build_step
+from dsa_runtime.model.batch import SeqMeta, StepMeta
 from dsa_runtime.model.config import ModelConfig
 from dsa_runtime.model.decode_graph import DecodeGraphs
-from dsa_runtime.model.decode_state import DecodePlan, RequestSlots, decode_inputs
 from dsa_runtime.model.deepseek import DeepseekModel
+from dsa_runtime.model.slots import SlotState, row_inputs
+from dsa_runtime.model.step import Step, StepKind, spans
 
 if TYPE_CHECKING:
     from dsa_runtime.cache.kv_cache import KVCache
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ForwardBatch", "ForwardSeq", "ModelRunner", "kernel_needs"]
+__all__ = ["ModelRunner", "kernel_needs"]
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}
 
@@ -88,6 +92,8 @@ class ModelRunner:
             GEMM per expert (tiny-v32 prefill ~20% slower); on GPUs an fp32 per-pair buffer.
         release_tensors: the runner takes ``tensors`` over and empties it, freeing each source tensor once its
             built form exists (build peak: the model plus one layer, not twice the model).
+        max_requests, max_model_len, draft_steps: the slot state (:meth:`setup`); max_model_len defaults to
+            the cache's capacity.
     """
 
     def __init__(
@@ -105,6 +111,9 @@ class ModelRunner:
         moe_fp32_sum: bool = False,
         nextn: bool = False,
         release_tensors: bool = False,
+        max_requests: int = 16,
+        max_model_len: int | None = None,
+        draft_steps: int = 1,
     ) -> None:
         self.config = config
         self.kernels = kernels
@@ -123,9 +132,7 @@ class ModelRunner:
         with torch.inference_mode():
             self.model = DeepseekModel(config, tensors, dtype=self.dtype, device=self.device, tp=tp,
                                        moe_fp32_sum=moe_fp32_sum, nextn=nextn, release_tensors=release_tensors)
-        self.request_slots: RequestSlots | None = None  # GPU-resident decode state (setup_decode)
-        self.graphs: DecodeGraphs | None = None
-        self.draft_graphs: DecodeGraphs | None = None  # the NextN layer's, with nextn and graphs
+        self.setup(max_requests, max_model_len or cache.num_pages * cache.page_size, draft_steps)
 
     @classmethod
     def from_checkpoint(cls, checkpoint, **kwargs) -> ModelRunner:
@@ -163,200 +170,221 @@ class ModelRunner:
             sparse_mha_max_keys=self.mha_max_keys if cfg.is_dsa and self.device.type == "cpu" else 0,
         )
 
-    # --- pure decode steps from GPU-resident state ------------------------------------------------------------
-    def setup_decode(self, max_requests: int, max_model_len: int, graph_batch_sizes: list[int] | None = None,
-                     progress: bool = True, draft_steps: int = 1, chain_batch_sizes: list[int] | None = None) -> None:
-        """Allocate the request slots' block tables and, given batch sizes (rows) on CUDA, capture decode graphs
-        (and, with a NextN layer, graphs of the same buckets for one draft step, and of ``chain_batch_sizes``,
-        default the same, for a chain of ``draft_steps - 1`` steps, :meth:`draft_chain`).
 
-        A capture that fails (a kernel that reads the device from the host, say) is logged with its reason
-        and decode runs eagerly.
-        """
+    # --- slot state and graphs ----------------------------------------------------------------------------------
+    def setup(self, max_requests: int, max_model_len: int, draft_steps: int = 1) -> None:
+        """(Re)allocate the per-slot device state: ``max_requests`` slots whose block tables cover
+        ``max_model_len`` tokens, and with a NextN layer ``draft_steps`` draft tokens and a chain hidden state per
+        slot. Captured graphs are dropped (they read the old state)."""
         ps = self.cache.page_size
-        self.request_slots = RequestSlots(max_requests, -(-max_model_len // ps), self.device)
-        self.graphs = None
-        self.draft_graphs = None
-        self.chain_graphs = None
         self.draft_steps = draft_steps
-        if not graph_batch_sizes or self.device.type != "cuda" or self.tp is not None:
+        self.state = SlotState(max_requests, -(-max_model_len // ps), self.device, drafts=draft_steps if self.nextn else 0)
+        self.chain_hidden = (torch.zeros(max_requests + 1, self.config.hidden_size, dtype=self.dtype, device=self.device)
+                             if self.nextn else None)
+        # Runs of one slot's rows up to this long are decode rows in an eager step (a verify, a draft extend);
+        # longer runs are prompt chunks for the ragged prefill kernels.
+        self.decode_span_max = draft_steps + 1 if self.nextn else 1
+        self.graphs: dict[StepKind, DecodeGraphs] = {}
+        # Steps of at most this many rows run every row as a decode row (the captured graphs' shape; replayed
+        # where a graph covers them): the largest graph's rows, 0 without graphs.
+        self.graph_rows = 0
+        self._hidden: Tensor | None = None  # the last TARGET step's hidden states (Step.hidden), for DRAFT
+
+    @property
+    def max_requests(self) -> int:
+        return self.state.max_requests
+
+    @property
+    def max_pages(self) -> int:
+        return self.state.max_pages
+
+    def capture_graphs(self, batch_sizes: list[int] | None, chain_batch_sizes: list[int] | None = None,
+                       progress: bool = True) -> None:
+        """On CUDA, capture the TARGET forward per batch bucket (and with a NextN layer a DRAFT step per bucket and
+        the CHAIN of ``chain_batch_sizes``, default the same). Under tensor parallelism every rank captures the
+        same buckets in the same order, its collectives inside the graphs.
+
+        A capture that fails (a kernel that reads the device from the host, say) is logged with its reason and
+        steps run eagerly.
+        """
+        self.graphs = {}
+        self.graph_rows = 0
+        if not batch_sizes or self.device.type != "cuda":
             return
-        pages = self.request_slots.max_pages
-        null = self.request_slots.null_slot
-        graphs = DecodeGraphs(lambda rows: self._decode_eager(rows, pages, hidden=self.nextn), graph_batch_sizes,
-                              null, self.device)
-        draft = chain = None
+        pages, null = self.state.max_pages, self.state.null_slot
+        graphs = {StepKind.TARGET: DecodeGraphs(lambda rows: self._graph_forward(rows, pages), batch_sizes, null,
+                                                self.device)}
         if self.nextn:
             hidden = ((self.config.hidden_size,), self.dtype)
-            draft = DecodeGraphs(lambda rows, prev: self._draft_eager(rows, prev, pages), graph_batch_sizes, null,
-                                 self.device, extra_inputs=[hidden], name="draft")
-            if draft_steps > 1:
-                chain = DecodeGraphs(lambda rows, prev, budget: self._draft_chain_eager(rows, prev, budget, pages),
-                                     chain_batch_sizes or graph_batch_sizes, null, self.device,
-                                     extra_inputs=[hidden, ((), torch.int64)], name="draft chain")
+            graphs[StepKind.DRAFT] = DecodeGraphs(lambda rows, prev: self._graph_forward(rows, pages, prev),
+                                                  batch_sizes, null, self.device, extra_inputs=[hidden], name="draft")
+            if self.draft_steps > 1:
+                graphs[StepKind.CHAIN] = DecodeGraphs(
+                    lambda rows, prev, budget: self._chain(rows, prev, budget, pages),
+                    chain_batch_sizes or batch_sizes, null, self.device,
+                    extra_inputs=[hidden, ((), torch.int64)], name="draft chain")
+        pool = None
         try:
-            graphs.capture(progress=progress)
-            for more in (draft, chain):
-                if more is not None:
-                    more.capture(progress=progress, pool=graphs.pool)
-        except Exception as exc:  # a backend that cannot be captured: eager decode, said once
+            for graph in graphs.values():
+                graph.capture(progress=progress, pool=pool)
+                pool = graph.pool
+        except Exception as exc:  # a backend that cannot be captured: eager steps, said once
             logger.warning(
-                "CUDA-graph capture failed (%s: %s); decode runs eagerly (--disable-cuda-graph silences this)",
+                "CUDA-graph capture failed (%s: %s); steps run eagerly (--disable-cuda-graph silences this)",
                 type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
             torch.cuda.synchronize(self.device)
             return
         self.graphs = graphs
-        self.draft_graphs = draft
-        self.chain_graphs = chain
+        self.graph_rows = graphs[StepKind.TARGET].max_bs
 
-    def decode(self, plan: DecodePlan, *, hidden: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-        """Logits ``[B, vocab]`` fp32 of a decode-shaped step (every row one token, at its plan position; rows of
-        one slot at consecutive positions see each other, as a prefill chunk's tokens do), and with ``hidden``
-        (runners built with ``nextn`` only) the post-norm hidden ``[B, D]`` too.
-
-        Needs :meth:`setup_decode` and the rows' slots synced (:meth:`RequestSlots.sync`). Replays a CUDA
-        graph when one covers B (the returned tensors are then the graph's static output: use them before the
-        next step), else runs the same code eagerly over just the pages the longest row needs.
-        """
-        if self.request_slots is None:
-            raise RuntimeError("ModelRunner.decode needs setup_decode() first")
-        if hidden and not self.nextn:
-            raise RuntimeError("decode(hidden=True) needs a runner built with nextn=True")
-        rows = plan.rows.to(self.device, non_blocking=True)
-        if self.graphs is not None and plan.batch_size <= self.graphs.max_bs:
-            out = self.graphs.run(rows)
+    # --- the step -----------------------------------------------------------------------------------------------
+    def run(self, step: Step) -> Tensor | None:
+        """Run one step (``core/model/step.py``): ``TARGET`` returns logits ``[S, vocab]`` fp32 of the picked
+        rows, ``CHAIN`` the drafts ``[R, draft_steps]`` int64, ``DRAFT`` None. A replayed graph's outputs are its
+        static memory: use them before the next step."""
+        if step.pages is not None:
+            self.state.apply(step.pages)
+        if step.kind is not StepKind.TARGET and not self.nextn:
+            raise RuntimeError(f"a {step.kind.name} step needs a runner built with its NextN layer (nextn=True)")
+        if step.num_rows == 0:
+            raise ValueError("a step needs at least one row")
+        rows = step.rows.to(self.device, non_blocking=True)
+        pick = None if step.pick is None else step.pick.to(self.device, non_blocking=True)
+        graph = self.graphs.get(step.kind)
+        if graph is not None and step.num_rows > graph.max_bs:
+            graph = None
+        if step.kind is StepKind.CHAIN:
+            return self._run_chain(step, rows, graph)
+        prev = None
+        if step.kind is StepKind.DRAFT:
+            if self._hidden is None or step.source is None:
+                raise RuntimeError("a DRAFT step continues the hidden states of a TARGET step run with hidden=True")
+            prev = self._hidden.index_select(0, step.source.to(self.device, non_blocking=True))
+        if step.num_rows <= self.graph_rows:  # every row a decode row, replayed where a graph covers them
+            if graph is not None:
+                out = graph.run(rows) if prev is None else graph.run(rows, prev)
+            else:
+                out = self._graph_forward(rows, self._pages(step.longest), prev)
+            logits, hidden = out if isinstance(out, tuple) else (out, None)
+            if pick is not None:
+                logits = logits.index_select(0, pick)
         else:
-            pages = min(-(-plan.longest // self.cache.page_size), self.request_slots.max_pages)
-            out = self._decode_eager(rows, pages, hidden=self.nextn)
-        if self.nextn and not hidden:
-            return out[0]
-        return out
+            logits, hidden = self._eager(step, rows, pick, prev)
+        if step.kind is StepKind.DRAFT:
+            picked = hidden if pick is None else hidden.index_select(0, pick)
+            slots = rows[0] if pick is None else rows[0].index_select(0, pick)
+            self.state.tokens[slots, 1] = logits.argmax(dim=-1)
+            self.chain_hidden[slots] = picked.to(self.chain_hidden.dtype)
+            return None
+        if step.hidden:
+            if not self.nextn:
+                raise RuntimeError("Step.hidden needs a runner built with its NextN layer (nextn=True)")
+            self._hidden = hidden
+        return logits
 
-    def draft_decode(self, plan: DecodePlan, prev_hidden: Tensor) -> tuple[Tensor, Tensor]:
-        """The NextN layer over decode-shaped rows: ``plan``'s token of each row is the token after the row of
-        ``prev_hidden`` ``[B, D]`` (model dtype, the target's or the previous draft step's post-norm hidden), at
-        the row's position. Returns logits ``[B, vocab]`` fp32 and the draft's post-norm hidden ``[B, D]``
-        (graph memory when replayed: use them before the next draft step)."""
-        if self.request_slots is None or not self.nextn:
-            raise RuntimeError("ModelRunner.draft_decode needs nextn=True and setup_decode() first")
-        rows = plan.rows.to(self.device, non_blocking=True)
-        if self.draft_graphs is not None and plan.batch_size <= self.draft_graphs.max_bs:
-            return self.draft_graphs.run(rows, prev_hidden)
-        pages = min(-(-plan.longest // self.cache.page_size), self.request_slots.max_pages)
-        return self._draft_eager(rows, prev_hidden, pages)
+    def publish(self, slots: Tensor, tokens: Tensor) -> None:
+        """Each slot's newly sampled token (``tokens`` on the device), read by the next step's rows of token -1."""
+        self.state.publish(slots, tokens)
 
-    def draft_chain(self, plan: DecodePlan, hidden: Tensor, budget: Tensor) -> Tensor:
-        """``draft_steps - 1`` chained NextN steps in one go (one graph replay when captured): row ``i`` of
-        ``plan`` holds a request's slot, its first draft ``d_1`` and the position after its last cached token;
-        ``hidden`` ``[B, D]`` the hidden state its chain starts from; ``budget`` ``[B]`` int64 how many drafts it
-        needs (a row stops, writing nothing of its own, once it has them). Returns ``d_2 .. d_{draft_steps}``
-        ``[B, draft_steps - 1]`` int64 (graph memory when replayed). Each step is the argmax of the previous
-        one's logits, at the next position, from the previous step's hidden state."""
-        if self.request_slots is None or not self.nextn:
-            raise RuntimeError("ModelRunner.draft_chain needs nextn=True and setup_decode()")
-        rows = plan.rows.to(self.device, non_blocking=True)
-        if self.chain_graphs is not None and plan.batch_size <= self.chain_graphs.max_bs:
-            return self.chain_graphs.run(rows, hidden, budget)
-        pages = min(-(-(plan.longest + self.draft_steps) // self.cache.page_size), self.request_slots.max_pages)
-        return self._draft_chain_eager(rows, hidden, budget, pages)
+    def _pages(self, longest: int) -> int:
+        return min(-(-longest // self.cache.page_size), self.state.max_pages)
 
-    def _draft_chain_eager(self, rows: Tensor, hidden: Tensor, budget: Tensor, pages: int) -> Tensor:
+    def _run_chain(self, step: Step, rows: Tensor, graph: DecodeGraphs | None) -> Tensor:
+        slot = rows[0]
+        first = self.state.tokens[slot, 1]
+        if self.draft_steps == 1:
+            return first[:, None]
+        if step.budget is None:
+            raise ValueError("a CHAIN step needs each row's draft budget")
+        chain_rows = torch.stack([slot, first, rows[2]])
+        hidden = self.chain_hidden.index_select(0, slot)
+        budget = step.budget.to(self.device, non_blocking=True)
+        if graph is not None:
+            drafts = graph.run(chain_rows, hidden, budget)
+        else:
+            drafts = self._chain(chain_rows, hidden, budget, self._pages(step.longest + self.draft_steps))
+        self.state.tokens[slot, 2:] = drafts
+        return torch.cat([first[:, None], drafts], dim=1)
+
+    def _chain(self, rows: Tensor, hidden: Tensor, budget: Tensor, pages: int) -> Tensor:
+        """``draft_steps - 1`` chained NextN steps: row ``i`` holds a slot, its first draft and the position after
+        its last cached token; ``hidden`` ``[B, D]`` the state its chain starts from; ``budget`` ``[B]`` the drafts
+        it needs (a row stops, writing nothing of its own, once it has them). Returns ``[B, draft_steps - 1]``,
+        each the argmax of the previous step's logits, at the next position."""
         slot, token, position = rows[0], rows[1], rows[2]
-        null = torch.full_like(slot, self.request_slots.null_slot)
+        null = torch.full_like(slot, self.state.null_slot)
         drafts = []
         for step in range(1, self.draft_steps):
             live = budget > step  # this row still needs d_{step+1}; finished rows go to the null slot
             step_rows = torch.stack([torch.where(live, slot, null), token,
                                      torch.where(live, position + step - 1, torch.zeros_like(position))])
-            logits, hidden = self._draft_eager(step_rows, hidden, pages)
+            logits, hidden = self._graph_forward(step_rows, pages, hidden)
             token = logits.argmax(dim=-1)
             drafts.append(token)
         return torch.stack(drafts, dim=1)
 
-    def _rows_context(self, rows: Tensor, pages: int) -> AttnContext:
-        """The attention context of decode-shaped plan rows ``[3, B]`` over ``pages`` block-table columns."""
-        cache = self.cache
-        slots = self.request_slots
-        ids, pos, kv_slots, lens, table = decode_inputs(rows, slots.block_table, cache.page_size, pages, slots.next_ids)
-        batch = ids.shape[0]
-        step = StepMeta(seqs=[], token_ids=ids, positions=pos, slots=kv_slots, page_size=cache.page_size)
-        ctx = self._context(step)
-        ctx.decode = DecodeTables(
-            lens=lens, table=table, rows=torch.arange(batch, dtype=torch.int32, device=self.device),
-            starts=torch.zeros(batch, dtype=torch.int32, device=self.device), width=pages * cache.page_size,
-        )
-        return ctx
-
-    def _decode_eager(self, rows: Tensor, pages: int, hidden: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-        """The decode forward over plan rows ``[3, B]`` on the device and ``pages`` block-table columns."""
-        cache = self.cache
-        ctx = self._rows_context(rows, pages)
-        with torch.inference_mode():
-            h = self.model.hidden_states(ctx, cache.mla, cache.index_k)
-            logits = self.model.logits(h)
-        return (logits, h) if hidden else logits
-
-    def _draft_eager(self, rows: Tensor, prev_hidden: Tensor, pages: int) -> tuple[Tensor, Tensor]:
-        cache = self.cache
-        n = self.config.num_hidden_layers
-        ctx = self._rows_context(rows, pages)
-        with torch.inference_mode():
-            g = self.model.draft_hidden_states(ctx, prev_hidden, cache.mla[n],
-                                               cache.index_k[n] if cache.index_k else None)
-            return self.model.logits(g), g
-
-    def forward(self, batch: ForwardBatch, *, hidden: bool = False) -> list[Tensor | None] | tuple[list, list]:
-        """One step; see the module docstring. Raises ``ValueError`` for malformed batches (nothing written).
-
-        With ``hidden`` returns ``(logits, hiddens)``: besides the logits, each sequence's post-norm hidden of
-        every new token ``[len, D]`` (what the NextN draft layer reads).
-        """
-        cache = self.cache
-        step = build_step(batch, page_size=cache.page_size, num_pages=cache.num_pages,
-                          vocab_size=self.config.vocab_size, device=self.device)
-        with torch.inference_mode():
-            h = self.model.hidden_states(self._context(step), cache.mla, cache.index_k)
-            logits = self._pick_logits(batch, step, h)
-        if not hidden:
+    def _graph_forward(self, rows: Tensor, pages: int, prev: Tensor | None = None):
+        """A step whose every row is a decode row, over ``pages`` block-table columns (graph-safe): the model
+        (``prev`` None) -> logits ``[B, vocab]`` (and with a NextN layer the hidden ``[B, D]``), or the NextN layer
+        over ``prev`` -> (logits, hidden)."""
+        ctx = self._context_of(rows, pages)
+        logits, h = self._layers(ctx, prev, None)
+        if prev is None and not self.nextn:
             return logits
-        return logits, [h[meta.t0:meta.t1] for meta in step.seqs]
+        return logits, h
 
-    def draft_forward(self, batch: ForwardBatch, prev_hidden: Tensor) -> tuple[list[Tensor | None], Tensor]:
-        """The NextN layer over a batch (any mix of lengths): ``batch``'s tokens, flattened, are the tokens after
-        the rows of ``prev_hidden`` ``[T, D]``; each is cached in the draft pool at its position. Returns the
-        logits each sequence asks for and the draft's post-norm hidden of every token ``[T, D]``."""
-        if not self.nextn:
-            raise RuntimeError("ModelRunner.draft_forward needs a runner built with nextn=True")
+    def _eager(self, step: Step, rows: Tensor, pick: Tensor | None, prev: Tensor | None):
+        """An eager step over just the pages its longest row reads: runs of one slot longer than
+        ``decode_span_max`` rows are prompt chunks (ragged prefill kernels), the other rows decode rows. Returns
+        the picked rows' logits and every row's hidden."""
+        longest = step.longest
+        firsts, counts = spans(step.rows)
+        chunks = [i for i, n in enumerate(counts) if n > self.decode_span_max]
+        ctx = self._context_of(rows, self._pages(longest), step.rows, [(firsts[i], counts[i]) for i in chunks])
+        return self._layers(ctx, prev, pick)
+
+    def _layers(self, ctx: AttnContext, prev: Tensor | None, pick: Tensor | None) -> tuple[Tensor, Tensor]:
         cache = self.cache
-        n = self.config.num_hidden_layers
-        step = build_step(batch, page_size=cache.page_size, num_pages=cache.num_pages,
-                          vocab_size=self.config.vocab_size, device=self.device)
-        if prev_hidden.shape[0] != step.num_tokens:
-            raise ValueError(f"prev_hidden has {prev_hidden.shape[0]} rows for {step.num_tokens} tokens")
+        if self.tp is not None:  # DP attention: every group's rows are padded to one count (the FFN gather's)
+            self.tp.group_tokens = [ctx.step.num_tokens] * self.tp.info.dp
         with torch.inference_mode():
-            g = self.model.draft_hidden_states(self._context(step), prev_hidden, cache.mla[n],
-                                               cache.index_k[n] if cache.index_k else None)
-            return self._pick_logits(batch, step, g), g
-
-    def _pick_logits(self, batch: ForwardBatch, step: StepMeta, hidden: Tensor) -> list[Tensor | None]:
-        """Float32 logits of the rows each sequence asks for (``"last"``: ``[vocab]``, ``"all"``: ``[len,
-        vocab]``, ``"none"``: None), from one head GEMM over just those rows."""
-        rows: list[int] = []
-        spans: list[tuple[int, int] | None] = []
-        for seq, meta in zip(batch.seqs, step.seqs, strict=True):
-            if seq.logits == "none":
-                spans.append(None)
-                continue
-            picked = [meta.t1 - 1] if seq.logits == "last" else list(range(meta.t0, meta.t1))
-            spans.append((len(rows), len(rows) + len(picked)))
-            rows.extend(picked)
-        logits = self.model.logits(hidden[torch.tensor(rows, device=self.device)]) if rows else None
-        out: list[Tensor | None] = []
-        for seq, span in zip(batch.seqs, spans, strict=True):
-            if span is None:
-                out.append(None)
-            elif seq.logits == "last":
-                out.append(logits[span[0]])
+            if prev is None:
+                h = self.model.hidden_states(ctx, cache.mla, cache.index_k)
             else:
-                out.append(logits[span[0]:span[1]])
-        return out
+                n = self.config.num_hidden_layers
+                h = self.model.draft_hidden_states(ctx, prev, cache.mla[n], cache.index_k[n] if cache.index_k else None)
+            logits = self.model.logits(h if pick is None else h.index_select(0, pick))
+        return logits, h
+
+    def _context_of(self, rows: Tensor, pages: int, host_rows: Tensor | None = None,
+                    chunks: list[tuple[int, int]] = ()) -> AttnContext:
+        """The attention context of token rows ``[3, B]`` on the device over ``pages`` block-table columns;
+        ``chunks`` (first row, length) are the prompt chunks among them (``host_rows`` gives their slots and
+        positions), every other row a decode row."""
+        ps = self.cache.page_size
+        ids, pos, kv_slots, lens, table = row_inputs(rows, self.state, ps, pages)
+        batch = ids.shape[0]
+        seqs: list[SeqMeta] = []
+        page_tables = None
+        decode_rows: Tensor | None = None
+        if chunks:
+            heads = host_rows[:, [t0 for t0, _ in chunks]]
+            starts = heads[2].tolist()
+            widths = [-(-(start + n) // ps) for start, (_, n) in zip(starts, chunks, strict=True)]
+            page_tables = self.state.block_table[heads[0].to(self.device), :max(widths)].long()
+            for j, ((t0, n), start) in enumerate(zip(chunks, starts, strict=True)):
+                seqs.append(SeqMeta(j, t0, t0 + n, start, start + n, page_tables[j, :widths[j]]))
+            mask = torch.ones(batch, dtype=torch.bool)
+            for t0, n in chunks:
+                mask[t0:t0 + n] = False
+            decode_rows = mask.nonzero().flatten().to(self.device) if bool(mask.any()) else None
+        ctx = self._context(StepMeta(seqs, ids, pos, kv_slots, ps, page_tables))
+        if not chunks or decode_rows is not None:
+            if decode_rows is not None:
+                lens, table = lens.index_select(0, decode_rows), table.index_select(0, decode_rows)
+            n = int(lens.shape[0])
+            ctx.decode = DecodeTables(
+                lens=lens, table=table, rows=torch.arange(n, dtype=torch.int32, device=self.device),
+                starts=torch.zeros(n, dtype=torch.int32, device=self.device), width=pages * ps, index=decode_rows,
+            )
+        return ctx

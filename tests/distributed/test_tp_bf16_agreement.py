@@ -17,7 +17,8 @@ import torch
 from dsa_runtime.distributed import ParallelConfig, RankInfo
 from dsa_runtime.distributed.random_weights import rank_random_state
 from dsa_runtime.distributed.runtime import DistributedRunner, RankSpec
-from dsa_runtime.model.runner import ForwardBatch, ForwardSeq, ModelRunner, kernel_needs
+from dsa_runtime.model.runner import ModelRunner, kernel_needs
+from dsa_runtime.model.seqs import ForwardBatch, ForwardSeq, forward
 
 PAGE = 16
 PROMPTS = 6
@@ -47,12 +48,12 @@ def _prompts(vocab: int) -> tuple[list[list[int]], list[list[int]], int]:
 
 
 def _greedy(runner, ps, tables) -> list[list[int]]:
-    out = runner.forward(ForwardBatch([ForwardSeq(p, 0, t, "last") for p, t in zip(ps, tables, strict=True)]))
+    out = forward(runner, ForwardBatch([ForwardSeq(p, 0, t, "last") for p, t in zip(ps, tables, strict=True)]))
     toks = [[int(o.argmax())] for o in out]
     lengths = [len(p) for p in ps]
     for _ in range(STEPS):
         seqs = [ForwardSeq([t[-1]], n, tb, "last") for t, n, tb in zip(toks, lengths, tables, strict=True)]
-        for t, o in zip(toks, runner.forward(ForwardBatch(seqs)), strict=True):
+        for t, o in zip(toks, forward(runner, ForwardBatch(seqs)), strict=True):
             t.append(int(o.argmax()))
         lengths = [n + 1 for n in lengths]
     return toks

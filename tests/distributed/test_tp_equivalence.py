@@ -14,7 +14,8 @@ import torch
 from dsa_runtime.distributed import ParallelConfig
 from dsa_runtime.distributed.dp import padded_rows, split_batch
 from dsa_runtime.distributed.runtime import DistributedRunner, RankSpec
-from dsa_runtime.model.runner import ForwardBatch, ForwardSeq, ModelRunner
+from dsa_runtime.model.runner import ModelRunner
+from dsa_runtime.model.seqs import ForwardBatch, ForwardSeq, forward
 from tests.distributed.conftest import NUM_PAGES, PAGE, expected_rank_bytes, reference_runner
 from tests.model.helpers import tokens
 
@@ -34,7 +35,7 @@ DECODE_STEPS = 4
 def _steps(runner, check) -> list[list[int]]:
     """Prefill every prompt in one ragged batch, then greedy decodes; ``check(step, seqs, logits)``."""
     seqs = [ForwardSeq(p, 0, t, "all") for p, t in zip(PROMPTS, TABLES, strict=True)]
-    out = runner.forward(ForwardBatch(seqs))
+    out = forward(runner, ForwardBatch(seqs))
     check(0, seqs, out)
     generated = [[int(o[-1].argmax())] for o in out]
     lengths = [len(p) for p in PROMPTS]
@@ -42,7 +43,7 @@ def _steps(runner, check) -> list[list[int]]:
         live = len(PROMPTS) if step == 1 else DENSE
         seqs = [ForwardSeq([g[-1]], n, t, "last")
                 for g, n, t in zip(generated[:live], lengths[:live], TABLES[:live], strict=True)]
-        out = runner.forward(ForwardBatch(seqs))
+        out = forward(runner, ForwardBatch(seqs))
         check(step, seqs, out)
         for g, o in zip(generated, out, strict=False):
             g.append(int(o.argmax()))

@@ -11,7 +11,7 @@ import torch
 
 from dsa_runtime.distributed import ParallelConfig
 from dsa_runtime.distributed.runtime import DistributedRunner, RankSpec, WorkerDiedError
-from dsa_runtime.model.runner import ForwardBatch, ForwardSeq
+from dsa_runtime.model.seqs import ForwardBatch, ForwardSeq, forward
 from dsa_runtime.resolve import KernelConfig
 from tests.distributed.conftest import NUM_PAGES, PAGE, reference_runner
 from tests.model.helpers import tokens
@@ -25,7 +25,7 @@ def _spec(path, **kw) -> RankSpec:
 
 def _run(runner, steps):
     try:
-        return [runner.forward(ForwardBatch(step)) for step in steps], runner.collect(
+        return [forward(runner, ForwardBatch(step)) for step in steps], runner.collect(
             "tests.distributed.hooks:sparse_reasons")
     finally:
         runner.shutdown()
@@ -72,17 +72,17 @@ def test_dp_attention_step_padded_7_to_8(tiny_checkpoint, monkeypatch):
     ref = reference_runner(tiny_checkpoint)
     try:
         seqs = [ForwardSeq(tokens(7, 31), 0, [2], "all"), ForwardSeq(tokens(5, 32), 0, [3], "all")]
-        for got, want in zip(runner.forward(ForwardBatch(seqs)), ref.forward(ForwardBatch(seqs)), strict=True):
+        for got, want in zip(forward(runner, ForwardBatch(seqs)), forward(ref, ForwardBatch(seqs)), strict=True):
             assert got.shape == want.shape and float((got - want).abs().max()) <= ATOL
         assert sent == [None]
         # One group idle (every sequence on group 0): it still joins the FFN collectives.
         one = [ForwardSeq([3], 7, [2], "last")]
-        got, want = runner.forward(ForwardBatch(one))[0], ref.forward(ForwardBatch(one))[0]
+        got, want = forward(runner, ForwardBatch(one))[0], forward(ref, ForwardBatch(one))[0]
         assert float((got - want).abs().max()) <= ATOL
         # A malformed batch is one clear error on rank 0, and the service goes on.
         with pytest.raises(ValueError, match="page ids must be in"):
-            runner.forward(ForwardBatch([ForwardSeq([1], 0, [0])]))
-        got = runner.forward(ForwardBatch([ForwardSeq([4], 8, [2], "last")]))[0]
+            forward(runner, ForwardBatch([ForwardSeq([1], 0, [0])]))
+        got = forward(runner, ForwardBatch([ForwardSeq([4], 8, [2], "last")]))[0]
         assert torch.isfinite(got).all()
     finally:
         runner.shutdown()
@@ -91,15 +91,15 @@ def test_dp_attention_step_padded_7_to_8(tiny_checkpoint, monkeypatch):
 def test_dead_worker_stops_the_service_with_a_clear_error(tiny_checkpoint):
     runner = DistributedRunner(ParallelConfig(tp=2, timeout_s=20), _spec(tiny_checkpoint))
     try:
-        runner.forward(ForwardBatch([ForwardSeq(tokens(4, 41), 0, [1])]))
+        forward(runner, ForwardBatch([ForwardSeq(tokens(4, 41), 0, [1])]))
         os.kill(runner.procs[0].pid, signal.SIGKILL)
         runner.procs[0].join(timeout=10)
         t0 = time.monotonic()
         with pytest.raises(WorkerDiedError, match=r"worker rank 1 \(pid \d+\) exited with code -9"):
-            runner.forward(ForwardBatch([ForwardSeq([5], 4, [1])]))
+            forward(runner, ForwardBatch([ForwardSeq([5], 4, [1])]))
         assert time.monotonic() - t0 < 5
         with pytest.raises(WorkerDiedError):
-            runner.forward(ForwardBatch([ForwardSeq([5], 4, [1])]))
+            forward(runner, ForwardBatch([ForwardSeq([5], 4, [1])]))
     finally:
         runner.shutdown()
 
@@ -121,8 +121,8 @@ def test_random_weights_built_per_rank_equal_tp1():
     runner = DistributedRunner(ParallelConfig(tp=2, timeout_s=60), spec)
     try:
         seqs = [ForwardSeq(tokens(12, 51), 0, [1], "all"), ForwardSeq(tokens(3, 52), 0, [2], "all")]
-        rows = torch.cat([(g - w).abs().amax(-1) for g, w in zip(runner.forward(ForwardBatch(seqs)),
-                                                                  ref.forward(ForwardBatch(seqs)), strict=True)])
+        rows = torch.cat([(g - w).abs().amax(-1) for g, w in zip(forward(runner, ForwardBatch(seqs)),
+                                                                  forward(ref, ForwardBatch(seqs)), strict=True)])
         # bf16 random weights: the MoE router can flip a near-tied expert for one token between TP degrees
         # (seed 5 flips row 8: 2.16); a wrong slice would move every row.
         assert int((rows > ATOL).sum()) <= 1 and float(rows.median()) <= ATOL / 4, rows
@@ -157,7 +157,7 @@ def test_two_nodes_on_localhost(tiny_checkpoint):
         assert runner.procs == []  # no local workers: rank 1 lives on node 1
         ref = reference_runner(tiny_checkpoint)
         seqs = [ForwardSeq(tokens(9, 61), 0, [1], "all"), ForwardSeq(tokens(4, 62), 0, [2], "all")]
-        for got, want in zip(runner.forward(ForwardBatch(seqs)), ref.forward(ForwardBatch(seqs)), strict=True):
+        for got, want in zip(forward(runner, ForwardBatch(seqs)), forward(ref, ForwardBatch(seqs)), strict=True):
             assert float((got - want).abs().max()) <= ATOL
         runner.shutdown()
         assert node1.wait(timeout=30) == 0
@@ -171,7 +171,7 @@ def test_two_nodes_on_localhost(tiny_checkpoint):
         time.sleep(1.5)  # its rank process notices the node process is gone (0.5 s watch) and exits
         t0 = time.monotonic()
         with pytest.raises(WorkerDiedError, match="a peer rank is gone or stuck"):
-            runner.forward(ForwardBatch(seqs))
+            forward(runner, ForwardBatch(seqs))
         assert time.monotonic() - t0 < 25
         runner.shutdown()
     finally:
@@ -191,7 +191,7 @@ def test_dense_v3_family_under_tp4_dp2_from_memory():
         steps = [[ForwardSeq(tokens(40, 71), 0, pages(1, 48), "all"), ForwardSeq(tokens(7, 72), 0, pages(4, 48), "all")],
                  [ForwardSeq([5], 40, pages(1, 48), "last"), ForwardSeq([6], 7, pages(4, 48), "last")]]
         for step in steps:
-            for got, want in zip(runner.forward(ForwardBatch(step)), ref.forward(ForwardBatch(step)), strict=True):
+            for got, want in zip(forward(runner, ForwardBatch(step)), forward(ref, ForwardBatch(step)), strict=True):
                 assert float((got - want).abs().max()) <= ATOL
     finally:
         runner.shutdown()

@@ -108,11 +108,19 @@ class FakeAllocator:
 
 
 class FakeRunner:
-    """Toy model over a paged token cache; records each batch for assertions.
+    """Toy model over a paged token cache behind the Runner protocol; records each step for assertions.
+
+    Its slot state is a host block table and each slot's last published token; a step writes every row's token
+    at the cache slot its block table gives, then each picked row's logits are computed from the tokens it
+    reads back (positions ``0 .. position``) through that table.
 
     Args:
         logit_fn: ``tokens -> float32 [vocab]`` (default :func:`hash_logits`).
     """
+
+    device = torch.device("cpu")
+    nextn = False
+    graph_rows = 0
 
     def __init__(
         self,
@@ -120,40 +128,50 @@ class FakeRunner:
         page_size: int,
         num_pages: int,
         logit_fn: Callable[[list[int]], torch.Tensor] | None = None,
+        max_requests: int = 64,
     ) -> None:
         self.vocab, self.page_size, self.num_pages = vocab, page_size, num_pages
+        self.max_requests = max_requests
+        self.max_pages = num_pages
+        self.table = [[0] * num_pages for _ in range(max_requests + 1)]
+        self.last = [0] * (max_requests + 1)
         self.slots: list[int | None] = [None] * (num_pages * page_size)
         self.logit_fn = logit_fn or (lambda toks: hash_logits(toks, vocab))
-        self.batches: list[list[tuple[int, int, str]]] = []  # per step: (start, n_tokens, logits mode)
+        self.batches: list[list[tuple[int, int, str]]] = []  # per step: (start, n_tokens, picked or "none")
 
-    def _slot(self, table: list[int], pos: int) -> int:
-        return table[pos // self.page_size] * self.page_size + pos % self.page_size
+    def _slot(self, slot: int, pos: int) -> int:
+        page = self.table[slot][pos // self.page_size]
+        assert 0 < page < self.num_pages, f"slot {slot} reads page {page} at position {pos}"
+        return page * self.page_size + pos % self.page_size
 
-    def forward(self, batch) -> list[torch.Tensor | None]:
-        assert batch.seqs, "empty batch"
-        self.batches.append([(s.start_pos, len(s.token_ids), s.logits) for s in batch.seqs])
-        owned: set[int] = set()
-        for s in batch.seqs:
-            end = s.start_pos + len(s.token_ids)
-            table = s.page_table[: -(-end // self.page_size)]
-            assert len(table) * self.page_size >= end, "page table too short"
-            assert all(0 < p < self.num_pages for p in table), f"bad page id in {table}"
-            assert not owned & set(table), "two sequences of one batch share a page"
-            owned |= set(table)
-        out: list[torch.Tensor | None] = []
-        for s in batch.seqs:
-            end = s.start_pos + len(s.token_ids)
-            for i, t in enumerate(s.token_ids):
-                self.slots[self._slot(s.page_table, s.start_pos + i)] = t
-            tokens = [self.slots[self._slot(s.page_table, p)] for p in range(end)]
+    def publish(self, slots: torch.Tensor, tokens: torch.Tensor) -> None:
+        for slot, token in zip(slots.tolist(), tokens.tolist(), strict=True):
+            self.last[slot] = token
+
+    def run(self, step) -> torch.Tensor:
+        from dsa_runtime.model.step import StepKind, spans
+
+        assert step.kind is StepKind.TARGET and step.num_rows, "the fake runs TARGET steps of at least one row"
+        if step.pages is not None:
+            for slot, col, page in step.pages.t().tolist():
+                self.table[slot][col] = page
+        slot, token, pos = step.rows.tolist()
+        picked = set(range(len(slot)) if step.pick is None else step.pick.tolist())
+        firsts, counts = spans(step.rows)
+        self.batches.append([(pos[f], n, "last" if f + n - 1 in picked else "none")
+                             for f, n in zip(firsts, counts, strict=True)])
+        owner: dict[int, int] = {}
+        for s, p in zip(slot, pos, strict=True):
+            page = self.table[s][p // self.page_size]
+            assert owner.setdefault(page, s) == s, "two slots of one step share a page"
+        for s, t, p in zip(slot, token, pos, strict=True):
+            self.slots[self._slot(s, p)] = t if t >= 0 else self.last[s]
+        out = []
+        for r in range(len(slot)) if step.pick is None else step.pick.tolist():
+            tokens = [self.slots[self._slot(slot[r], q)] for q in range(pos[r] + 1)]
             assert None not in tokens, "read a cache slot that was never written"
-            if s.logits == "last":
-                out.append(self.logit_fn(tokens))
-            elif s.logits == "all":
-                out.append(torch.stack([self.logit_fn(tokens[: p + 1]) for p in range(s.start_pos, end)]))
-            else:
-                out.append(None)
-        return out
+            out.append(self.logit_fn(tokens))
+        return torch.stack(out) if out else torch.zeros(0, self.vocab)
 
 
 def make_parts(

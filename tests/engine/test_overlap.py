@@ -19,7 +19,6 @@ def _one_thread(one_torch_thread):
 
 def _engine(overlap: bool, **fields) -> Engine:
     engine = Engine(EngineConfig(max_running_requests=8, **fields))
-    assert engine._slots is not None
     engine._overlap = overlap
     return engine
 
@@ -62,7 +61,7 @@ def _run(overlap: bool, prompts: list[list[int]], abort_at: dict[int, str] | Non
         assert steps < 2000
     stats = engine.stats()
     assert stats.pages_used == 0 and stats.num_running == 0
-    assert engine._slots.num_free == engine._slots.max_requests
+    assert engine.slots.num_free == engine.slots.max_requests
     assert engine._inflight is None
     return _summary(seen), engine
 
@@ -103,11 +102,11 @@ def test_overlap_under_preemption_and_max_model_len():
 
 
 def test_in_flight_tokens_are_read_on_the_device():
-    """Under overlap a decode row's token is -1 in the host plan and the runner takes it from next_ids."""
+    """Under overlap a decode row's token is -1 in the host's step and the runner reads it from its slot state."""
     engine = _engine(True)
     engine.add_request("a", [5, 6, 7, 8], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
     plans = []
-    real = engine.runner.decode
-    engine.runner.decode = lambda plan: (plans.append(plan.rows[1].tolist()), real(plan))[1]
+    real = engine.runner.run
+    engine.runner.run = lambda step: (plans.append(step.rows[1].tolist()), real(step))[1]
     run_all(engine)
     assert plans and any(-1 in row for row in plans)

@@ -203,25 +203,6 @@ def test_preemption_under_speculation_recomputes_and_matches(plain):
     assert {k: v.token_ids for k, v in b.items()} == {k: v.token_ids for k, v in a.items()}
 
 
-def test_runners_without_request_slots_speculate_through_forward_batches(plain):
-    """The TP runner has no request slots: drafts, verifies and extends then go through ForwardBatch forwards
-    (drafts visit the host each step). Same tokens, same acceptance."""
-    from dsa_runtime.engine.build import build_parts
-
-    parts = build_parts(EngineConfig(dtype="float32", speculative_algorithm="EAGLE"))
-    parts.runner.request_slots = None
-    engine = Engine(EngineConfig(dtype="float32", speculative_algorithm="EAGLE"), parts=parts)
-    assert not engine._spec.rows_mode
-    prompts = [_chat(plain, c) for c in CHATS[:4]]
-    params = [SamplingParams(temperature=0, max_tokens=60)] * 4 + [SamplingParams(temperature=0.7, seed=1,
-                                                                                    max_tokens=30)]
-    prompts.append(prompts[0])
-    a = _final(plain, prompts, params)
-    b = _final(engine, prompts, params)
-    assert {k: v.token_ids for k, v in b.items()} == {k: v.token_ids for k, v in a.items()}
-    assert engine.stats().spec_accept_length >= 2.5
-
-
 def test_structured_requests_verify_without_drafts_beside_speculating_ones(spec):
     pytest.importorskip("xgrammar")
     from dsa_runtime.engine.structured import StructuredOutput

@@ -14,7 +14,8 @@ import torch
 from dsa_runtime.backend import Backend
 from dsa_runtime.cache import KVCache
 from dsa_runtime.capabilities import Capabilities
-from dsa_runtime.model.runner import ForwardBatch, ForwardSeq, ModelRunner, kernel_needs
+from dsa_runtime.model.runner import ModelRunner, kernel_needs
+from dsa_runtime.model.seqs import ForwardBatch, ForwardSeq, forward
 from dsa_runtime.padding import PaddedSparseAttn
 from dsa_runtime.plugins.cuda_hopper.flashmla import DECODE_CLAIMS, FlashMLAKV
 from dsa_runtime.resolve import KernelConfig, resolve_kernels
@@ -55,7 +56,7 @@ def test_tiny_model_decode_pads_to_64_heads_and_equals_the_reference(monkeypatch
         [ForwardSeq([a[44]], 44, ta, "last"), ForwardSeq([b[37]], 37, tb, "last")],
     ]
     for step in steps:
-        got, want = padded.forward(ForwardBatch(step)), plain.forward(ForwardBatch(step))
+        got, want = forward(padded, ForwardBatch(step)), forward(plain, ForwardBatch(step))
         for g, w in zip(got, want, strict=True):
             assert torch.isfinite(g).all()
             torch.testing.assert_close(g, w, rtol=0, atol=0)  # heads never mix: the kept heads are identical

@@ -14,7 +14,8 @@ from dsa_runtime.cache import KVCache
 from dsa_runtime.loader.presets import preset_config
 from dsa_runtime.loader.random_init import random_state_dict
 from dsa_runtime.model.config import ModelConfig
-from dsa_runtime.model.runner import ForwardBatch, ForwardSeq, ModelRunner
+from dsa_runtime.model.runner import ModelRunner
+from dsa_runtime.model.seqs import ForwardBatch, ForwardSeq, forward
 
 PAGE_SIZE = 16
 NUM_PAGES = 48
@@ -76,7 +77,7 @@ def run_chunks(runner: ModelRunner, ids: list[int], table: list[int], chunk: int
     out = []
     for p in range(start, len(ids), chunk):
         piece = ids[p:p + chunk]
-        out.append(runner.forward(ForwardBatch([ForwardSeq(piece, p, table, "all")]))[0])
+        out.append(forward(runner, ForwardBatch([ForwardSeq(piece, p, table, "all")]))[0])
     return torch.cat(out)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsa_runtime.model.runner import ForwardBatch, ForwardSeq
+from dsa_runtime.model.seqs import ForwardBatch, ForwardSeq, forward
 from tests.model.helpers import make_runner, pages, tokens
 
 # (history already cached, new tokens this step, logits mode); tiny-v32 index_topk is 32.
@@ -28,7 +28,7 @@ def _setup(runner):
         ids = tokens(hist + new + 1, seed=100 + i)
         table = pages(1 + 3 * i, MAX_LEN)
         if hist:
-            runner.forward(ForwardBatch([ForwardSeq(ids[:hist], 0, table, "none")]))
+            forward(runner, ForwardBatch([ForwardSeq(ids[:hist], 0, table, "none")]))
         seqs.append((ids, table))
     return seqs
 
@@ -39,12 +39,12 @@ def test_mixed_batch_equals_sequences_alone(preset):
     seqs_b = _setup(batched)
     _setup(alone)  # the same histories, cached alone
     step1 = [ForwardSeq(ids[h:h + n], h, table, mode) for (ids, table), (h, n, mode) in zip(seqs_b, CASES, strict=True)]
-    out_b = batched.forward(ForwardBatch(step1))
-    out_a = [alone.forward(ForwardBatch([s]))[0] for s in step1]
+    out_b = forward(batched, ForwardBatch(step1))
+    out_a = [forward(alone, ForwardBatch([s]))[0] for s in step1]
     # Step 2: every sequence decodes its next token, all in one batch vs alone.
     step2 = [ForwardSeq([ids[h + n]], h + n, table, "last") for (ids, table), (h, n, _) in zip(seqs_b, CASES, strict=True)]
-    out_b += batched.forward(ForwardBatch(step2))
-    out_a += [alone.forward(ForwardBatch([s]))[0] for s in step2]
+    out_b += forward(batched, ForwardBatch(step2))
+    out_a += [forward(alone, ForwardBatch([s]))[0] for s in step2]
     for i, (b, a) in enumerate(zip(out_b, out_a, strict=True)):
         mode = (step1 + step2)[i].logits
         if mode == "none":
@@ -66,8 +66,8 @@ def test_equal_shape_prefills_batched_equal_alone(preset):
     for start, n in ((0, 40), (40, 6)):  # fresh prompts, then continued chunks of the same sequences
         seqs = [ForwardSeq(tokens(46, seed=200 + i)[start:start + n], start, pages(1 + 4 * i, 46), "all")
                 for i in range(3)]
-        out_b = batched.forward(ForwardBatch(seqs))
-        out_a = [alone.forward(ForwardBatch([s]))[0] for s in seqs]
+        out_b = forward(batched, ForwardBatch(seqs))
+        out_a = [forward(alone, ForwardBatch([s]))[0] for s in seqs]
         for i, (b, a) in enumerate(zip(out_b, out_a, strict=True)):
             assert b.shape == (n, 1024)
             torch.testing.assert_close(b, a, rtol=0, atol=5e-2, msg=f"seq {i} chunk at {start}")

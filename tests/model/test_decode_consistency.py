@@ -67,17 +67,9 @@ def test_sparse_mha_prefill_matches_absorbed_sparse_prefill(dtype):
     (whole prompt and a continued chunk crossing index_topk)."""
     ids = tokens(LENGTH, seed=10)
     mha_runner, absorbed_runner = make_runner("tiny-v32", dtype=dtype), make_runner("tiny-v32", mha_max_keys=0, dtype=dtype)
-    assert mha_runner._context(_step_of(mha_runner, ids)).sparse_mha_max_keys == 2048
+    assert mha_runner._context(None).sparse_mha_max_keys == 2048
     tol = FP32_TOL if dtype == torch.float32 else BF16_TOL
     for chunk in (LENGTH, 25):
         mha = run_chunks(mha_runner, ids, pages(1 + chunk, LENGTH), chunk)
         absorbed = run_chunks(absorbed_runner, ids, pages(1 + chunk, LENGTH), chunk)
         assert_logits_close(mha, absorbed, what=f"sparse MHA vs absorbed, chunk {chunk}", **tol)
-
-
-def _step_of(runner, ids):
-    from dsa_runtime.model.batch import build_step
-    from dsa_runtime.model.runner import ForwardBatch, ForwardSeq
-
-    return build_step(ForwardBatch([ForwardSeq(ids, 0, pages(1, LENGTH))]), page_size=runner.cache.page_size,
-                      num_pages=runner.cache.num_pages, vocab_size=runner.config.vocab_size, device="cpu")

@@ -7,7 +7,8 @@ import torch
 from dsa_runtime.cache import KVCache
 from dsa_runtime.loader.checkpoint import load_checkpoint
 from dsa_runtime.loader.make_checkpoint import make_checkpoint
-from dsa_runtime.model.runner import ForwardBatch, ForwardSeq, ModelRunner
+from dsa_runtime.model.runner import ModelRunner
+from dsa_runtime.model.seqs import ForwardBatch, ForwardSeq, forward
 from tests.model.helpers import kernels, tokens
 
 
@@ -18,6 +19,6 @@ def test_runner_from_a_generated_checkpoint(tmp_path):
     assert runner.dtype == torch.bfloat16
     assert set(runner.mtp_tensors) == set(ckpt.mtp_tensors) and runner.mtp_tensors
     ids = tokens(40, seed=5)
-    prefill, decode = runner.forward(ForwardBatch([ForwardSeq(ids, 0, [1], "last"), ForwardSeq(ids[:1], 0, [2])]))
+    prefill, decode = forward(runner, ForwardBatch([ForwardSeq(ids, 0, [1], "last"), ForwardSeq(ids[:1], 0, [2])]))
     assert prefill.shape == decode.shape == (ckpt.config.vocab_size,)
     assert torch.isfinite(prefill).all() and torch.isfinite(decode).all()

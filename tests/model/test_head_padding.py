@@ -12,7 +12,8 @@ import torch
 from dsa_runtime.backend import Backend
 from dsa_runtime.cache import KVCache
 from dsa_runtime.capabilities import Capabilities, MethodClaim, ValueSet
-from dsa_runtime.model.runner import ForwardBatch, ForwardSeq, ModelRunner, kernel_needs
+from dsa_runtime.model.runner import ModelRunner, kernel_needs
+from dsa_runtime.model.seqs import ForwardBatch, ForwardSeq, forward
 from dsa_runtime.padding import PaddedSparseAttn
 from dsa_runtime.reference.sparse_attn import ReferenceSparseAttn
 from dsa_runtime.resolve import KernelConfig, resolve_kernels
@@ -86,8 +87,8 @@ def test_only_64_heads_backend_equals_unpadded_reference(name, kv_layout):
     ]
     CALLS.clear()
     for step in steps:
-        got = padded.forward(ForwardBatch(step))
-        want = plain.forward(ForwardBatch(step))
+        got = forward(padded, ForwardBatch(step))
+        want = forward(plain, ForwardBatch(step))
         for g, w in zip(got, want, strict=True):
             assert torch.isfinite(g).all()
             # Heads never mix inside the kernel: the kept heads are the same computation (fp32 model).

@@ -16,7 +16,7 @@ import sys
 import torch
 
 from dsa_runtime.model.index_select import select_topk_ragged
-from dsa_runtime.model.runner import ForwardBatch, ForwardSeq
+from dsa_runtime.model.seqs import ForwardBatch, ForwardSeq, forward
 from tests.model.helpers import make_runner, pages, tokens
 
 
@@ -84,7 +84,7 @@ def test_runner_with_a_tiny_budget_gives_identical_logits():
     big.kernels = small.kernels = reference_kernels()
     small.indexer_budget_bytes = 4096  # a chunk of a row or two
     batch = ForwardBatch([ForwardSeq(tokens(45, 5), 0, pages(1, 45), "all"), ForwardSeq(tokens(38, 6), 0, pages(5, 38))])
-    for a, b in zip(big.forward(batch), small.forward(batch), strict=True):
+    for a, b in zip(forward(big, batch), forward(small, batch), strict=True):
         assert torch.equal(a, b)
 
 

@@ -8,7 +8,8 @@ import types
 import pytest
 import torch
 
-from dsa_runtime.model.runner import ForwardBatch, ForwardSeq, ModelRunner
+from dsa_runtime.model.runner import ModelRunner
+from dsa_runtime.model.seqs import ForwardBatch, ForwardSeq, forward
 from dsa_runtime.reference.kv_quant import ReferenceKVQuant
 from tests.model.helpers import PAGE_SIZE, kernels, make_runner, preset, tokens, weights
 
@@ -21,7 +22,7 @@ def _untouched(t: torch.Tensor) -> torch.Tensor:
 def test_logits_modes_and_shapes():
     runner = make_runner("tiny-v32")
     ids = tokens(9, seed=1)
-    all_, last, none = runner.forward(ForwardBatch([
+    all_, last, none = forward(runner, ForwardBatch([
         ForwardSeq(ids, 0, [1], "all"), ForwardSeq(ids, 0, [2], "last"), ForwardSeq(ids, 0, [3], "none"),
     ]))
     assert all_.shape == (9, 1024) and all_.dtype == torch.float32 and torch.isfinite(all_).all()
@@ -33,7 +34,7 @@ def test_logits_modes_and_shapes():
 def test_every_new_token_is_written_at_its_slot_in_every_layer(kv_layout):
     runner = make_runner("tiny-v32", kv_layout=kv_layout)
     table = [3, 7]  # 20 tokens: page 3 full, page 7 offsets 0-3
-    runner.forward(ForwardBatch([ForwardSeq(tokens(20, seed=2), 0, table, "none")]))
+    forward(runner, ForwardBatch([ForwardSeq(tokens(20, seed=2), 0, table, "none")]))
     written = torch.zeros(runner.cache.num_pages, PAGE_SIZE, dtype=torch.bool)
     written[3, :] = True
     written[7, :4] = True
@@ -65,10 +66,10 @@ def test_bad_batches_fail_before_anything_is_written(seq, message):
     runner = make_runner("tiny-v32")
     good = ForwardSeq(tokens(4, seed=3), 0, [2], "last")
     with pytest.raises(ValueError, match=message):
-        runner.forward(ForwardBatch([good, seq]))
+        forward(runner, ForwardBatch([good, seq]))
     assert all(_untouched(t).all() for t in runner.cache.mla)
     with pytest.raises(ValueError, match="empty"):
-        runner.forward(ForwardBatch([]))
+        forward(runner, ForwardBatch([]))
 
 
 def test_weights_fp8_experts_stay_fp8_and_mtp_is_kept_aside():
@@ -92,7 +93,7 @@ def test_unquantised_checkpoint_runs_with_bf16_experts():
     cfg = preset("tiny-v3")
     runner = make_runner(cfg, random_state_dict(cfg, seed=5, fp8=False), dtype=torch.bfloat16)
     assert not runner.model.layers[1].ffn.experts.is_fp8
-    out = runner.forward(ForwardBatch([ForwardSeq(tokens(6, seed=4), 0, [1], "all")]))[0]
+    out = forward(runner, ForwardBatch([ForwardSeq(tokens(6, seed=4), 0, [1], "all")]))[0]
     assert out.shape == (6, 1024) and torch.isfinite(out).all()
 
 
@@ -131,8 +132,8 @@ def test_index_tensors_have_the_width_the_kernels_were_resolved_for(name):
 
         setattr(view, method, spy)
     ids = tokens(40, seed=6)
-    runner.forward(ForwardBatch([ForwardSeq(ids[:20], 0, [1, 2, 3], "none"), ForwardSeq(ids[:3], 0, [4], "none")]))
-    runner.forward(ForwardBatch([ForwardSeq(ids[20:], 20, [1, 2, 3], "none"), ForwardSeq([ids[3]], 3, [4], "none")]))
+    forward(runner, ForwardBatch([ForwardSeq(ids[:20], 0, [1, 2, 3], "none"), ForwardSeq(ids[:3], 0, [4], "none")]))
+    forward(runner, ForwardBatch([ForwardSeq(ids[20:], 20, [1, 2, 3], "none"), ForwardSeq([ids[3]], 3, [4], "none")]))
     # Per layer: the first step's two prefill chunks share one call; the second step has a prefill call and
     # a decode call.
     assert len(widths) == 3 * runner.config.num_hidden_layers
