@@ -1,5 +1,5 @@
 """Decode steps of a model at DeepSeek-V3.2's real dimensions on one GPU, through the runtime's tensor-only decode
-path (``ModelRunner.setup_decode`` / ``decode``, CUDA graphs on by default): wall ms per step, GPU kernel ms per
+path (``ModelRunner.setup`` / ``capture_graphs`` / ``run``, CUDA graphs on by default): wall ms per step, GPU kernel ms per
 step (torch.profiler) and the memory roofline, at batch 1 / 16 / 64 / 128 and context 4K / 32K.
 
     python bench/decode_real_gpu.py [--layers 4] [--batches 1,16,64,128] [--contexts 4096,32768] [--steps 20]
@@ -170,17 +170,19 @@ def size_cache(config, cases: list[tuple[int, int]], args: argparse.Namespace,
 
 # --- one case ---------------------------------------------------------------------------------------------------
 def case_plan(runner, batch: int, context: int, vocab: int, seed: int):
-    """Acquire ``batch`` slots, give request ``i`` pages ``1 + i * P .. 1 + (i + 1) * P - 1`` and sync them; the
-    plan decodes every request at position ``context - 1`` with a random token. Returns (plan, slots)."""
-    from dsa_runtime.model.decode_state import DecodePlan
+    """Acquire ``batch`` slots, give request ``i`` pages ``1 + i * P .. 1 + (i + 1) * P - 1`` (written once, as an
+    engine writes a request's pages as it grows); the step decodes every request at position ``context - 1`` with
+    a random token. Returns (step, slot table, slots)."""
+    from dsa_runtime.model.slots import SlotTable
+    from dsa_runtime.model.step import Step, StepKind
 
-    slots_pool = runner.request_slots
+    table = SlotTable(runner.max_requests, runner.max_pages)
     per = pages_per_request(context, runner.cache.page_size)
-    slots = [slots_pool.acquire() for _ in range(batch)]
-    slots_pool.sync([(s, list(range(1 + i * per, 1 + (i + 1) * per))) for i, s in enumerate(slots)])
+    slots = [table.acquire() for _ in range(batch)]
+    runner.state.apply(table.updates([(s, list(range(1 + i * per, 1 + (i + 1) * per))) for i, s in enumerate(slots)]))
     rng = random.Random(seed)
     ids = [rng.randrange(vocab) for _ in range(batch)]
-    return DecodePlan.from_lists(slots, ids, [context - 1] * batch), slots
+    return Step.of(StepKind.TARGET, slots, ids, [context - 1] * batch), table, slots
 
 
 def count_experts(runner, plan) -> list[int]:
@@ -194,10 +196,10 @@ def count_experts(runner, plan) -> list[int]:
         seen.append(int(torch.unique(ids[ids >= 0]).numel()))
         return weights, ids
 
-    graphs, runner.graphs = runner.graphs, None
+    graphs, runner.graphs = runner.graphs, {}
     moe.route = watched
     try:
-        runner.decode(plan)
+        runner.run(plan)
     finally:
         moe.route = route
         runner.graphs = graphs
@@ -211,7 +213,7 @@ def time_steps(runner, plan, steps: int, *, each: bool) -> float:
     sync(runner.device)
     t0 = time.perf_counter()
     for _ in range(steps):
-        runner.decode(plan)
+        runner.run(plan)
         if each:
             sync(runner.device)
     sync(runner.device)
@@ -234,7 +236,7 @@ def kernel_ms_per_step(runner, plan, steps: int) -> float | None:
     cuda = runner.device.type == "cuda"
     with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
-            runner.decode(plan)
+            runner.run(plan)
         sync(runner.device)
     return kernel_ms(prof) / steps if cuda else None
 
@@ -246,26 +248,26 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 def run_case(runner, weights: dict, batch: int, context: int, bw_gbs: float, args: argparse.Namespace) -> dict:
     """Time one (batch, context) case; see the module docstring. Returns its JSON row."""
     config = runner.config
-    plan, slots = case_plan(runner, batch, context, config.vocab_size, args.seed + batch)
+    plan, table, slots = case_plan(runner, batch, context, config.vocab_size, args.seed + batch)
     try:
         measured = count_experts(runner, plan)
         moe_layers = len(weights["expert"])
         uniform = S.uniform_distinct_experts(config.n_routed_experts, config.num_experts_per_tok, batch)
         distinct = [float(d) for d in measured] if len(measured) == moe_layers else [uniform] * moe_layers
         for _ in range(args.warmup):
-            runner.decode(plan)
+            runner.run(plan)
         wall = time_steps(runner, plan, args.steps, each=True)
         back_to_back = time_steps(runner, plan, args.steps, each=False)
         gpu = kernel_ms_per_step(runner, plan, args.profile_steps)
-        finite = bool(torch.isfinite(runner.decode(plan)).all())
+        finite = bool(torch.isfinite(runner.run(plan)).all())
     finally:
         for s in slots:
-            runner.request_slots.release(s)
+            table.release(s)
     need = S.step_bytes(config, weights, batch, context, runner.cache.kv_layout, distinct)
     roof = need["total"] / bw_gbs / 1e6
     return {
         "case": case_name(batch, context), "batch": batch, "context": context, "fits": True,
-        "graphs": runner.graphs is not None, "wall_ms": wall, "back_to_back_ms": back_to_back, "kernel_ms": gpu,
+        "graphs": bool(runner.graphs), "wall_ms": wall, "back_to_back_ms": back_to_back, "kernel_ms": gpu,
         "wall_over_kernel": _ratio(wall, gpu), "roofline_ms": roof, "roofline_over_wall": roof / wall,
         "kernel_roofline_fraction": _ratio(roof, gpu), "tokens_per_s": batch * 1e3 / wall,
         "distinct_experts": measured, "distinct_experts_uniform": uniform, "bytes": need, "finite": finite,
@@ -284,16 +286,17 @@ def case_name(batch: int, context: int) -> str:
 def setup_context(runner, batches: list[int], context: int, graphs: bool, max_model_len: int = 0) -> dict:
     """Request slots for ``max(batches)`` and ``max(context, max_model_len)`` tokens; with ``graphs`` one CUDA
     graph per batch (on CUDA). Returns capture facts (seconds, bytes, whether graphs are on)."""
-    runner.graphs = None
+    runner.graphs = {}
     gc.collect()
     if runner.device.type == "cuda":
         torch.cuda.empty_cache()
     t0 = time.perf_counter()
     width = max(context, max_model_len)
-    runner.setup_decode(max(batches), width, sorted(batches) if graphs else None, progress=False)
+    runner.setup(max(batches), width)
+    runner.capture_graphs(sorted(batches) if graphs else None, progress=False)
     g = runner.graphs
-    return {"context": context, "max_model_len": width, "graphs": g is not None, "setup_s": time.perf_counter() - t0,
-            "capture_bytes": g.capture_bytes if g is not None else 0}
+    return {"context": context, "max_model_len": width, "graphs": bool(g), "setup_s": time.perf_counter() - t0,
+            "capture_bytes": sum(x.capture_bytes for x in g.values())}
 
 
 def run_all(runner, cases: list[tuple[int, int]], fits: dict, weights: dict, bw: float, args, out: dict) -> None:

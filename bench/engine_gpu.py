@@ -81,7 +81,8 @@ def make_engine(mode: str, max_bs: int) -> Any:
     from dsa_runtime.engine import Engine, EngineConfig
 
     return Engine(EngineConfig(max_running_requests=max_bs, disable_cuda_graph=(mode == "eager"),
-                               disable_overlap_schedule=(mode != "overlap")))
+                               disable_overlap_schedule=mode not in ("overlap", "mp"),
+                               distributed_executor_backend="mp" if mode == "mp" else "uni"))
 
 
 def profile_host(mode: str) -> None:
@@ -127,7 +128,8 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--modes", default="overlap,graphs,eager",
                     help="overlap (graphs + overlap scheduling, the default engine), graphs (--disable-overlap-schedule), "
-                         "eager (--disable-cuda-graph --disable-overlap-schedule)")
+                         "eager (--disable-cuda-graph --disable-overlap-schedule), mp (overlap through the distributed "
+                         "runner at --tp 1: --distributed-executor-backend mp)")
     ap.add_argument("--cold-start", action="store_true",
                     help="also time two fresh processes from start to first token (the second finds the kernel caches)")
     ap.add_argument("--cprofile", metavar="MODE",
@@ -157,14 +159,17 @@ def main() -> None:
         while engine.has_unfinished():
             engine.step()
         starts[mode] = time.perf_counter() - t0
-        graphs = engine.runner.graphs
-        print(f"{mode}: engine built and first token in {starts[mode]:.1f} s"
-              + (f" (graph capture {graphs.capture_s:.1f} s, {graphs.capture_bytes / 2**20:.0f} MiB)" if graphs else ""))
+        print(f"{mode}: engine built and first token in {starts[mode]:.1f} s, graphs of up to "
+              f"{engine.runner.graph_rows} rows")
         for batch in batches:
             row = {"mode": mode, **run_case(engine, batch, args)}
             rows.append(row)
             print(f"  batch {batch:4d}: {row['wall_ms']:.3f} ms/step wall, {row['kernel_ms']:.3f} ms kernels, "
                   f"ratio {row['ratio']:.2f}, {row['tokens_per_s']:.0f} tok/s", flush=True)
+        from dsa_runtime.distributed.runtime import DistributedRunner
+
+        if isinstance(engine.runner, DistributedRunner):
+            engine.runner.shutdown()
         del engine
         import gc
 

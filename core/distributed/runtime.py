@@ -143,13 +143,17 @@ def build_rank_runner(spec: RankSpec, tp: Any) -> Any:
     return runner
 
 
-def _send(tp: Any, msg: Message) -> None:
+def _send(tp: Any, msg: Message) -> Message:
+    """Broadcast ``msg`` to the workers; returns what they decode from it (rank 0 runs exactly that)."""
     import torch.distributed as dist
 
     header, payload = msg.encode(tp.info.dp)
+    if tp.info.world == 1:  # nobody to send to: the one rank still runs the decoded message
+        return Message.decode(header, payload)
     dist.broadcast(header, src=0, group=tp.ctrl_group)
     if payload.numel():
         dist.broadcast(payload, src=0, group=tp.ctrl_group)
+    return msg
 
 
 def _receive(tp: Any) -> Message:
@@ -349,7 +353,7 @@ class DistributedRunner:
                 laid.source[layout.position] = last.position[step.source] % last.group_rows
             msg = Message(OP_STEP, laid, layout.group_rows, picks, publish)
         try:
-            _send(self.tp, msg)
+            msg = _send(self.tp, msg)
             self._publish = []
             out = execute(runner, self.tp, msg, tokens)
             if layout is not None:

@@ -74,23 +74,23 @@ class Step:
         """``ValueError`` naming the first thing a runner with this slot state cannot run (nothing is written)."""
         if self.num_rows == 0:
             raise ValueError("a step needs at least one row")
-        slot, token, pos = self.rows
-        if int(slot.min()) < 0 or int(slot.max()) > max_requests:
-            raise ValueError(f"row slots must be in [0, {max_requests}], got {slot.tolist()}")
-        if int(token.max()) >= vocab_size:
-            raise ValueError(f"token id {int(token.max())} is outside the vocabulary [0, {vocab_size})")
-        if int(pos.min()) < 0 or int(pos.max()) >= max_pages * page_size:
-            raise ValueError(f"row positions must be in [0, {max_pages * page_size}), got {pos.tolist()}")
+        (slot_lo, _, pos_lo), (slot_hi, token_hi, pos_hi) = self.rows.amin(1).tolist(), self.rows.amax(1).tolist()
+        if slot_lo < 0 or slot_hi > max_requests:
+            raise ValueError(f"row slots must be in [0, {max_requests}], got {self.rows[0].tolist()}")
+        if token_hi >= vocab_size:
+            raise ValueError(f"token id {token_hi} is outside the vocabulary [0, {vocab_size})")
+        if pos_lo < 0 or pos_hi >= max_pages * page_size:
+            raise ValueError(f"row positions must be in [0, {max_pages * page_size}), got {self.rows[2].tolist()}")
         if self.pages is not None and self.pages.numel():
-            s, c, p = self.pages
-            if int(s.min()) < 0 or int(s.max()) >= max_requests or int(c.min()) < 0 or int(c.max()) >= max_pages:
+            (s_lo, c_lo, p_lo), (s_hi, c_hi, _) = self.pages.amin(1).tolist(), self.pages.amax(1).tolist()
+            if s_lo < 0 or s_hi >= max_requests or c_lo < 0 or c_hi >= max_pages:
                 raise ValueError(f"block-table entries outside [{max_requests}, {max_pages}]: {self.pages.tolist()}")
-            if int(p.min()) < 1:
+            if p_lo < 1:
                 raise ValueError("page 0 is reserved (the null slot's); a block-table entry names it")
-        for name in ("pick", "source"):
-            t = getattr(self, name)
-            if t is not None and t.numel() and (int(t.min()) < 0 or (name == "pick" and int(t.max()) >= self.num_rows)):
-                raise ValueError(f"Step.{name} holds a row outside [0, {self.num_rows})")
+        if self.pick is not None and self.pick.numel():
+            lo, hi = self.pick.aminmax()
+            if int(lo) < 0 or int(hi) >= self.num_rows:
+                raise ValueError(f"Step.pick holds a row outside [0, {self.num_rows})")
 
     @classmethod
     def of(cls, kind: StepKind, slots: list[int], tokens: list[int], positions: list[int], **fields) -> Step:

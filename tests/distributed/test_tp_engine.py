@@ -1,5 +1,7 @@
-"""--tp through the engine: LLM(tp=2) and LLM(tp=4, dp=2, enable_dp_attention=True) generate the same greedy
-tokens as LLM() for a batch of mixed-length prompts; layouts that cannot split are one-line errors."""
+"""--tp through the engine: LLM(tp=2), DP attention layouts and the distributed runner at tp 1 generate the same
+greedy tokens as LLM() for a batch of mixed-length prompts, with the prefix cache, structured output, MTP,
+aborts and preemption; a step reaches the workers as tensors only; layouts that cannot split are one-line
+errors."""
 
 from __future__ import annotations
 
@@ -21,7 +23,9 @@ def greedy_tp1():
     return [o.token_ids for o in LLM(dtype="float32", device="cpu").generate(PROMPTS, SamplingParams(max_tokens=8, temperature=0))]
 
 
-@pytest.mark.parametrize("layout", [{"tp": 2}, {"tp": 4, "dp": 2, "enable_dp_attention": True}])
+@pytest.mark.parametrize("layout", [{"tp": 2}, {"tp": 2, "dp": 2, "enable_dp_attention": True},
+                                    {"tp": 4, "dp": 2, "enable_dp_attention": True},
+                                    {"distributed_executor_backend": "mp"}])
 def test_llm_tp_generates_the_tp1_tokens(greedy_tp1, layout):
     from dsa_runtime import LLM
     from dsa_runtime.engine import SamplingParams
@@ -59,7 +63,7 @@ def test_tp_on_too_few_gpus_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     kernels = types.SimpleNamespace(device="cuda")
     with pytest.raises(ConfigError, match=r"--tp 2 needs 2 GPUs on this node .* torch sees 1"):
-        _spec(EngineConfig(tp=2), tmp_path, kernels, num_pages=8, page_size=64, hidden=256)
+        _spec(EngineConfig(tp=2), tmp_path, kernels, num_pages=8, page_size=64, hidden=256, max_context=512)
 
 
 def test_tp2_with_the_prefix_cache_generates_the_uncached_tp1_tokens():
@@ -87,7 +91,8 @@ def test_tp2_with_the_prefix_cache_generates_the_uncached_tp1_tokens():
         llm.engine.runner.shutdown()
 
 
-@pytest.mark.parametrize("layout", [{"tp": 2}, {"tp": 4, "dp": 2, "enable_dp_attention": True}])
+@pytest.mark.parametrize("layout", [{"tp": 2}, {"tp": 2, "dp": 2, "enable_dp_attention": True},
+                                    {"tp": 4, "dp": 2, "enable_dp_attention": True}])
 def test_speculative_decoding_under_tp_generates_the_tp1_tokens(layout):
     """MTP under --tp 2 and under DP attention (tp 4, dp 2): every rank holds its slice of the NextN layer and
     a draft cache layer, each attention group runs its requests' verify and draft rows; the embedded model's
@@ -105,3 +110,55 @@ def test_speculative_decoding_under_tp_generates_the_tp1_tokens(layout):
         assert llm.engine.stats().spec_accept_length >= 2.5
     finally:
         llm.engine.runner.shutdown()
+
+
+def _refuse_objects(monkeypatch):
+    """Rank 0 may not send a pickled object from here on (the steps' collectives are tensors only)."""
+    import torch.distributed as dist
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a step sent per-sequence Python objects to the workers")
+
+    for name in ("gather_object", "broadcast_object_list", "send_object_list", "scatter_object_list",
+                 "all_gather_object"):
+        monkeypatch.setattr(dist, name, refuse)
+
+
+@pytest.mark.parametrize("layout", [{"tp": 2}, {"tp": 2, "dp": 2, "enable_dp_attention": True}])
+def test_steps_send_tensors_and_aborts_preemption_and_grammars_match_tp1(monkeypatch, layout):
+    """A small cache (preemptions), an abort mid-decode and a JSON-schema request at tp 2 (and DP attention):
+    the tp 1 tokens, no pickled object sent by any step, and zero pages and slots held at the end."""
+    from dsa_runtime.engine import Engine, EngineConfig, SamplingParams
+    from dsa_runtime.engine.structured import StructuredOutput
+
+    prompts = [[5 + i, 17, 29 + i, 41, 53, 67 + i, 71, 83] for i in range(5)]
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+    def run(**fields) -> tuple[dict, Engine]:
+        engine = Engine(EngineConfig(dtype="float32", device="cpu", page_size=4, max_total_tokens=96, **fields))
+        if fields:
+            _refuse_objects(monkeypatch)
+        for i, p in enumerate(prompts):
+            engine.add_request(f"r{i}", p, SamplingParams(max_tokens=24, temperature=0, ignore_eos=True))
+        engine.add_request("json", prompts[0], SamplingParams(max_tokens=24, temperature=0,
+                                                              structured=StructuredOutput.json_schema(schema)))
+        got: dict[str, list[int]] = {}
+        steps = 0
+        while engine.has_unfinished():
+            for out in engine.step():
+                got[out.request_id] = out.token_ids
+            steps += 1
+            if steps == 6:
+                engine.abort("r3")
+        return got, engine
+
+    want, _ = run()
+    got, engine = run(**layout)
+    try:
+        assert got == want
+        stats = engine.stats()
+        assert stats.num_preemptions > 0, "the small cache was meant to preempt"
+        assert stats.pages_used == 0 and engine.slots.num_free == engine.slots.max_requests
+    finally:
+        monkeypatch.undo()
+        engine.runner.shutdown()

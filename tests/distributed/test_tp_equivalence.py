@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from dsa_runtime.distributed import ParallelConfig
-from dsa_runtime.distributed.dp import padded_rows, split_batch
+from dsa_runtime.distributed.dp import group_of, padded_rows
 from dsa_runtime.distributed.runtime import DistributedRunner, RankSpec
 from dsa_runtime.model.runner import ModelRunner
 from dsa_runtime.model.seqs import ForwardBatch, ForwardSeq, forward
@@ -67,8 +67,7 @@ def test_tp_equals_tp1(tiny_checkpoint, reference, checkpoint_entries, tp, dp):
     runner = DistributedRunner(ParallelConfig(tp=tp, dp=dp, enable_dp_attention=dp > 1, timeout_s=60), spec)
     try:
         if dp > 1:  # both attention groups serve sequences, and their rows meet padded to a tp multiple
-            assert split_batch(ForwardBatch([ForwardSeq(p, 0, t) for p, t in zip(PROMPTS, TABLES, strict=True)]),
-                               dp) == [[1, 3], [0, 2, 4]]
+            assert [group_of(t, dp) for t in TABLES] == [1, 0, 1, 0, 1]
 
         def check(step, seqs, out):
             for i, (got, want) in enumerate(zip(out, want_logits[step], strict=True)):

@@ -39,7 +39,9 @@ def test_graphed_speculation_matches_plain_decoding_and_accepts_most_drafts(kv_c
     gc.collect()
     torch.cuda.empty_cache()
     engine = Engine(EngineConfig(**SMALL, kv_cache_dtype=kv_cache_dtype, speculative_algorithm="EAGLE"))
-    assert engine.runner.graphs is not None and engine.runner.draft_graphs is not None
+    from dsa_runtime.model.step import StepKind
+
+    assert set(engine.runner.graphs) == {StepKind.TARGET, StepKind.DRAFT, StepKind.CHAIN}
     spec = _outputs(engine)
     differing = [rid for rid in plain if plain[rid] != spec[rid]]
     assert len(differing) <= 1, differing

@@ -37,7 +37,7 @@ def _prompts(engine, n: int) -> list[list[int]]:
 @pytest.fixture(scope="module")
 def graph_engine():
     engine = _engine()
-    assert engine.runner.graphs is not None, "CUDA-graph capture failed on this GPU (see the log)"
+    assert engine.runner.graphs, "CUDA-graph capture failed on this GPU (see the log)"
     return engine
 
 
@@ -54,7 +54,7 @@ DECODE_BACKENDS = {
 @pytest.mark.parametrize("backend", list(DECODE_BACKENDS))
 def test_replay_is_bitwise_the_eager_padded_batch(graph_engine, backend):
     from dsa_runtime.engine import SamplingParams
-    from dsa_runtime.model.decode_state import DecodePlan
+    from dsa_runtime.model.step import Step, StepKind
 
     if backend == "auto":
         engine = graph_engine
@@ -66,7 +66,7 @@ def test_replay_is_bitwise_the_eager_padded_batch(graph_engine, backend):
         if not ok:
             pytest.skip(f"{name} is not available here: {why}")
         engine = _engine(cuda_graph_bs=[1, 4], **DECODE_BACKENDS[backend])
-        assert engine.runner.graphs is not None, f"CUDA-graph capture failed with {backend} (see the log)"
+        assert engine.runner.graphs, f"CUDA-graph capture failed with {backend} (see the log)"
         assert engine.runner.kernels.backend_of("sparse_attn.decode") == name
     runner = engine.runner
     prompts = _prompts(engine, 3)
@@ -76,15 +76,15 @@ def test_replay_is_bitwise_the_eager_padded_batch(graph_engine, backend):
         engine.step()
     requests = list(engine._requests.values())
     assert len(requests) == 3 and all(r.slot >= 0 for r in requests)
-    plan = DecodePlan.from_lists([r.slot for r in requests], [r.token_ids[-1] for r in requests],
-                                 [r.num_computed for r in requests])
-    rows = plan.rows.cuda()
-    graphs = runner.graphs
+    step = Step.of(StepKind.TARGET, [r.slot for r in requests], [r.token_ids[-1] for r in requests],
+                   [r.num_computed for r in requests])
+    rows = step.rows.cuda()
+    graphs = runner.graphs[StepKind.TARGET]
     replayed = graphs.run(rows).clone()
     bucket = graphs.bucket(3)
     assert bucket == 4
-    padded = torch.tensor([[runner.request_slots.null_slot], [0], [0]], device="cuda").expand(3, bucket - 3)
-    eager = runner._decode_eager(torch.cat([rows, padded], dim=1), runner.request_slots.max_pages)[:3]
+    padded = torch.tensor([[runner.state.null_slot], [0], [0]], device="cuda").expand(3, bucket - 3)
+    eager = runner._graph_forward(torch.cat([rows, padded], dim=1), runner.max_pages)[:3]
     assert torch.isfinite(replayed).all()
     assert torch.equal(replayed, eager), (replayed - eager).abs().max()
     for r in requests:
@@ -97,7 +97,7 @@ def test_greedy_with_and_without_graphs_agree(graph_engine):
     from dsa_runtime.engine import SamplingParams
 
     eager_engine = _engine(disable_cuda_graph=True)
-    assert eager_engine.runner.graphs is None
+    assert not eager_engine.runner.graphs
     prompts = _prompts(graph_engine, 12)
     params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
     got = {}
@@ -152,7 +152,7 @@ def test_aborts_between_replays_return_every_page_and_slot(graph_engine):
     from dsa_runtime.engine import SamplingParams
 
     engine = graph_engine
-    free_slots = engine.runner.request_slots.num_free
+    free_slots = engine.slots.num_free
     prompts = _prompts(engine, 10)
     for i, p in enumerate(prompts):
         engine.add_request(f"a{i}", p, SamplingParams(temperature=0.7, seed=i, max_tokens=64, ignore_eos=True))
@@ -165,7 +165,7 @@ def test_aborts_between_replays_return_every_page_and_slot(graph_engine):
                 engine.abort(rid)
     stats = engine.stats()
     assert stats.pages_used == 0 and stats.num_running == 0
-    assert engine.runner.request_slots.num_free == free_slots
+    assert engine.slots.num_free == free_slots
 
 
 def test_prompts_admitted_as_graph_rows_agree_with_tokenwise_eager_decoding(graph_engine):

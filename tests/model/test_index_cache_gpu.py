@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 def _run(override: str | None) -> dict[str, list[int]]:
     engine = Engine(EngineConfig(max_running_requests=8, max_total_tokens=8192, json_model_override_args=override))
-    assert engine.runner.graphs is not None
+    assert engine.runner.graphs
     rng = random.Random(1)
     for i, n in enumerate((150, 260, 200)):
         engine.add_request(f"q{i}", [rng.randrange(3, 3000) for _ in range(n)],
