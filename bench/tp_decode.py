@@ -1,4 +1,4 @@
-"""Tensor parallelism on GPUs (issue 12): tp 2 equals tp 1, and decode tokens/s at tp 1 and tp 2, in one run.
+"""Tensor parallelism on GPUs: tp 2 equals tp 1, and decode tokens/s at tp 1 and tp 2, in one run.
 
 Two models, random bf16 weights built in memory on each rank's GPU (every rank draws the same full tensors
 and keeps its slices, so tp 2 is exactly the tp 1 model split):
@@ -17,8 +17,11 @@ Prompts are ``prompt/2 .. prompt`` tokens (default 128-256), so one default run 
 preset's acceptance point (tp 2 next-token top-1 agreement and max |diff| vs tp 1 on 128-256-token prompts,
 ``--tp-reduce-dtype fp32``, tp 1 with ``moe_fp32_sum``); the last lines print it per model.
 
+Decode steps are token rows (``core/model/step.py``) of slots 0 .. batch-1, replaying a CUDA graph of the batch on
+every rank (``--graphs 0``: eager).
+
 Usage: ``python bench/tp_decode.py [--models tiny,real] [--batch 32] [--prompt 256] [--steps 32]
-[--tp-reduce-dtype fp32] [--tp1-moe-fp32 1] [--profile] [--out tp_decode.json]``.
+[--tp-reduce-dtype fp32] [--tp1-moe-fp32 1] [--graphs 1] [--profile] [--out tp_decode.json]``.
 
 ``--profile`` records the timed decode steps of each tp degree with torch.profiler on rank 0 and prints, per step,
 the wall time beside the GPU's busy time (kernel time; NCCL's all-reduces separately), the kernels launched
@@ -81,10 +84,22 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def run(runner, seqs, steps: int, profile: bool = False) -> dict:
-    """Prefill, then ``steps`` decodes fed with tp-independent tokens; returns logits and timings (with
-    ``profile``, ``common.step_profile`` of the timed steps too)."""
-    from dsa_runtime.model.seqs import ForwardBatch, ForwardSeq, forward
+def decode_step(seqs, lengths: list[int], tokens: list[int], page: int):
+    """One decode step of every sequence (sequence ``i`` in slot ``i``, as the prefill put it), carrying only the
+    block-table entries of the pages the step starts, as the engine sends them."""
+    from dsa_runtime.model.step import Step, StepKind
+
+    entries = [[i, n // page, s.page_table[n // page]] for i, (n, s) in enumerate(zip(lengths, seqs, strict=True))
+               if n % page == 0]
+    return Step.of(StepKind.TARGET, list(range(len(seqs))), tokens, lengths,
+                   pages=torch.tensor(entries, dtype=torch.int64).T.contiguous() if entries else None)
+
+
+def run(runner, seqs, steps: int, page: int, profile: bool = False) -> dict:
+    """Prefill, then ``steps`` decode steps (token rows; a graph replay where one is captured) fed with
+    tp-independent tokens; returns logits and timings (with ``profile``, ``common.step_profile`` of the timed
+    steps too)."""
+    from dsa_runtime.model.seqs import ForwardBatch, forward
 
     sync()
     t0 = time.perf_counter()
@@ -105,14 +120,13 @@ def run(runner, seqs, steps: int, profile: bool = False) -> dict:
             prof.__enter__()
         # Fixed random next tokens (not argmax): both tp degrees decode exactly the same sequence.
         nxt = torch.randint(0, pre[0].shape[-1], (len(seqs),), generator=feed).tolist()
-        batch = [ForwardSeq([t], n, s.page_table, "last") for t, n, s in zip(nxt, lengths, seqs, strict=True)]
         sync()
         t1 = time.perf_counter()
-        out = forward(runner, ForwardBatch(batch))
+        out = runner.run(decode_step(seqs, lengths, nxt, page))
         sync()
         times.append(time.perf_counter() - t1)
         if step == 0:
-            first = torch.stack([o.float().cpu() for o in out])
+            first = out.float().cpu()
         lengths = [n + 1 for n in lengths]
     timed = times[2:] if len(times) > 4 else times  # first steps warm up kernels / caches
     extra = {}
@@ -170,12 +184,14 @@ def bench_model(name: str, args) -> dict:
     # tp 1 rounds the MoE's fp32 expert sum once, as the tp 2 ranks round their fp32 partial sums
     # (--tp-reduce-dtype fp32): the two differ by fp32 summation order only.
     runner = ModelRunner(config, tensors, kernels=kernels, cache=cache, dtype=dtype, device=dev,
-                         moe_fp32_sum=bool(args.tp1_moe_fp32))
+                         moe_fp32_sum=bool(args.tp1_moe_fp32), max_requests=args.batch)
     del tensors
+    graphs = [args.batch] if args.graphs else []
+    runner.capture_graphs(graphs, progress=False)
     result["tp1_build_s"] = time.perf_counter() - t0
     result["tp1_gpu_bytes"] = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else None
     log(f"{name}: tp 1 built in {result['tp1_build_s']:.1f} s")
-    tp1 = run(runner, seqs, args.steps, args.profile)
+    tp1 = run(runner, seqs, args.steps, page, args.profile)
     log(f"{name}: tp 1 ran: {tp1['decode_tok_s']:.1f} tok/s")
     del runner, cache
     gc.collect()
@@ -183,7 +199,8 @@ def bench_model(name: str, args) -> dict:
         torch.cuda.empty_cache()
     t0 = time.perf_counter()
     spec = RankSpec(config=config, random_seed=args.seed, dtype=args.dtype, device_type=dev.type,
-                    kernel_config=kcfg, num_pages=num_pages, page_size=page, cpu_threads=None)
+                    kernel_config=kcfg, num_pages=num_pages, page_size=page, cpu_threads=None,
+                    max_requests=args.batch, graph_batch_sizes=graphs if dev.type == "cuda" else [])
     dist_runner = DistributedRunner(ParallelConfig(tp=2, timeout_s=300, reduce_dtype=args.tp_reduce_dtype), spec)
     try:
         result["tp2_build_s"] = time.perf_counter() - t0
@@ -191,7 +208,7 @@ def bench_model(name: str, args) -> dict:
         result["tp2_rank_bytes"] = dist_runner.collect("dsa_runtime.distributed.runtime:loaded_bytes")
         result["tp2_kernels"] = {m: c.backend for m, c in dist_runner.kernels.choices.items()
                                  if m.startswith("sparse_attn")}
-        tp2 = run(dist_runner, seqs, args.steps, args.profile)
+        tp2 = run(dist_runner, seqs, args.steps, page, args.profile)
         log(f"{name}: tp 2 ran: {tp2['decode_tok_s']:.1f} tok/s")
     finally:
         dist_runner.shutdown()
@@ -215,6 +232,8 @@ def main() -> int:
                    help="1: the tp 1 runner rounds the MoE's fp32 expert sum once (ModelRunner moe_fp32_sum)")
     p.add_argument("--profile", action="store_true",
                    help="torch.profiler over the timed decode steps on rank 0: GPU busy, NCCL and host time per step")
+    p.add_argument("--graphs", type=int, default=1, choices=(0, 1),
+                   help="1: decode steps replay a CUDA graph of the batch on every rank (0: eager steps)")
     p.add_argument("--out", default=None)
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a dry run of the script (gloo)")
     args = p.parse_args()

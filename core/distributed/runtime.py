@@ -143,17 +143,16 @@ def build_rank_runner(spec: RankSpec, tp: Any) -> Any:
     return runner
 
 
-def _send(tp: Any, msg: Message) -> Message:
-    """Broadcast ``msg`` to the workers; returns what they decode from it (rank 0 runs exactly that)."""
+def _send(tp: Any, msg: Message) -> None:
+    """Broadcast ``msg`` to the workers (none with one rank: rank 0 runs the message itself)."""
     import torch.distributed as dist
 
+    if tp.info.world == 1:
+        return
     header, payload = msg.encode(tp.info.dp)
-    if tp.info.world == 1:  # nobody to send to: the one rank still runs the decoded message
-        return Message.decode(header, payload)
     dist.broadcast(header, src=0, group=tp.ctrl_group)
     if payload.numel():
         dist.broadcast(payload, src=0, group=tp.ctrl_group)
-    return msg
 
 
 def _receive(tp: Any) -> Message:
@@ -332,16 +331,18 @@ class DistributedRunner:
             raise WorkerDiedError("the tensor-parallel runtime was shut down")
         self.check_workers()
         runner = self.runner
-        # Validate before any rank starts, so a bad step is one clear error and nobody waits.
-        step.check(runner.max_requests, runner.max_pages, runner.cache.page_size, runner.config.vocab_size)
+        if self.parallel.tp > 1:  # validate before any rank starts: a bad step is one clear error, nobody waits
+            step.check(runner.max_requests, runner.max_pages, runner.cache.page_size, runner.config.vocab_size)
         dp = self.parallel.dp
         if step.pages is not None and dp > 1:  # a slot's group: its first page's (dsa_runtime.distributed.dp)
             first = step.pages[1] == 0
             self._slot_group[step.pages[0, first]] = step.pages[2, first] % dp
         publish = tokens = None
-        if self._publish:
+        if len(self._publish) == 1:
+            publish, tokens = self._publish[0]
+        elif self._publish:
             publish = torch.cat([s for s, _ in self._publish])
-            tokens = torch.cat([t.to(torch.int64) for _, t in self._publish])
+            tokens = torch.cat([t for _, t in self._publish])
         layout = order = None
         if dp == 1:
             msg = Message(OP_STEP, step, step.num_rows, None, publish)
@@ -353,7 +354,7 @@ class DistributedRunner:
                 laid.source[layout.position] = last.position[step.source] % last.group_rows
             msg = Message(OP_STEP, laid, layout.group_rows, picks, publish)
         try:
-            msg = _send(self.tp, msg)
+            _send(self.tp, msg)
             self._publish = []
             out = execute(runner, self.tp, msg, tokens)
             if layout is not None:

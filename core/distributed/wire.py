@@ -18,6 +18,7 @@ from dsa_runtime.model.step import Step, StepKind
 
 OP_STEP, OP_CALL, OP_STOP = 1, 2, 3
 _FIXED = 10  # header fields before the per-group pick counts
+_EMPTY = torch.zeros(0, dtype=torch.int64)
 
 
 @dataclass
@@ -36,46 +37,38 @@ class Message:
     publish: Tensor | None = None
 
     def encode(self, dp: int) -> tuple[Tensor, Tensor]:
-        """The header ``[10 + dp]`` and payload tensors."""
-        header = torch.zeros(_FIXED + dp, dtype=torch.int64)
-        header[0] = self.op
-        if self.step is None:
-            return header, torch.zeros(0, dtype=torch.int64)
+        """The header ``[10 + dp]`` and payload tensors (one tensor built from host ints, one concatenation)."""
         s = self.step
-        parts = [s.rows.reshape(-1)]
-        header[1:10] = torch.tensor([
-            int(s.kind), s.num_rows, self.group_rows,
-            -1 if s.pick is None else int(s.pick.numel()),
-            0 if s.pages is None else int(s.pages.shape[1]),
-            int(s.hidden), int(s.source is not None), int(s.budget is not None),
-            0 if self.publish is None else int(self.publish.numel()),
-        ])
-        if self.picks is not None:
-            header[_FIXED:] = torch.tensor(self.picks)
-        for t in (s.pick, None if s.pages is None else s.pages.reshape(-1), s.source, s.budget, self.publish):
-            if t is not None:
-                parts.append(t.reshape(-1))
-        return header, torch.cat(parts)
+        if s is None:
+            return torch.tensor([self.op] + [0] * (_FIXED - 1 + dp), dtype=torch.int64), _EMPTY
+        fields = [self.op, int(s.kind), s.num_rows, self.group_rows,
+                  -1 if s.pick is None else int(s.pick.numel()),
+                  0 if s.pages is None else int(s.pages.shape[1]),
+                  int(s.hidden), int(s.source is not None), int(s.budget is not None),
+                  0 if self.publish is None else int(self.publish.numel())]
+        fields += self.picks if self.picks is not None else [0] * dp
+        parts = [t.reshape(-1) for t in (s.rows, s.pick, s.pages, s.source, s.budget, self.publish) if t is not None]
+        return torch.tensor(fields, dtype=torch.int64), parts[0] if len(parts) == 1 else torch.cat(parts)
 
     @staticmethod
     def payload_size(header: Tensor) -> int:
-        if int(header[0]) != OP_STEP:
+        op, _, rows, _, pick, pages, _, source, budget, publish = header[:_FIXED].tolist()
+        if op != OP_STEP:
             return 0
-        _, rows, _, pick, pages, _, source, budget, publish = header[1:10].tolist()
         return 3 * rows + max(pick, 0) + 3 * pages + rows * (source + budget) + publish
 
     @classmethod
     def decode(cls, header: Tensor, payload: Tensor) -> Message:
-        op = int(header[0])
+        fields = header.tolist()
+        op, kind, rows, group_rows, pick, pages, hidden, source, budget, publish = fields[:_FIXED]
         if op != OP_STEP:
             return cls(op)
-        kind, rows, group_rows, pick, pages, hidden, source, budget, publish = header[1:10].tolist()
-        sizes = [3 * rows, max(pick, 0), 3 * pages, rows * source, rows * budget, publish]
-        r, p, e, src, bud, pub = payload.split(sizes)
+        r, p, e, src, bud, pub = payload.split([3 * rows, max(pick, 0), 3 * pages, rows * source, rows * budget,
+                                                publish])
         step = Step(StepKind(kind), r.view(3, rows), pick=p if pick >= 0 else None,
                     pages=e.view(3, pages) if pages else None, hidden=bool(hidden),
                     source=src if source else None, budget=bud if budget else None)
-        return cls(op, step, group_rows, header[_FIXED:].tolist() if pick >= 0 else None, pub if publish else None)
+        return cls(op, step, group_rows, fields[_FIXED:] if pick >= 0 else None, pub if publish else None)
 
     def local_step(self, dp_rank: int) -> Step:
         """This attention group's part of the step (every block-table entry: each rank keeps every slot's)."""
