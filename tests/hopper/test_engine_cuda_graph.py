@@ -182,8 +182,8 @@ def test_prompts_admitted_as_graph_rows_agree_with_tokenwise_eager_decoding(grap
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=2)
     reference = _engine(disable_cuda_graph=True, chunked_prefill_size=1)
     got, widths = {}, []
-    decode = graph_engine.runner.decode
-    graph_engine.runner.decode = lambda plan: (widths.append(plan.batch_size), decode(plan))[1]
+    run = graph_engine.runner.run
+    graph_engine.runner.run = lambda step: (widths.append(step.num_rows), run(step))[1]
     try:
         for name, engine in (("graphs", graph_engine), ("tokenwise", reference)):
             pending, steps, outs = list(enumerate(prompts)), 0, {}
@@ -198,7 +198,7 @@ def test_prompts_admitted_as_graph_rows_agree_with_tokenwise_eager_decoding(grap
             got[name] = outs
             assert engine.stats().pages_used == 0
     finally:
-        graph_engine.runner.decode = decode
+        graph_engine.runner.run = run
     assert max(widths) > len(prompts), "no step put prompt tokens into the graph's rows"
     for i in range(len(prompts)):
         a, b = got["graphs"][i], got["tokenwise"][i]
