@@ -65,15 +65,15 @@ class EngineParts:
     extras: dict[str, Any] = field(default_factory=dict)
 
 
-def _groups(plan: list, graph_rows: int) -> list[list]:
+def _groups(scheduled: list, graph_rows: int) -> list[list]:
     """The step's scheduled items as groups of one runner step each: items that fit the largest graph packed in
     order into groups of at most ``graph_rows`` rows (one replay each), the rest (long prompt chunks) one eager
     group first; without graphs one group of everything."""
     if graph_rows <= 0:
-        return [plan]
-    fits = [item.num_tokens <= graph_rows for item in plan]
-    eager = [item for item, ok in zip(plan, fits, strict=True) if not ok]
-    graphed = pack_in_order([item for item, ok in zip(plan, fits, strict=True) if ok], lambda i: i.num_tokens,
+        return [scheduled]
+    fits = [item.num_tokens <= graph_rows for item in scheduled]
+    eager = [item for item, ok in zip(scheduled, fits, strict=True) if not ok]
+    graphed = pack_in_order([item for item, ok in zip(scheduled, fits, strict=True) if ok], lambda i: i.num_tokens,
                             graph_rows)
     return ([eager] if eager else []) + graphed
 
@@ -186,20 +186,20 @@ class Engine:
         """
         outputs, self._pending = self._pending, []
         if self._spec is not None:
-            plan = self.scheduler.schedule()
-            return outputs + (self._spec.step(plan) if plan else [])
+            scheduled = self.scheduler.schedule()
+            return outputs + (self._spec.step(scheduled) if scheduled else [])
         if self._inflight is not None and not self._can_overlap():
-            outputs += self._resolve()
-        plan = self.scheduler.schedule()
-        launched = self._launch(plan) if plan else None
+            outputs += self._collect()
+        scheduled = self.scheduler.schedule()
+        launched = self._launch(scheduled) if scheduled else None
         outputs += self._early_outputs
         self._early_outputs = []
         if self._inflight is not None:
-            outputs += self._resolve()  # the previous step, while the GPU runs this one
+            outputs += self._collect()  # the previous step, while the GPU runs this one
         if launched is not None:
             self._inflight = launched
             if not (self._overlap and launched.decode_only):
-                outputs += self._resolve()
+                outputs += self._collect()
         return outputs
 
     def _can_overlap(self) -> bool:
@@ -216,7 +216,7 @@ class Engine:
                 return False
         return True
 
-    def _launch(self, plan: list) -> _Launched | None:
+    def _launch(self, scheduled: list) -> _Launched | None:
         """Queue the step's forward and its sampling on the device; nothing waits for the GPU here.
 
         Every token of the step is a token row (a prefill chunk's tokens are rows at consecutive positions of
@@ -226,7 +226,7 @@ class Engine:
         parts: list[torch.Tensor] = []
         requests: list[Request] = []
         sampled: list[int] = []  # the slot of each sampled row
-        groups = _groups(plan, self.runner.graph_rows)
+        groups = _groups(scheduled, self.runner.graph_rows)
         for k, group in enumerate(groups):
             logits = self._rows_step(group)
             if logits is not None:
@@ -236,7 +236,7 @@ class Engine:
                 requests += [item.request for item in group if item.sample]
         sampled = [r.slot for r in requests]
         self._counters["steps"] += 1
-        for item in plan:
+        for item in scheduled:
             request = item.request
             request.num_computed += item.num_tokens
             if item.sample and request.num_output_tokens == 0 and not request.inflight:
@@ -248,7 +248,7 @@ class Engine:
             if self._inflight is not None:
                 # Overlap: the forward is queued; the mask needs the in-flight tokens in the matchers, so the
                 # previous step is read here, while the GPU runs this one, and only the sampling waits for it.
-                self._early_outputs += self._resolve()
+                self._early_outputs += self._collect()
             self._grammar.mask(logits, [r.grammar for r in requests])
         pending = sample_async(
             logits, [r.params for r in requests], [r.seed for r in requests],
@@ -258,10 +258,10 @@ class Engine:
         self.runner.publish(torch.tensor(sampled, dtype=torch.int64), pending.tokens)
         for request in requests:
             request.inflight += 1
-        decode_only = all(item.num_tokens == 1 and item.sample for item in plan)
+        decode_only = all(item.num_tokens == 1 and item.sample for item in scheduled)
         return _Launched(requests, pending, decode_only)
 
-    def _resolve(self) -> list[RequestOutput]:
+    def _collect(self) -> list[RequestOutput]:
         """Take the in-flight step's tokens (waiting for their copy only) and turn them into outputs."""
         launched, self._inflight = self._inflight, None
         tokens, logprobs = launched.pending.result()

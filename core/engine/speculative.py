@@ -95,14 +95,14 @@ class Speculator:
         self.counters = SpecCounters()
 
     # --- the step ------------------------------------------------------------------------------------------------
-    def step(self, plan: list[ScheduledSeq]) -> list[RequestOutput]:
+    def step(self, scheduled: list[ScheduledSeq]) -> list[RequestOutput]:
         """Run one scheduled step (prefill chunks and decoding requests) with speculation, synchronously; the
         outputs of the requests that produced tokens (several per verify) or finished."""
         eng = self.engine
-        is_verify = [item.num_tokens == 1 and item.sample and item.request.is_decoding for item in plan]
-        chunks = [item for item, v in zip(plan, is_verify, strict=True) if not v]
+        is_verify = [item.num_tokens == 1 and item.sample and item.request.is_decoding for item in scheduled]
+        chunks = [item for item, v in zip(scheduled, is_verify, strict=True) if not v]
         specs = [_Verify(item.request, self._budget(item.request), 0)
-                 for item, v in zip(plan, is_verify, strict=True) if v]
+                 for item, v in zip(scheduled, is_verify, strict=True) if v]
         drafts = self._draft(specs)
 
         # One TARGET step: the prefill chunks' rows, then each verify's last token and drafts.

@@ -5,7 +5,7 @@ prefill and decode see exactly the same stored values (bf16 rows, or FP8 rows wh
 bf16 dequantisation exact) and agree with each other.
 
 * decode rows (:func:`decode_attention`; every row of a graphed step, and the short runs of an eager one):
-  ``kernels.sparse_attn.decode`` over the paged cache, indices = physical slots from the rows' block tables:
+  ``kernels.sparse_attn.decode`` over the paged cache, indices = cache locations from the rows' block tables:
   for DSA the indexer's top-k (``logits_paged`` + ``topk_transform``, which gives a row of at most
   ``index_topk`` tokens every one of its positions); for the V3 family every visible slot. Shapes depend on
   the row count and the table width only, so the path is graph-safe.
@@ -96,7 +96,7 @@ class AttnContext:
     def shared_topk(self, site: object, compute: Callable[[], Tensor]) -> Tensor:
         """IndexCache: the top-k indices of one selection ``site`` of the step (decode rows, a prefill group):
         a Full layer computes them (``compute()``) and keeps them for the layers after it, a Shared layer
-        (:attr:`reuse_topk`) takes the last Full layer's. Indices are slots or step-local positions, the same
+        (:attr:`reuse_topk`) takes the last Full layer's. Indices are cache locations or step-local positions, the same
         for every layer of the step."""
         key = ("topk", site)
         if self.reuse_topk:
@@ -132,8 +132,8 @@ def decode_attention(ctx: AttnContext, q: Tensor, kv_cache: Tensor, index_cache:
         width = -(-t.width // DENSE_WIDTH_MULTIPLE) * DENSE_WIDTH_MULTIPLE
         pos = torch.arange(width, device=q.device)
         page = (pos // ps).clamp_max(t.table.shape[1] - 1)
-        slots = t.table[:, page].long() * ps + pos % ps
-        indices = torch.where(pos[None, :] < t.lens[:, None], slots, -1)
+        locs = t.table[:, page].long() * ps + pos % ps
+        indices = torch.where(pos[None, :] < t.lens[:, None], locs, -1)
     out, _lse = kernels.sparse_attn.decode(q.unsqueeze(1), kv_cache, indices.to(torch.int32).unsqueeze(1),
                                            ctx.sm_scale, layout=ctx.kv_layout)
     return out[:, 0]
@@ -148,7 +148,7 @@ def _prefill_groups(ctx: AttnContext, seqs: list[SeqMeta], device) -> list[dict]
 
     Chunks are grouped in order so that a group's cache rows stay under ``MAX_GATHER_ROWS`` (a chunk longer
     than that is a group of its own). Per group: ``rows`` ``[n]`` int64, the token rows of its chunks;
-    ``slots`` ``[S]`` int64, the cache slots of every chunk's positions ``0 .. end-1``, concatenated;
+    ``locs`` ``[S]`` int64, the cache locations of every chunk's positions ``0 .. end-1``, concatenated;
     ``base`` ``[n]`` int64, each row's chunk offset in that buffer; ``ends`` ``[n]`` int32, ``base`` + position
     + 1 (a row sees buffer rows ``[base, ends)``); ``sparse`` ``[n]`` bool, rows of chunks that go through
     the indexer (None when none does, True-only groups have ``all_sparse``); ``width``, the index width
@@ -168,7 +168,7 @@ def _prefill_groups(ctx: AttnContext, seqs: list[SeqMeta], device) -> list[dict]
         dense = [ctx.is_dense(s) for s in part]
         groups.append({
             "rows": rows,
-            "slots": torch.cat([ctx.step.slots_of(s) for s in part]),
+            "locs": torch.cat([ctx.step.locs_of(s) for s in part]),
             "base": base,
             "ends": (base + ctx.step.positions[rows] + 1).to(torch.int32),
             "sparse": None if all(dense) else torch.tensor(dense, device=device).logical_not_().repeat_interleave(
@@ -195,7 +195,7 @@ def prefill_absorbed(ctx: AttnContext, seqs: list[SeqMeta], q: Tensor, kv_cache:
     results = []
     for gi, g in enumerate(_prefill_groups(ctx, seqs, q.device)):
         rows, base, ends, sparse = g["rows"], g["base"], g["ends"], g["sparse"]
-        kv = kernels.kv_quant.dequantize_mla(flat.index_select(0, g["slots"]), layout=ctx.kv_layout)
+        kv = kernels.kv_quant.dequantize_mla(flat.index_select(0, g["locs"]), layout=ctx.kv_layout)
         indices = None
         if not g["all_sparse"]:
             cols = torch.arange(g["width"], device=q.device)
@@ -205,7 +205,7 @@ def prefill_absorbed(ctx: AttnContext, seqs: list[SeqMeta], q: Tensor, kv_cache:
             ks = base if g["all_sparse"] else base[sparse]
 
             def select(g=g, sparse=sparse, ks=ks) -> Tensor:
-                k8, k_scale = kernels.kv_quant.gather_index_k(index_cache, g["slots"])
+                k8, k_scale = kernels.kv_quant.gather_index_k(index_cache, g["locs"])
                 rows, ends = g["rows"], g["ends"]
                 pick = rows if g["all_sparse"] else rows[sparse]
                 ke = ends if g["all_sparse"] else ends[sparse]
@@ -240,7 +240,7 @@ def mha_groups(ctx: AttnContext) -> list[list[SeqMeta]]:
 
 
 def _group_tables(ctx: AttnContext, group: list[SeqMeta], device) -> tuple[Tensor, Tensor, Tensor]:
-    """Token rows ``[G, len]``, cache slots ``[G, end]`` and positions ``[len]`` of one MHA group (memoised)."""
+    """Token rows ``[G, len]``, cache locations ``[G, end]`` and positions ``[len]`` of one MHA group (memoised)."""
     key = ("mha", group[0].index)
     got = ctx.memo.get(key)
     if got is None:
@@ -249,18 +249,18 @@ def _group_tables(ctx: AttnContext, group: list[SeqMeta], device) -> tuple[Tenso
         rows = t0[:, None] + torch.arange(first.length, device=device)[None, :]
         pos = torch.arange(first.end_pos, device=device)
         tables = ctx.step.tables_of(group)[:, : -(-first.end_pos // ps)]  # equal lengths: no padding
-        slots = tables[:, pos // ps] * ps + pos % ps
-        got = ctx.memo[key] = (rows, slots, ctx.step.positions[first.t0:first.t1])
+        locs = tables[:, pos // ps] * ps + pos % ps
+        got = ctx.memo[key] = (rows, locs, ctx.step.positions[first.t0:first.t1])
     return got  # type: ignore[return-value]
 
 
-def _selected(ctx: AttnContext, group: list[SeqMeta], rows: Tensor, slots: Tensor, index_cache: Tensor,
+def _selected(ctx: AttnContext, group: list[SeqMeta], rows: Tensor, locs: Tensor, index_cache: Tensor,
               iq) -> Tensor:
     """``[G, len, end]`` bool: the keys the indexer selects for each row (the calls of the absorbed path)."""
     kernels = ctx.kernels
     n_seq, length = rows.shape
-    end = slots.shape[1]
-    k8, k_scale = kernels.kv_quant.gather_index_k(index_cache, slots.reshape(-1))
+    end = locs.shape[1]
+    k8, k_scale = kernels.kv_quant.gather_index_k(index_cache, locs.reshape(-1))
     ends = (ctx.step.positions[group[0].t0:group[0].t1] + 1).to(torch.int32)
     starts = torch.zeros_like(ends)
     picked = torch.zeros(n_seq, length, end + 1, dtype=torch.bool, device=rows.device)
@@ -284,12 +284,12 @@ def prefill_mha(ctx: AttnContext, group: list[SeqMeta], q_nope: Tensor, q_pe: Te
     Returns the group's token rows ``[G * len]`` and their outputs ``[G * len, H, v]`` fp32.
     """
     device = q_nope.device
-    rows, slots, pos = _group_tables(ctx, group, device)
+    rows, locs, pos = _group_tables(ctx, group, device)
     n_seq, length = rows.shape
-    end = slots.shape[1]
+    end = locs.shape[1]
     heads, nope = q_nope.shape[1], q_nope.shape[2]
     flat = kv_cache.reshape(-1, kv_cache.shape[-1])
-    kv = ctx.kernels.kv_quant.dequantize_mla(flat.index_select(0, slots.reshape(-1)), layout=ctx.kv_layout)
+    kv = ctx.kernels.kv_quant.dequantize_mla(flat.index_select(0, locs.reshape(-1)), layout=ctx.kv_layout)
     d_lat = w_kv.shape[0]
     # Scores and softmax in fp32: bf16 scores (|s| ~ 10, ulp 0.06) would add far more noise than the
     # absorbed path has; the projection's bf16 rounding (relative 2^-9) is the absorbed query's.
@@ -309,7 +309,7 @@ def prefill_mha(ctx: AttnContext, group: list[SeqMeta], q_nope: Tensor, q_pe: Te
         hidden = torch.arange(end, device=device)[None, :] > pos[:, None]  # [len, end]: row t sees keys <= pos[t]
     else:  # the top-k lies inside each row's causal window
         selected = ctx.shared_topk(("mha", group[0].index),
-                                   lambda: _selected(ctx, group, rows, slots, index_cache, iq))
+                                   lambda: _selected(ctx, group, rows, locs, index_cache, iq))
         hidden = ~selected[:, None]  # [G, 1, len, end]
     probs = torch.softmax(scores.masked_fill_(hidden, float("-inf")), dim=-1)
     out = torch.bmm(probs.view(n_seq * heads, length, end), values).view(n_seq, heads, length, v_dim)

@@ -52,14 +52,14 @@ class SeqMeta:
 
 @dataclass
 class StepMeta:
-    """Flat metadata of a step. token_ids, positions, slots (KV cache slots): ``[T]`` int64 on the model device;
+    """Flat metadata of a step. token_ids, positions, locs (each token's KV cache location, page * page_size + offset): ``[T]`` int64 on the model device;
     seqs: the prompt chunks; page_tables: ``[B, P]`` int64, each chunk's pages zero-padded to the longest (each
     ``SeqMeta.page_table`` is a view of its row), or None."""
 
     seqs: list[SeqMeta]
     token_ids: Tensor
     positions: Tensor
-    slots: Tensor
+    locs: Tensor
     page_size: int
     page_tables: Tensor | None = None
 
@@ -77,8 +77,8 @@ class StepMeta:
     def num_tokens(self) -> int:
         return int(self.token_ids.shape[0])
 
-    def slots_of(self, seq: SeqMeta, end: int | None = None) -> Tensor:
-        """Slots of positions ``0 .. end - 1`` (default: all the sequence's tokens so far) ``[end]`` int64."""
+    def locs_of(self, seq: SeqMeta, end: int | None = None) -> Tensor:
+        """Cache locations of positions ``0 .. end - 1`` (default: all the sequence's tokens so far) ``[end]`` int64."""
         end = seq.end_pos if end is None else end
         pos = torch.arange(end, device=seq.page_table.device)
         return seq.page_table[pos // self.page_size] * self.page_size + pos % self.page_size

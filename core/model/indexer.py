@@ -42,12 +42,12 @@ class Indexer:
         r = self.rope_dim
         return torch.cat([apply_neox(x[..., :r], cos, sin), x[..., r:]], dim=-1)
 
-    def write_keys(self, x: Tensor, cos: Tensor, sin: Tensor, kernels, index_cache: Tensor, slots: Tensor,
+    def write_keys(self, x: Tensor, cos: Tensor, sin: Tensor, kernels, index_cache: Tensor, locs: Tensor,
                    scale_fmt: str) -> None:
-        """Compute ``k = rope(k_norm(wk x))``, quantise (Hadamard + FP8) and store it at ``slots``."""
+        """Compute ``k = rope(k_norm(wk x))``, quantise (Hadamard + FP8) and store it at the cache locations ``locs``."""
         k = layer_norm(linear(x, self.wk), self.k_norm_w, self.k_norm_b, self.eps).to(x.dtype)
         k8, k_scale = kernels.indexer.quantize_k(self._rope(k, cos, sin), scale_fmt=scale_fmt)
-        kernels.kv_quant.store_index_k(index_cache, slots, k8, k_scale)
+        kernels.kv_quant.store_index_k(index_cache, locs, k8, k_scale)
 
     def queries(self, x: Tensor, qr: Tensor, cos: Tensor, sin: Tensor, kernels, scale_fmt: str) -> IndexerQuery:
         """Queries from MLA's ``q_norm`` output ``qr`` ``[T, q_lora]``; head weights from ``x`` in fp32."""

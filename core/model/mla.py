@@ -28,7 +28,7 @@ from dsa_runtime.model.weights import WeightSource
 _TAKES_SCALE_FMT: dict[object, bool] = {}
 
 
-def store_mla(kernels, kv_cache: Tensor, slots: Tensor, c: Tensor, k_pe: Tensor, layout: str) -> None:
+def store_mla(kernels, kv_cache: Tensor, locs: Tensor, c: Tensor, k_pe: Tensor, layout: str) -> None:
     """``kernels.kv_quant.store_mla``; the fp8_656 cache always uses ue8m0 scales, which make the bf16
     dequantisation exact (prefill reads bf16 rows, decode reads FP8 rows: both see the same values).
 
@@ -44,9 +44,9 @@ def store_mla(kernels, kv_cache: Tensor, slots: Tensor, c: Tensor, k_pe: Tensor,
             takes = False
         _TAKES_SCALE_FMT[key] = takes
     if takes:
-        fn(kv_cache, slots, c, k_pe, layout=layout, scale_fmt="ue8m0")
+        fn(kv_cache, locs, c, k_pe, layout=layout, scale_fmt="ue8m0")
     else:
-        fn(kv_cache, slots, c, k_pe, layout=layout)
+        fn(kv_cache, locs, c, k_pe, layout=layout)
 
 
 def _absorbed_rows(ctx: AttnContext, seqs: list[SeqMeta], device) -> Tensor:
@@ -110,12 +110,12 @@ class MLA:
         kv = linear(x, self.wkv_a)
         c = rms_norm(kv[:, : self.lora], self.kv_norm, self.eps)  # only the latent is normalised
         k_pe = apply_interleaved(kv[:, self.lora:], cos, sin)
-        slots = ctx.step.slots
-        store_mla(ctx.kernels, kv_cache, slots, c, k_pe, ctx.kv_layout)
+        locs = ctx.step.locs
+        store_mla(ctx.kernels, kv_cache, locs, c, k_pe, ctx.kv_layout)
         iq = None
         ctx.reuse_topk = self.reuse_topk
         if self.indexer is not None:
-            self.indexer.write_keys(x, cos, sin, ctx.kernels, index_cache, slots, ctx.index_scale_fmt)
+            self.indexer.write_keys(x, cos, sin, ctx.kernels, index_cache, locs, ctx.index_scale_fmt)
             if ctx.needs_index_queries() and not self.reuse_topk:
                 iq = self.indexer.queries(x, qr, cos, sin, ctx.kernels, ctx.index_scale_fmt)
         seqs = ctx.step.seqs

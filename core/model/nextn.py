@@ -12,7 +12,7 @@ omit the copies). One draft step at position ``q`` reads the main model's post-f
     logits = head(g)
 
 Chained draft steps feed ``g`` back in place of ``h`` (as SGLang and vLLM do). The layer caches its MLA and
-index-K rows in the KV cache's extra (draft) pools at the same slots as the main stack.
+index-K rows in the KV cache's extra (draft) pools at the same cache locations as the main stack.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class NextNLayer:
     def __call__(self, embedded: Tensor, prev_hidden: Tensor, cos: Tensor, sin: Tensor, ctx: AttnContext,
                  kv_cache: Tensor, index_cache: Tensor | None) -> Tensor:
         """``embedded`` (the next tokens' embeddings) and ``prev_hidden`` ``[T, D]`` (model dtype) -> the draft's
-        post-norm hidden ``[T, D]``; writes the layer's cache rows at the step's slots."""
+        post-norm hidden ``[T, D]``; writes the layer's cache rows at the step's cache locations."""
         e = rms_norm(embedded, self.enorm, self.eps)
         h = rms_norm(prev_hidden.to(e.dtype), self.hnorm, self.eps)
         z = linear(torch.cat([e, h], dim=-1), self.eh_proj)

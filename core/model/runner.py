@@ -362,7 +362,7 @@ class ModelRunner:
         ``chunks`` (first row, length) are the prompt chunks among them (``host_rows`` gives their slots and
         positions), every other row a decode row."""
         ps = self.cache.page_size
-        ids, pos, kv_slots, lens, table = row_inputs(rows, self.state, ps, pages)
+        ids, pos, locs, lens, table = row_inputs(rows, self.state, ps, pages)
         batch = ids.shape[0]
         seqs: list[SeqMeta] = []
         page_tables = None
@@ -378,7 +378,7 @@ class ModelRunner:
             for t0, n in chunks:
                 mask[t0:t0 + n] = False
             decode_rows = mask.nonzero().flatten().to(self.device) if bool(mask.any()) else None
-        ctx = self._context(StepMeta(seqs, ids, pos, kv_slots, ps, page_tables))
+        ctx = self._context(StepMeta(seqs, ids, pos, locs, ps, page_tables))
         if not chunks or decode_rows is not None:
             if decode_rows is not None:
                 lens, table = lens.index_select(0, decode_rows), table.index_select(0, decode_rows)

@@ -105,7 +105,7 @@ def row_inputs(rows: Tensor, state: SlotState, page_size: int, pages: int) -> tu
             column ``-1 - t`` of the slot's token state.
         pages: block-table columns the step reads (``P``; static for a graph).
     Returns:
-        token_ids ``[B]`` int64, positions ``[B]`` int64, kv slots ``[B]`` int64, lens ``[B]`` int32 (tokens each
+        token_ids ``[B]`` int64, positions ``[B]`` int64, KV cache locations ``[B]`` int64, lens ``[B]`` int32 (tokens each
         row sees, itself included), table ``[B, P]`` int32.
     """
     slot, token_ids, positions = rows[0], rows[1], rows[2]
@@ -113,5 +113,5 @@ def row_inputs(rows: Tensor, state: SlotState, page_size: int, pages: int) -> tu
     token_ids = torch.where(token_ids >= 0, token_ids, state.tokens[slot, col])
     table = state.block_table[slot, :pages]
     page = table.gather(1, (positions // page_size).clamp_max(pages - 1)[:, None])[:, 0].long()
-    kv_slots = page * page_size + positions % page_size
-    return token_ids, positions, kv_slots, (positions + 1).to(torch.int32), table
+    locs = page * page_size + positions % page_size
+    return token_ids, positions, locs, (positions + 1).to(torch.int32), table
