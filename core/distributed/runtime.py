@@ -225,6 +225,10 @@ def worker_main(local_rank: int, parallel: ParallelConfig, spec: RankSpec, metho
         os._exit(1)
 
 
+def _rank0(name: str) -> property:
+    return property(lambda self: getattr(self.runner, name), doc=f"rank 0's runner's ``{name}``")
+
+
 class DistributedRunner:
     """Rank 0's view: a :class:`~dsa_runtime.model.step.Runner` over all ranks.
 
@@ -264,42 +268,19 @@ class DistributedRunner:
 
         atexit.register(self.shutdown)
 
-    # The Runner protocol, and what the engine's extras read.
-    @property
-    def config(self) -> Any:
-        return self.runner.config
-
-    @property
-    def cache(self) -> Any:
-        return self.runner.cache
-
-    @property
-    def kernels(self) -> Any:
-        return self.runner.kernels
-
-    @property
-    def dtype(self) -> Any:
-        return self.runner.dtype
-
-    @property
-    def device(self) -> Any:
-        return self.runner.device
+    # The Runner protocol, and what the engine's extras read: rank 0's runner's (every rank's are alike).
+    config = _rank0("config")
+    cache = _rank0("cache")
+    kernels = _rank0("kernels")
+    dtype = _rank0("dtype")
+    device = _rank0("device")
+    max_requests = _rank0("max_requests")
+    max_pages = _rank0("max_pages")
+    graph_rows = _rank0("graph_rows")
 
     @property
     def nextn(self) -> bool:
         return self.spec.nextn
-
-    @property
-    def max_requests(self) -> int:
-        return self.runner.max_requests
-
-    @property
-    def max_pages(self) -> int:
-        return self.runner.max_pages
-
-    @property
-    def graph_rows(self) -> int:
-        return self.runner.graph_rows
 
     def check_workers(self) -> None:
         """Raise :class:`WorkerDiedError` when a worker of this node has exited."""
