@@ -1,7 +1,7 @@
 """DeepSeek-V3.2 chat encoding: OpenAI-style messages -> prompt text (parsers spec §2).
 
 V3.2 ships no Jinja chat template; this module is the prompt format. The output for the official test
-conversation is byte-identical to ``specs/golden/dsv32_encoding_output.txt``.
+conversation is byte-identical to ``tests/parsers/golden/dsv32_encoding_output.txt``.
 
 Choices where the official encoder is silent or unsafe (documented here because callers depend on them):
 
