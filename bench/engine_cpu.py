@@ -9,7 +9,7 @@ token (B * prompt_len tokens), decode = the time after that until each has ``gen
 tokens). transformers: ``generate`` with 1 new token (prefill) and with 1 + gen_tokens (decode = the
 difference). Each measurement is the best of ``--repeat`` runs (the 2-core machines are shared and noisy).
 ``agree1`` / ``agree`` = fraction of requests whose first greedy token / all greedy tokens equal
-transformers' (the two differ in indexer precision and rounding, spec section 10, so near-ties of the
+transformers' (the two differ in indexer precision and rounding, so near-ties of the
 random-weight model's flat logits may flip, and one flip changes the rest of a sequence).
 """
 

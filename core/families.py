@@ -17,7 +17,7 @@ Conventions used throughout:
 * A *slot* is a physical KV position: ``page * page_size + offset``.
 * MLA rows have ``d_qk = 576`` (512 latent ``c`` + 64 rotated ``k_pe``) and ``d_v = 512``.
 
-Cache layouts (see ``shared/specs/dsa-model.md`` sections 3 and 5):
+Cache layouts (written and read by ``dsa_runtime.reference.kv_quant``, the reference implementation):
 
 * ``"bf16"`` MLA layout: cache ``[pages, page_size, 576]`` bf16, row = ``[c | k_pe]``.
 * ``"fp8_656"`` MLA layout: cache ``[pages, page_size, 656]`` uint8, row bytes 0-511 = 512 e4m3 of ``c``,

@@ -1,6 +1,6 @@
 """DeepSeek-V3.2 DSML tool calls: the streaming block parser (tags: :mod:`dsa_runtime.parsers.dsml_tags`).
 
-Canonical shape (spec §1)::
+Canonical shape::
 
     <｜DSML｜function_calls>
     <｜DSML｜invoke name="NAME">
@@ -14,8 +14,8 @@ block, a self-closing invoke, raw JSON as the invoke body (kept verbatim when ma
 (treated like ``string="false"``), missing close tags, several blocks.
 
 Arguments are streamed as JSON text in ``json.dumps`` layout: ``string="true"`` values as they arrive
-(JSON-escaped; bug §6.13), other values whole at their closing tag, because their serialisation depends on
-whether the complete value parses as JSON (bug §6.10). A repeated parameter name keeps its first value:
+(JSON-escaped; upstream bug 13), other values whole at their closing tag, because their serialisation depends
+on whether the complete value parses as JSON (upstream bug 10). A repeated parameter name keeps its first value:
 the first one may already be on the wire.
 """
 

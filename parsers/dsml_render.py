@@ -1,4 +1,4 @@
-"""DSML rendering for the V3.2 prompt: tool schemas and assistant tool calls (parsers spec §1).
+"""DSML rendering for the V3.2 prompt: tool schemas and assistant tool calls (the shape in :mod:`.dsml`).
 
 Value encoding: a string argument is written raw with ``string="true"`` (no quotes, no escaping); any other
 value as ``json.dumps(..., ensure_ascii=False)`` with ``string="false"``.
@@ -112,7 +112,7 @@ def _name_and_arguments(call: Any, where: str) -> tuple[str, Mapping[str, Any]]:
 
 
 def _render_parameter(key: str, value: Any) -> str:
-    # Strings are written raw (no quotes or escaping); everything else as JSON (spec §1 value encoding).
+    # Strings are written raw (no quotes or escaping); everything else as JSON, as DeepSeek's own encoder does.
     if isinstance(value, str):
         flag, text = "true", value
     else:

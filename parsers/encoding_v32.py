@@ -1,7 +1,7 @@
-"""DeepSeek-V3.2 chat encoding: OpenAI-style messages -> prompt text (parsers spec §2).
+"""DeepSeek-V3.2 chat encoding: OpenAI-style messages -> prompt text (docs/parsers.md).
 
 V3.2 ships no Jinja chat template; this module is the prompt format. The output for the official test
-conversation is byte-identical to ``specs/golden/dsv32_encoding_output.txt``.
+conversation is byte-identical to ``tests/parsers/golden/dsv32_encoding_output.txt``.
 
 Choices where the official encoder is silent or unsafe (documented here because callers depend on them):
 
@@ -18,14 +18,14 @@ Choices where the official encoder is silent or unsafe (documented here because 
 * Request-level ``tools``/``response_format`` (keywords, or carried by a leading user message) are
   attached to the leading system/developer message; when the conversation has none, they are rendered
   exactly as an empty system message would render them, without ever placing a tools block before an
-  existing system prompt (spec §6 bug 15, vLLM #54911).
+  existing system prompt (upstream bug 15, vLLM #54911).
 * ``add_generation_prompt=False`` omits the opener that would end the prompt (``<｜Assistant｜>`` + think
   token after a final user/developer message, ``\\n\\n<think>``/``\\n\\n</think>`` after a final tool-result
   group); ``continue_final_message=True`` (or ``"prefix": true`` on the final assistant message) leaves
-  that assistant turn open, without ``<｜end▁of▁sentence｜>``, so generation continues it (spec §6 bug 16).
+  that assistant turn open, without ``<｜end▁of▁sentence｜>``, so generation continues it (upstream bug 16).
   A history that simply ends in a complete assistant turn is rendered as is (the golden prompt does).
 * Tool results are matched to the preceding assistant's calls by order (not ``tool_call_id``), in one
-  forward pass (spec §6 bug 17: no backward rescan per tool message). A result without a call, more
+  forward pass (upstream bug 17: no backward rescan per tool message). A result without a call, more
   results than calls, or a group cut short by another message is an error instead of a malformed prompt.
 """
 

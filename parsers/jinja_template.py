@@ -2,8 +2,8 @@
 
 DeepSeek-V3.2 ships no Jinja template (use :mod:`dsa_runtime.parsers.encoding_v32`). For the older models
 the checkpoint's own ``chat_template`` is authoritative; ``templates/deepseek_v3.jinja`` and
-``templates/deepseek_v31.jinja`` are our fallbacks, written from the format description in the parsers
-spec §3.
+``templates/deepseek_v31.jinja`` are our fallbacks, written from the published V3 / V3.1 chat formats (the
+formats :mod:`dsa_runtime.parsers.v31` parses).
 
 Templates come from checkpoints, i.e. from strangers: they run in Jinja's immutable sandbox, and any access
 to an unsafe attribute (``''.__class__`` and the like) raises :class:`ChatTemplateError` instead of quietly

@@ -1,4 +1,4 @@
-"""Reasoning parsers: split ``reasoning_content`` from visible text (spec §4).
+"""Reasoning parsers: split ``reasoning_content`` from visible text.
 
 ``deepseek-r1``: the output is reasoning until ``</think>`` whether or not ``<think>`` was generated (R1 omits
 it, R1-0528 emits it); a leading ``<think>`` is stripped; without ``</think>`` everything is reasoning.
@@ -6,7 +6,7 @@ it, R1-0528 emits it); a leading ``<think>`` is stripped; without ``</think>`` e
 ``<think>``), otherwise the identity: everything is content.
 
 A tool block that starts while still in reasoning ends the reasoning (the model forgot ``</think>``; upstream
-bug §6.1): its marker goes on to the tool parser and the reasoning loses its trailing whitespace, as content
+bug 1): its marker goes on to the tool parser and the reasoning loses its trailing whitespace, as content
 does before a block. Text after ``</think>`` is kept verbatim.
 """
 

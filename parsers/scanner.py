@@ -9,7 +9,7 @@ non-streaming parse runs the same scan over the whole text, so both always agree
 Prose is everything outside tool blocks. Each wire format (:class:`Format`) recognises where its block
 starts and parses the block; a parser lists its formats, the first one being its own (``primary``), the
 others accepted only through their unambiguous special-token starts (so a DSML parser also understands a
-V3.1-style block a V3.2-Exp model emits, and vice versa; upstream bugs §6.5 and §6.6).
+V3.1-style block a V3.2-Exp model emits, and vice versa; upstream bugs 5 and 6 of docs/parsers.md).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Stages, each a left-to-right scan that holds back only what the next text could 
 1. :class:`EosFilter` removes ``<｜end▁of▁sentence｜>``.
 2. :class:`~dsa_runtime.parsers.reasoning.ReasoningSplitter` routes reasoning and visible text.
 3. A :class:`~dsa_runtime.parsers.scanner.ToolParser` turns visible text into prose and call events.
-4. :class:`ContentFormatter` applies the content rules of spec §7: text before the first block loses its
+4. :class:`ContentFormatter` applies the content rules of docs/parsers.md: text before the first block loses its
    trailing whitespace; each stretch of prose after a block is stripped and joined with ``\\n\\n``.
 
 Because no stage ever decides on where a chunk happens to end, the concatenated deltas are the same for
@@ -46,7 +46,7 @@ class EosFilter:
 
 
 class ContentFormatter:
-    """Visible-text whitespace rules around tool blocks (spec §7); text before any block is verbatim."""
+    """Visible-text whitespace rules around tool blocks (docs/parsers.md); text before any block is verbatim."""
 
     def __init__(self) -> None:
         self._after_block = False  # a block has been seen: prose stretches are stripped from now on

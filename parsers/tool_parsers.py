@@ -13,7 +13,7 @@ from dsa_runtime.parsers.v31 import TokenFormat
 
 
 class DeepSeekV32ToolParser(ToolParser):
-    """DeepSeek-V3.2 DSML blocks; also V3.1-style token blocks (a V3.2-Exp model or V3.1 template; §6.5)."""
+    """DeepSeek-V3.2 DSML blocks; also V3.1-style token blocks (a V3.2-Exp model or V3.1 template; upstream bug 5)."""
 
     name = "deepseekv32"
     formats = (DsmlFormat, TokenFormat)
@@ -21,7 +21,7 @@ class DeepSeekV32ToolParser(ToolParser):
 
 
 class DeepSeekV31ToolParser(ToolParser):
-    """DeepSeek-V3.1 / V3.2-Exp special-token calls; also DSML blocks (a V3.2 model behind it; §6.6)."""
+    """DeepSeek-V3.1 / V3.2-Exp special-token calls; also DSML blocks (a V3.2 model behind it; upstream bug 6)."""
 
     name = "deepseekv31"
     formats = (TokenFormat, DsmlFormat)

@@ -1,8 +1,8 @@
 """Special tokens and the fixed English text of the DeepSeek-V3.2 tools block.
 
-The tools-block wording below is the text of the golden prompt (``specs/golden/dsv32_encoding_output.txt``),
+The tools-block wording below is the text of the golden prompt (``tests/parsers/golden/dsv32_encoding_output.txt``),
 one tuple entry per line so that blank lines are visible: a port that collapsed them drifted from what the
-model was trained on (parsers spec §6 bug 24). ``tests/parsers/test_encoding_v32.py`` checks it against the
+model was trained on (upstream bug 24 in docs/parsers.md). ``tests/parsers/test_encoding_v32.py`` checks it against the
 golden file byte for byte.
 """
 

@@ -1,4 +1,4 @@
-"""DeepSeek V3 / V3.1 / R1 special-token tool calls (spec §3).
+"""DeepSeek V3 / V3.1 / R1 special-token tool calls.
 
 V3.1 (also V3.1-Terminus, V3.2-Exp)::
 
@@ -12,8 +12,9 @@ sits in a fence::
 One format reads both call layouts: a head of ``function`` followed by something other than ``{`` is the V3
 layout. The name is reported as soon as it is known; the arguments stream as the model writes them,
 through :class:`~dsa_runtime.parsers.jsonstream.JsonObjectStream`, which never sends text that a later
-character could make invalid, and the call is complete as soon as its object closes. Repeated ``<｜tool▁calls▁begin｜>`` (bug §6.21) and a call without the block
-token are accepted; a missing end token is implied by the next call or block end.
+character could make invalid, and the call is complete as soon as its object closes. Repeated
+``<｜tool▁calls▁begin｜>`` (upstream bug 21) and a call without the block token are accepted; a missing end token
+is implied by the next call or block end.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 
 class EngineLike(Protocol):
-    """The part of ``dsa_runtime.engine.Engine`` (docs/engine.md) that the async wrapper uses."""
+    """The part of ``dsa_runtime.engine.Engine`` (docs/server.md, "The engine interface") that the async wrapper uses."""
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: Any) -> None: ...
     def step(self) -> list[Any]: ...

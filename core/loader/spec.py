@@ -1,6 +1,6 @@
 """Every tensor of a DeepSeek V3 / V3.2 Hugging Face checkpoint, by name, shape and kind.
 
-The layout is that of the released checkpoints (spec ``dsa-model.md`` sections 6 and 7, plan INTERFACES.md):
+The layout is that of the released checkpoints (docs/architecture.md, "Checkpoint layout"):
 the main stack ``model.layers.0 .. N-1``, then the MTP (NextN) layers ``model.layers.N ..`` holding a full
 decoder layer plus ``enorm``, ``hnorm``, ``eh_proj``, ``shared_head.{norm,head}`` and ``embed_tokens``.
 For the 671B V3 config this yields 91,991 tensors, the count of the published checkpoint.

@@ -1,6 +1,6 @@
 """What ``dsa-runtime inspect`` reports: parameters, weight bytes, KV bytes per token, and a meta-device build.
 
-KV bytes per token and layer (spec ``dsa-model.md`` sections 3 and 5): the MLA cache holds the 512 latent
+KV bytes per token and layer (layouts in the ``dsa_runtime.families`` docstring): the MLA cache holds the 512 latent
 values and the 64 rotated rope values, 576 bf16 = 1152 bytes, or in the FP8 layout 512 e4m3 + 4 fp32 block
 scales + 64 bf16 = 656 bytes; V3.2's index-K cache holds 128 e4m3 + one fp32 scale = 132 bytes. Every layer
 has them, the MTP layers included (they own a separate cache), so the 671B V3.2 needs 62 x (656 + 132) =

@@ -1,6 +1,6 @@
 """FP8 e4m3 helpers of the reference backend: scales, block quantization, block dequantization.
 
-Conventions (``dsa_runtime.families`` and spec section 3 step 5, section 6):
+Conventions (shared with ``dsa_runtime.families``):
 
 * a scale is an fp32 *multiplier*: ``x ~= fp32(x8) * scale``;
 * ``amax`` is floored at ``1e-4`` and ``s = amax / 448`` (computed in fp32);
@@ -44,7 +44,7 @@ def compute_scale(amax: Tensor, scale_fmt: ScaleFmt) -> Tensor:
 
 
 def quantize_with_scale(x: Tensor, scale: Tensor) -> Tensor:
-    """``e4m3(clamp(x / scale, +-448))``; ``scale`` broadcasts against ``x``. Division in fp32, as in the spec."""
+    """``e4m3(clamp(x / scale, +-448))``; ``scale`` broadcasts against ``x``. Division in fp32."""
     return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(E4M3)
 
 

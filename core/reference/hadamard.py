@@ -1,4 +1,4 @@
-"""Normalized Walsh-Hadamard rotation (Sylvester order) used by the lightning indexer (spec section 3, step 4).
+"""Normalized Walsh-Hadamard rotation (Sylvester order) used by the lightning indexer.
 
 The Sylvester matrix ``H_1 = [1]``, ``H_2m = [[H_m, H_m], [H_m, -H_m]]`` is symmetric with ``H @ H = n * I``, so
 ``x @ H / sqrt(n)`` equals ``H x / sqrt(n)`` per vector and is orthogonal: dot products ``q . k`` are

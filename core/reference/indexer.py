@@ -1,4 +1,4 @@
-"""Reference lightning indexer (spec section 3): Hadamard + FP8 quantization and ReLU-weighted head-sum logits.
+"""Reference lightning indexer: Hadamard + FP8 quantization and ReLU-weighted head-sum logits.
 
 ``I[t, s] = k_scale[s] * sum_h w[t, h] * relu(q8[t, h] . k8[s])`` with the e4m3 values upcast to fp32 and
 all sums in fp32. Logits are computed in chunks of query rows (and of heads when one row is already large)

@@ -1,6 +1,6 @@
 """Reference KV cache layouts: the 656-byte FP8 MLA row, the bf16 MLA row and the 132-byte index-K pages.
 
-Byte layouts (``dsa_runtime.families`` module docstring, spec sections 3 and 5), little-endian as on every
+Byte layouts (``dsa_runtime.families`` module docstring), little-endian as on every
 supported device:
 
 * ``fp8_656`` row: ``[0, 512)`` e4m3 of ``c``; ``[512, 528)`` four fp32 power-of-two scales (scale j covers

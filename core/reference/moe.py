@@ -1,4 +1,4 @@
-"""Reference DeepSeek MoE: grouped ``noaux_tc`` routing and SwiGLU experts (spec section 6).
+"""Reference DeepSeek MoE: grouped ``noaux_tc`` routing and SwiGLU experts.
 
 Routing is in fp32; ties (equal biased scores, equal group scores) go to the lower index, by stable
 descending sorts. Experts run in fp32 on weights dequantized with their 128x128 block scales; the activations

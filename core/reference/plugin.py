@@ -26,7 +26,7 @@ def reference_backend() -> Backend:
         capabilities=Capabilities(families=frozenset(FAMILIES), devices=frozenset({"cpu", "cuda"})),
         kernels=KERNELS,
         platform="cpu",
-        description="plain PyTorch, fp32 accumulation, exactly per the spec; for correctness, not speed",
+        description="plain PyTorch, fp32 accumulation, exactly per core/families.py; for correctness, not speed",
     )
 
 

@@ -1,4 +1,4 @@
-"""Reference sparse MLA attention (absorbed / MQA form) over top-k selected latent rows (spec section 4).
+"""Reference sparse MLA attention (absorbed / MQA form) over top-k selected latent rows.
 
 ``score[h, i] = (q[h] . kv[idx_i, :576]) * sm_scale`` over the valid selected rows; ``out[h] = softmax(score[h])
 @ kv[idx, :d_v]``; ``lse[h] = ln(sum_i exp(score[h, i]))``. Everything after the gather is fp32 (FP8 cache

@@ -27,7 +27,7 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def build_state(config: ServerConfig, engine: Any, *, model_dir: str | None = None) -> ServerState:
-    """Server state around an engine with the Engine interface (docs/engine.md) (started here)."""
+    """Server state around an engine with the interface of docs/server.md, "The engine interface" (started here)."""
     async_engine = engine if isinstance(engine, AsyncEngine) else AsyncEngine(engine)
     core = async_engine.engine
     extras = getattr(getattr(core, "parts", None), "extras", None) or {}

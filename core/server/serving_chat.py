@@ -115,7 +115,7 @@ class ChatRun:
                 ignore_eos=req.ignore_eos,
                 logprobs=(top or 0) if req.logprobs else None,
                 include_stop_str_in_output=req.include_stop_str_in_output,
-                # The parsers need the markup tokens (V3.1 tool-call tokens are special tokens; bug §6.14).
+                # The parsers need the markup tokens (V3.1 tool-call tokens are special tokens; upstream bug 14).
                 skip_special_tokens=False,
                 structured=structured,
             )

@@ -200,7 +200,7 @@ class _CallFormat:
             INVOKE_END,
         )
 
-        if name == "deepseekv32":  # after "\n\n" + block_begin; calls one per line (parsers spec section 1)
+        if name == "deepseekv32":  # after "\n\n" + block_begin; calls one per line, as parsers/dsml.py reads them
             return _CallFormat("deepseek_xml", FUNCTION_CALLS_START + "\n", FUNCTION_CALLS_END, FUNCTION_CALLS_START,
                                f'<{DSML}invoke name="', '">\n', INVOKE_END + "\n", "")
         if name == "deepseekv31":

@@ -91,14 +91,21 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("docs/hopper.md", "tools/gpu/build_flashmla.sh"):
         "GPU host: builds FlashMLA (CUDA >= 12.8 nvcc) from the .gpu-deps/ tarball tools/gpu/pack_flashmla.sh makes",
     ("docs/hopper.md", "source .gpu-deps/flashmla.env"): "GPU host: the file is written by the FlashMLA build",
-    ("docs/hopper.md",
-     "/work/shared/tools/offline-wheels pack .gpu-deps/tilelang tilelang==0.1.15 'apache-tvm-ffi>=0.1.11,<0.1.13' "
-     "torch-c-dlpack-ext 'z3-solver>=4.13.0,<4.15.5' cloudpickle ml-dtypes psutil"):
-        "a tool of the development host outside this repository; downloads wheels (network)",
-    ("docs/hopper.md", "/work/shared/tools/offline-wheels install .gpu-deps/tilelang .gpu-deps/tilelang-site"):
-        "GPU host: a tool outside this repository, installing what the pack step above wrote",
-    ("docs/hopper.md", "tools/gpu/pack_tilelang.sh && tools/gpu/pack_flashmla.sh && tools/gpu/pack_deepgemm.sh"):
-        "downloads wheels and CUTLASS headers (network) and reads the fetched FlashMLA / DeepGEMM git directories",
+    ("docs/hopper.md", "git clone --bare https://github.com/deepseek-ai/FlashMLA.git ../FlashMLA.git"):
+        "clones from GitHub (network), beside the checkout",
+    ("docs/hopper.md", "git clone --bare https://github.com/deepseek-ai/DeepGEMM.git ../DeepGEMM.git"):
+        "clones from GitHub (network), beside the checkout",
+    ("docs/hopper.md", "git clone --bare https://github.com/fmtlib/fmt.git ../fmt.git"):
+        "clones from GitHub (network), beside the checkout",
+    ("docs/hopper.md", "tools/gpu/pack_flashmla.sh ../FlashMLA.git"):
+        "reads the FlashMLA clone made above and downloads CUTLASS headers from PyPI (network)",
+    ("docs/hopper.md", "tools/gpu/pack_tilelang.sh"): "downloads wheels from PyPI (network)",
+    ("docs/hopper.md", "tools/gpu/wheels.sh unpack .gpu-deps/tilelang .gpu-deps/tilelang-site"):
+        "GPU host: unpacks what tools/gpu/pack_tilelang.sh wrote into .gpu-deps/",
+    ("docs/hopper.md", "tools/gpu/pack_tilelang.sh && tools/gpu/pack_flashmla.sh ../FlashMLA.git"):
+        "downloads wheels and CUTLASS headers (network) and reads the FlashMLA clone",
+    ("docs/hopper.md", "DEEPGEMM_GIT=../DeepGEMM.git FMT_GIT=../fmt.git tools/gpu/pack_deepgemm.sh"):
+        "reads the DeepGEMM and fmt clones and downloads CUTLASS headers from PyPI (network)",
     ("docs/hopper.md", "tools/gpu/run_gpu_suite.sh"): "GPU host: the whole GPU suite (CUDA, about 3.5 min on an H200)",
     ("docs/hopper.md", "python bench/attention.py"): "GPU benchmark (CUDA, ~4 min on an H100)",
     ("docs/hopper.md", "PYTHONPATH=.gpu-deps/flashmla-9241ae3:.gpu-deps/wheels python bench/attention.py"):

@@ -1,4 +1,4 @@
-"""The published 671B ``config.json`` values (spec dsa-model.md section 1), as test data.
+"""The published 671B ``config.json`` values (Hugging Face DeepSeek-V3 / V3.2 repositories), as test data.
 
 V3.2 and V3 share every dimension; V3.2 adds the three ``index_*`` keys and ``scale_fmt`` ue8m0. The
 rope/YaRN fields are those of the Hugging Face configs.

@@ -1,4 +1,4 @@
-"""Shared fixtures of the parser tests: the golden V3.2 encoding data from ``shared/specs/golden``."""
+"""Shared fixtures of the parser tests: the golden V3.2 encoding data in ``tests/parsers/golden``."""
 
 from __future__ import annotations
 
@@ -7,16 +7,14 @@ from pathlib import Path
 
 import pytest
 
-# shared/ sits beside the checkout (as in CI); the device machine does not carry it, hence the skip reason.
-GOLDEN_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "specs" / "golden"
+# Inside the repository, so every checkout (CI, a fresh clone, a GPU host) runs the golden tests.
+GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
 
 
 @pytest.fixture
 def golden_files() -> tuple[Path, str]:
     """(path of the golden input JSON, expected prompt with surrounding whitespace stripped)."""
     src = GOLDEN_DIR / "dsv32_encoding_input.json"
-    if not src.is_file():
-        pytest.skip(f"golden data not found in {GOLDEN_DIR}")
     return src, (GOLDEN_DIR / "dsv32_encoding_output.txt").read_text(encoding="utf-8").strip()
 
 

@@ -21,7 +21,7 @@ def _call(name: str, arguments) -> dict:
     return {"id": "call_x", "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-# The conversation of spec §7 vectors E1/E2.
+# The conversation of the encoder vectors E1/E2.
 E_MESSAGES = [
     {"role": "user", "content": "hello"},
     {"role": "assistant", "content": "Hello! I am DeepSeek.", "reasoning_content": "thinking..."},

@@ -29,7 +29,7 @@ MARKUP = ("\uff5cDSML\uff5c", "<\uff5c", "</\uff5c", "<think>", "</think>", "too
 CALL_ID = re.compile(r"call_[0-9a-f]{24}")
 
 
-def I(name: str) -> str:  # noqa: E743 - reads like the spec's «I:x»
+def I(name: str) -> str:  # noqa: E743 - one letter keeps the vectors as short as their markup
     return f'<{D}invoke name="{name}">'
 
 

@@ -1,6 +1,6 @@
 """Round trips: the completion the encoder renders for an assistant turn parses back into that turn.
 
-These are the golden round trips of ``specs/golden/README.md`` (messages[4] after the first four messages;
+These are the golden round trips of ``tests/parsers/golden/README.md`` (messages[4] after the first four messages;
 the assistant turn at index -6) plus edge-case values, through the output parser.
 """
 

@@ -1,4 +1,4 @@
-"""DeepSeek-V3.2 chat encoder: golden prompt, spec §2 rules, §7 vectors E1/E2, and the §6 bugs it guards."""
+"""DeepSeek-V3.2 chat encoder: golden prompt, encoding rules, vectors E1/E2, and the upstream bugs it guards."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""DeepSeek-V3.2 chat encoder: the upstream bugs of spec §6 it guards against (4, 15, 16, 17)."""
+"""DeepSeek-V3.2 chat encoder: the upstream bugs of docs/parsers.md it guards against (4, 15, 16, 17)."""
 
 from __future__ import annotations
 

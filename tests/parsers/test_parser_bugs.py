@@ -1,4 +1,4 @@
-"""One test per upstream bug of spec §6 that concerns output parsing (4, 15, 16, 17, 24 are encoder-side).
+"""One test per upstream bug of docs/parsers.md that concerns output parsing (4, 15, 16, 17, 24 are encoder-side).
 
 Each test names the bug number and the upstream issue it reproduces.
 """

@@ -1,4 +1,4 @@
-"""``dsa-runtime parse``: every §7 vector in-process (whole and streamed), errors, and real subprocess runs."""
+"""``dsa-runtime parse``: every example vector in-process (whole and streamed), errors, and real subprocess runs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""A larger vector set on the rules of spec §7: deviations, truncation, malformed values, V3.1/V3 variants.
+"""A larger vector set on the canonical rules of docs/parsers.md: deviations, truncation, malformed values,
+V3.1/V3 variants.
 
 Every vector is checked whole and streamed under many chunkings (same result, valid delta shapes).
 """

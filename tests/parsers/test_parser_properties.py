@@ -147,7 +147,7 @@ def test_generated_completions_any_chunking(fmt, data):
 @PROFILE
 @given(data=st.data(), the_calls=st.lists(st.tuples(names, arguments), min_size=1, max_size=3))
 def test_reasoning_interrupted_by_block(data, the_calls):
-    """A block opened before </think> ends the reasoning (bug §6.1), for any chunking."""
+    """A block opened before </think> ends the reasoning (upstream bug 1), for any chunking."""
     reasoning = data.draw(prose)
     text = reasoning + "\n\n" + dsml_block(the_calls) + EOS
     expected = (

@@ -1,4 +1,4 @@
-"""The example vectors of spec §7 (T1-T11, S1-S4, V31a, V3a, R1a-c), whole and streamed."""
+"""Example vectors of the canonical rules in docs/parsers.md (T1-T11, S1-S4, V31a, V3a, R1a-c), whole and streamed."""
 
 from __future__ import annotations
 

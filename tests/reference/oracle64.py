@@ -1,4 +1,4 @@
-"""Independent float64 oracle of the spec formulas (dsa-model.md sections 3-6), written for the tests.
+"""Independent float64 oracle of the model's formulas (indexer, sparse MLA, KV layouts, MoE), written for the tests.
 
 Nothing here imports ``dsa_runtime.reference``: the Hadamard matrix is built by Sylvester recursion, scales
 and block indices come straight from the formulas, byte layouts are encoded/decoded with ``struct``/numpy,

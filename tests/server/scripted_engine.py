@@ -1,4 +1,4 @@
-"""A scripted stand-in for the Engine interface (INTERFACES.md), used only by the server wiring tests.
+"""A scripted stand-in for the engine interface of docs/server.md, used only by the server wiring tests.
 
 It emits a given completion token by token (one token per request per ``step``), with the real engine's
 bookkeeping: page allocation per request, ``max_tokens`` / stop strings / EOS handling, ``abort`` freeing

@@ -26,7 +26,7 @@ CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁en
 FC, FCE, IE, PE = f"<{D}function_calls>", f"</{D}function_calls>", f"</{D}invoke>", f"</{D}parameter>"
 
 
-def I(name):  # noqa: E743 - the spec's «I:x»
+def I(name):  # noqa: E743 - one letter keeps the scripted completions short
     return f'<{D}invoke name="{name}">'
 
 

@@ -16,6 +16,8 @@
 # CUDA 13 moved libcu++ (cuda/std/...) under targets/x86_64-linux/include/cccl: added to CPLUS_INCLUDE_PATH
 # for the host compiler (setup.py also passes $CUDA_HOME/include/cccl).
 set -euo pipefail
+usage() { sed -n '5,8p' "$0" | sed 's/^# \{0,1\}//' >&2; exit "${1:-2}"; }
+case "${1:-}" in -h|--help) usage 0 ;; esac
 
 TARBALL=${1:-.gpu-deps/deepgemm-src.tar.xz}
 ROOT=${2:-.gpu-deps}
@@ -26,7 +28,7 @@ export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 CCCL="$CUDA_HOME/targets/x86_64-linux/include/cccl"
 [ -d "$CCCL" ] || CCCL="$CUDA_HOME/include/cccl"
 
-[ -f "$TARBALL" ] || { echo "error: $TARBALL not found (make it with tools/gpu/pack_deepgemm.sh)" >&2; exit 1; }
+[ -f "$TARBALL" ] || { echo "error: $TARBALL not found (make it with tools/gpu/pack_deepgemm.sh)" >&2; usage 1; }
 [ -x "$CUDA_HOME/bin/nvcc" ] || { echo "error: no nvcc at $CUDA_HOME/bin/nvcc (set CUDA_HOME)" >&2; exit 1; }
 if [ -d "$CCCL" ]; then export CPLUS_INCLUDE_PATH="$CCCL${CPLUS_INCLUDE_PATH:+:$CPLUS_INCLUDE_PATH}"; fi
 

@@ -10,6 +10,8 @@
 # Needs: nvcc (CUDA >= 12.8), torch with CUDA, setuptools; ninja for a parallel build (MAX_JOBS).
 # CUDA 13 moved libcu++ under include/cccl, which g++ needs for csrc/api/api.cpp: hence CPLUS_INCLUDE_PATH.
 set -euo pipefail
+usage() { sed -n '5,9p' "$0" | sed 's/^# \{0,1\}//' >&2; exit "${1:-2}"; }
+case "${1:-}" in -h|--help) usage 0 ;; esac
 
 TARBALL=${1:-.gpu-deps/flashmla-src.tar.xz}
 ROOT=${2:-.gpu-deps}
@@ -17,7 +19,7 @@ PYTHON=${PYTHON:-python3}
 SRC="$ROOT/flashmla-9241ae3"
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 
-[ -f "$TARBALL" ] || { echo "error: $TARBALL not found (make it with tools/gpu/pack_flashmla.sh)" >&2; exit 1; }
+[ -f "$TARBALL" ] || { echo "error: $TARBALL not found (make it with tools/gpu/pack_flashmla.sh)" >&2; usage 1; }
 if ! ls "$SRC"/flash_mla/cuda*.so >/dev/null 2>&1; then
   rm -rf "$SRC"
   mkdir -p "$ROOT"

@@ -3,24 +3,27 @@
 # (CUTLASS/CuTe and fmt, git submodules that a source snapshot lacks), for a GPU machine without internet.
 # Writes OUT_DIR/deepgemm-src.tar.xz; run where the fetched git directories (and, as a fallback, PyPI) are.
 #
-# usage: tools/gpu/pack_deepgemm.sh [OUT_DIR]
-#   OUT_DIR  default: /work/main/.gpu-deps (stays out of the repository)
-# env:  DEEPGEMM_GIT  git dir of deepseek-ai/DeepGEMM   (default /work/.mirror/deepseek-ai+DeepGEMM/repo)
-#       CUTLASS_GIT   git dir of NVIDIA/cutlass          (default /work/.mirror/NVIDIA+cutlass/repo)
-#       FMT_GIT       git dir of fmtlib/fmt              (default /work/.mirror/fmtlib+fmt/repo)
+# usage: DEEPGEMM_GIT=DIR FMT_GIT=DIR [CUTLASS_GIT=DIR] tools/gpu/pack_deepgemm.sh [OUT_DIR]
+#   OUT_DIR       default: .gpu-deps
+#   DEEPGEMM_GIT  git dir (bare clone, or a clone's .git) of deepseek-ai/DeepGEMM      required
+#   FMT_GIT       git dir of fmtlib/fmt                                                 required
+#   CUTLASS_GIT   git dir of NVIDIA/cutlass                                             optional
+#   PYTHON        interpreter for the PyPI fallback (default python3)
 # The CUTLASS and fmt commits are the submodule pins of the DeepGEMM commit. Without a CUTLASS git dir the
 # headers come from the PyPI package nvidia-cutlass==4.2.0.0 (cutlass_library/source/include), which matches
 # CUTLASS 4.2 as pinned; fmt has no such package, so its git dir is required.
 set -euo pipefail
+usage() { sed -n '6,11p' "$0" | sed 's/^# \{0,1\}//' >&2; exit "${1:-2}"; }
+case "${1:-}" in -h|--help) usage 0 ;; esac
 
 DG_COMMIT=54e22612409371d6364144b69086735beb54e98b       # 2026-06-23, "Multiple updates and refactorings (#364)"
 CUTLASS_COMMIT=f3fde58372d33e9a5650ba7b80fc48b3b49d40c8  # third-party/cutlass at DG_COMMIT (CUTLASS 4.2)
 FMT_COMMIT=553ec11ec06fbe0beebfbb45f9dc3c9eabd83d28      # third-party/fmt at DG_COMMIT
 CUTLASS_PIN=nvidia-cutlass==4.2.0.0
-OUT_DIR=${1:-/work/main/.gpu-deps}
-DEEPGEMM_GIT=${DEEPGEMM_GIT:-/work/.mirror/deepseek-ai+DeepGEMM/repo}
-CUTLASS_GIT=${CUTLASS_GIT:-/work/.mirror/NVIDIA+cutlass/repo}
-FMT_GIT=${FMT_GIT:-/work/.mirror/fmtlib+fmt/repo}
+OUT_DIR=${1:-.gpu-deps}
+[ -n "${DEEPGEMM_GIT:-}" ] || { echo "error: DEEPGEMM_GIT is not set" >&2; usage; }
+[ -n "${FMT_GIT:-}" ] || { echo "error: FMT_GIT is not set" >&2; usage; }
+CUTLASS_GIT=${CUTLASS_GIT:-}
 PYTHON=${PYTHON:-python3}
 OUT="$OUT_DIR/deepgemm-src.tar.xz"
 NAME=deepgemm-${DG_COMMIT:0:7}
@@ -35,7 +38,7 @@ SRC="$WORK/$NAME"
 mkdir -p "$SRC/third-party/cutlass" "$SRC/third-party/fmt"
 git --git-dir="$DEEPGEMM_GIT" archive --format=tar "$DG_COMMIT" | tar -x -C "$SRC"
 git --git-dir="$FMT_GIT" archive --format=tar "$FMT_COMMIT" include | tar -x -C "$SRC/third-party/fmt"
-if has_commit "$CUTLASS_GIT" "$CUTLASS_COMMIT"; then
+if [ -n "$CUTLASS_GIT" ] && has_commit "$CUTLASS_GIT" "$CUTLASS_COMMIT"; then
   # A fetched snapshot may lack some large blobs (images outside include/): git archive then complains about
   # them on stderr; what matters is that every header under include/ arrived, counted below.
   git --git-dir="$CUTLASS_GIT" archive --format=tar "$CUTLASS_COMMIT" include/cute include/cutlass 2>"$WORK/archive.err" \
@@ -45,7 +48,7 @@ if has_commit "$CUTLASS_GIT" "$CUTLASS_COMMIT"; then
   [ "$want" -eq "$got" ] || { cat "$WORK/archive.err" >&2; echo "error: $got of $want CUTLASS headers packed" >&2; exit 1; }
   echo "NVIDIA/cutlass $CUTLASS_COMMIT" > "$SRC/third-party/cutlass/SOURCE"
 else
-  echo "CUTLASS git dir missing: taking the headers from $CUTLASS_PIN" >&2
+  echo "no CUTLASS git dir with $CUTLASS_COMMIT: taking the headers from $CUTLASS_PIN" >&2
   "$PYTHON" -m pip download --quiet --no-deps --only-binary=:all: -d "$WORK/wheel" "$CUTLASS_PIN"
   "$PYTHON" - "$(ls "$WORK"/wheel/nvidia_cutlass-*.whl | head -1)" "$SRC/third-party/cutlass/include" <<'PY'
 import os, sys, zipfile

@@ -3,17 +3,19 @@
 # for a GPU machine without internet: writes .gpu-deps/flashmla-src.tar.xz (run on a machine with the
 # fetched FlashMLA git directory and PyPI access; .gpu-deps/ stays out of the repository).
 #
-# usage: tools/gpu/pack_flashmla.sh [FLASHMLA_GIT_DIR] [OUT_DIR]
-#   FLASHMLA_GIT_DIR  a clone or bare git dir of deepseek-ai/FlashMLA holding commit 9241ae3
-#                     (default: /work/.mirror/deepseek-ai+FlashMLA/repo)
+# usage: tools/gpu/pack_flashmla.sh FLASHMLA_GIT_DIR [OUT_DIR]
+#   FLASHMLA_GIT_DIR  a clone or bare git dir of deepseek-ai/FlashMLA holding commit 9241ae3   required
 #   OUT_DIR           default: .gpu-deps
+#   env PYTHON        interpreter that runs pip (default python3)
 # CUTLASS: the PyPI package nvidia-cutlass==4.2.0.0 ships cutlass_library/source/include and
 # source/tools/util/include; they go where FlashMLA's git submodule would be (csrc/cutlass/).
 set -euo pipefail
+usage() { sed -n '6,9p' "$0" | sed 's/^# \{0,1\}//' >&2; exit "${1:-2}"; }
+case "${1:-}" in -h|--help) usage 0 ;; "") echo "error: no FLASHMLA_GIT_DIR given" >&2; usage ;; esac
 
 COMMIT=9241ae3ef9bac614dd25e45e507e089f888280e0
 CUTLASS_PIN=nvidia-cutlass==4.2.0.0
-GIT_DIR_IN=${1:-/work/.mirror/deepseek-ai+FlashMLA/repo}
+GIT_DIR_IN=$1
 OUT_DIR=${2:-.gpu-deps}
 PYTHON=${PYTHON:-python3}
 OUT="$OUT_DIR/flashmla-src.tar.xz"

@@ -45,7 +45,7 @@ TILELANG_SPARSE_ATTN_CLAIMS: dict[str, MethodClaim] = {
 # candidate (``ws4f8`` / ``wsf8`` / ``wsf8h`` / ``wsf8c``) replaces only the FP8-cache decode kernel, any other only
 # the bf16 ones.
 CONFIG_ENV = "DSA_TILELANG_SPARSE_MLA"
-INSTALL_HINT = "pip install 'dsa-runtime[hopper]' (offline GPU hosts: /work/shared/tools/offline-wheels, docs/hopper.md)"
+INSTALL_HINT = "pip install 'dsa-runtime[hopper]'; offline GPU hosts: tools/gpu/pack_tilelang.sh, see docs/hopper.md"
 # Decode splits: at ~226 KB of shared memory one block runs per SM, so split until the (row, head block, split)
 # blocks fill one wave of an H100's 132 SMs, with chunks of at least MIN_CHUNK indices.
 TARGET_BLOCKS = 132
