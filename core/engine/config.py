@@ -17,7 +17,7 @@ DTYPES = ("bfloat16", "float32")
 _DTYPE_ALIASES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp32": "float32", "float32": "float32"}
 KV_CACHE_DTYPES = ("auto", "bf16", "fp8_e4m3")
 SPECULATIVE_ALGORITHMS = ("EAGLE", "NEXTN")
-# --kv-cache-dtype value -> MLA cache layout of the kernel families (kernels.md: bf16 576 / FP8 656 bytes).
+# --kv-cache-dtype value -> MLA cache layout of the kernel families (bf16 576 / FP8 656 bytes a token).
 _KV_LAYOUT = {"auto": AUTO, "bf16": "bf16", "fp8_e4m3": "fp8_656"}
 
 

@@ -2,7 +2,7 @@
 
 One frozen dataclass, :class:`ModelConfig`, holds every dimension the model, the loader, the checkpoint
 generator and the memory planner need. :meth:`ModelConfig.from_hf` parses ``DeepseekV3ForCausalLM`` and
-``DeepseekV32ForCausalLM`` configs (spec ``shared/specs/dsa-model.md`` section 1); DSA (the lightning
+``DeepseekV32ForCausalLM`` configs; DSA (the lightning
 indexer and sparse top-k attention) is on exactly when the ``index_*`` keys are present.
 """
 
@@ -44,7 +44,7 @@ class RopeScaling:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Dimensions of a DeepSeek V3/V3.2 decoder (HF key names; spec section 1).
+    """Dimensions of a DeepSeek V3/V3.2 decoder (HF key names).
 
     ``index_n_heads`` / ``index_head_dim`` / ``index_topk`` are None for the dense V3 family.
     """

@@ -1,7 +1,7 @@
 """Parse a Hugging Face ``config.json`` dict into :class:`~dsa_runtime.model.config.ModelConfig`.
 
 Accepts ``DeepseekV3ForCausalLM`` (``model_type`` ``deepseek_v3``: V3, R1, V3.1) and ``DeepseekV32ForCausalLM``
-(``deepseek_v32``: V3.2-Exp, V3.2, V3.2-Speciale), spec ``dsa-model.md`` section 1. DSA (the lightning indexer)
+(``deepseek_v32``: V3.2-Exp, V3.2, V3.2-Speciale). DSA (the lightning indexer)
 is on exactly when the ``index_*`` keys are present; a partial set is an error naming the missing key.
 Every problem raises :class:`~dsa_runtime.errors.ConfigError` with one line that names the field.
 """

@@ -1,7 +1,7 @@
-"""The lightning indexer of one layer (spec section 3): index keys for the cache, queries for top-k.
+"""The lightning indexer of one layer: index keys for the cache, queries for top-k.
 
 Every new token's key is rotated, FP8-quantised and written to the index-K cache (even when the sequence is
-short enough to attend densely, spec 11.10). Queries are quantised only when some sequence of the step
+short enough to attend densely). Queries are quantised only when some sequence of the step
 needs a sparse selection.
 """
 
@@ -38,7 +38,7 @@ class Indexer:
         self.weights_proj = ws.plain(f"{prefix}.weights_proj.weight", torch.float32)
 
     def _rope(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        # Rope on the FIRST rope_dim dims, half-split pairs (i, i + 32): spec 11.1 (opposite of MLA).
+        # Rope on the FIRST rope_dim dims, half-split pairs (i, i + 32) (the opposite of MLA's).
         r = self.rope_dim
         return torch.cat([apply_neox(x[..., :r], cos, sin), x[..., r:]], dim=-1)
 

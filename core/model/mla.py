@@ -1,4 +1,4 @@
-"""Multi-head latent attention of one layer (spec section 2) with its optional lightning indexer.
+"""Multi-head latent attention of one layer with its optional lightning indexer.
 
 Projections run batched over every token of the step; the new latent rows ``[c | k_pe]`` (and index keys)
 are written to the cache first, then attention reads them back per sequence (see ``attention.py``).

@@ -1,6 +1,6 @@
 """Feed-forward blocks: the dense SwiGLU FFN (layers < first_k_dense_replace) and the DeepSeek MoE.
 
-MoE (spec section 6): router logits ``x_fp32 @ Wg_fp32.T``, grouped ``noaux_tc`` selection through
+MoE: router logits ``x_fp32 @ Wg_fp32.T``, grouped ``noaux_tc`` selection through
 ``kernels.moe.route`` and the routed + shared experts through ``kernels.moe.experts`` (experts stay FP8 with
 their block scales when the checkpoint is FP8).
 """

@@ -1,11 +1,11 @@
-"""YaRN rotary embeddings shared by MLA and the lightning indexer (spec sections 1-3, 11.1, 11.16).
+"""YaRN rotary embeddings shared by MLA and the lightning indexer.
 
 One table of frequencies serves both; they differ in which dims they rotate and how they pair them:
 
 * MLA: the LAST ``qk_rope_head_dim`` dims of each q head and ``k_pe``, interleaved pairs ``(2i, 2i+1)``.
 * indexer: the FIRST ``qk_rope_head_dim`` dims of q heads and k, NeoX half-split pairs ``(i, i + d/2)``.
 
-YaRN is always applied when ``rope_scaling`` is set (HF / SGLang behaviour, spec section 10).
+YaRN is always applied when ``rope_scaling`` is set (HF / SGLang behaviour).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ Policy (documented in the model docstring too):
 * every other linear (attention, indexer ``wq_b`` / ``wk``, dense FFN) is block-dequantised once at load to
   the model dtype and run as a plain matmul (CPU has no FP8 GEMM; on GPUs these are a small share of bytes);
 * norms, gate, ``weights_proj``, embeddings and ``lm_head`` are never FP8 and are kept (gate and
-  ``weights_proj`` in fp32 because the spec computes them in fp32).
+  ``weights_proj`` in fp32 because the reference computes them in fp32).
 """
 
 from __future__ import annotations

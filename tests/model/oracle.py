@@ -1,5 +1,5 @@
-"""An independent, plain-torch MLA + lightning-indexer layer written from the spec (dsa-model.md sections
-1-4), used as the oracle of the sparse-attention tests. It shares no code with ``dsa_runtime.model`` or the
+"""An independent, plain-torch MLA + lightning-indexer layer written from the model's published math (the
+DeepSeek-V3.2 reference inference code's formulation), used as the oracle of the sparse-attention tests. It shares no code with ``dsa_runtime.model`` or the
 kernels: weights are dequantised, rotated, Hadamard-transformed and FP8-quantised here, and attention is the
 per-head MHA form with an additive mask over the selected keys ([REF]'s formulation), not the absorbed one.
 """

@@ -1,4 +1,4 @@
-"""YaRN frequencies (spec section 1 numbers) and the two pairings (MLA interleaved, indexer half-split)."""
+"""YaRN frequencies (V3.2 config numbers) and the two pairings (MLA interleaved, indexer half-split)."""
 
 from __future__ import annotations
 
