@@ -66,9 +66,11 @@ def test_tp_on_too_few_gpus_is_a_clear_error(monkeypatch, tmp_path):
         _spec(EngineConfig(tp=2), tmp_path, kernels, num_pages=8, page_size=64, hidden=256, max_context=512)
 
 
-def test_tp2_with_the_prefix_cache_generates_the_uncached_tp1_tokens():
+@pytest.mark.parametrize("layout", [{"tp": 2}, {"tp": 2, "dp": 2, "enable_dp_attention": True}])
+def test_tp2_with_the_prefix_cache_generates_the_uncached_tp1_tokens(layout):
     """Under TP every rank reads the cached pages' rows (rank 0's tree hands out page ids, each rank holds its
-    heads' rows at those ids): a second wave sharing a 4-page prefix hits and decodes the tp 1 tokens."""
+    heads' rows at those ids; under DP attention a prefix's first page keeps its requests in one group): a second
+    wave sharing a 4-page prefix hits and decodes the tp 1 tokens."""
     import random
 
     from dsa_runtime import LLM
@@ -80,7 +82,7 @@ def test_tp2_with_the_prefix_cache_generates_the_uncached_tp1_tokens():
     params = SamplingParams(max_tokens=6, temperature=0)
     plain = LLM(dtype="float32", device="cpu", page_size=4, disable_radix_cache=True)
     want = [[o.token_ids for o in plain.generate(w, params)] for w in waves]
-    llm = LLM(dtype="float32", device="cpu", page_size=4, tp=2)
+    llm = LLM(dtype="float32", device="cpu", page_size=4, **layout)
     try:
         got = [llm.generate(w, params) for w in waves]
         assert [[o.token_ids for o in w] for w in got] == want
