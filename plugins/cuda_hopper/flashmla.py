@@ -96,6 +96,12 @@ def _api() -> tuple[Any, bool]:
     return flash_mla, lazy
 
 
+def _legacy_args(params) -> dict[str, bool]:
+    """SGLang's build (``sgl-flash-mla``) keeps the SM90 kernels that upstream dropped behind ``use_legacy``; its
+    default runs the newer kernels, which SM90 cannot."""
+    return {"use_legacy": True} if "use_legacy" in params else {}
+
+
 class FlashMLASparse:
     """``sparse_attn.prefill`` through ``flash_mla_sparse_fwd`` (bf16 flat KV, 64/128 heads, k % 128 == 0).
 
@@ -107,13 +113,14 @@ class FlashMLASparse:
         params = inspect.signature(self.lib.flash_mla_sparse_fwd).parameters
         # PR #150 added attn_sink and switched the returned lse to the natural log.
         self.base2_lse = "attn_sink" not in params
+        self.extra = _legacy_args(params)
 
     def prefill(self, q: Tensor, kv: Tensor, indices: Tensor, sm_scale: float, d_v: int = 512):
         """q ``[T, H, 576]`` bf16, kv ``[S, 576]`` bf16, indices ``[T, K]`` int32 -> out ``[T, H, d_v]``, lse ``[T, H]``."""
         import torch
 
         out, _max_logits, lse = self.lib.flash_mla_sparse_fwd(
-            q.contiguous(), kv.unsqueeze(1), indices.to(torch.int32).unsqueeze(1), sm_scale, d_v
+            q.contiguous(), kv.unsqueeze(1), indices.to(torch.int32).unsqueeze(1), sm_scale, d_v, **self.extra
         )
         if self.base2_lse:
             lse = torch.where(torch.isneginf(lse), math.inf, lse * LN2)
@@ -127,6 +134,7 @@ class FlashMLAKV:
     def __init__(self) -> None:
         self.lib, self.lazy = _api()
         self._meta: dict[tuple[object, ...], tuple[Any, Any]] = {}
+        self.extra = _legacy_args(inspect.signature(self.lib.flash_mla_with_kvcache).parameters)
 
     def _schedule(self, q: Tensor, k: int) -> tuple[Any, Any]:
         """Scheduling metadata for this shape (it depends on shapes only: no topk_length is passed).
@@ -165,7 +173,7 @@ class FlashMLAKV:
         if self.lazy:
             out, lse = self.lib.flash_mla_with_kvcache(
                 q, cache, None, None, d_v, meta[0], None,
-                softmax_scale=sm_scale, causal=False, is_fp8_kvcache=True, indices=idx,
+                softmax_scale=sm_scale, causal=False, is_fp8_kvcache=True, indices=idx, **self.extra,
             )
         else:
             seqlens = torch.full((b,), idx.shape[-1], dtype=torch.int32, device=q.device)
