@@ -53,7 +53,23 @@ def make(generation: str = "new") -> types.ModuleType:
         out, lse = REF.decode(q, k_cache[:, :, 0], indices, sm_scale, layout="fp8_656", d_v=d_v)
         return out, lse.contiguous().transpose(1, 2)  # [b, h_q, s_q], a view as the library returns
 
-    if generation == "new":
+    if generation == "sgl":  # sgl-flash-mla: the new API, the SM90 kernels only with use_legacy=True
+        def get_mla_metadata(*args, **kwargs):
+            return _SchedMeta(), None
+
+        def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
+                                   num_splits=None, softmax_scale=None, causal=False, is_fp8_kvcache=False,
+                                   indices=None, attn_sink=None, extra_k_cache=None, extra_indices_in_kvcache=None,
+                                   topk_length=None, extra_topk_length=None, use_legacy=False):
+            assert use_legacy, "sparse_decode_fwd: the default kernels need SM100"
+            assert isinstance(tile_scheduler_metadata, _SchedMeta) and is_fp8_kvcache
+            return _decode(q, k_cache, indices, softmax_scale, head_dim_v)
+
+        def flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_length=None,
+                                 use_legacy=False, return_log2_lse=None):
+            assert use_legacy, "sparse_prefill_fwd: the default kernels need SM100"
+            return _prefill(q, kv, indices, sm_scale, d_v)
+    elif generation == "new":
         def get_mla_metadata(*args, **kwargs):
             return _SchedMeta(), None
 

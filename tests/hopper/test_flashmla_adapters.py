@@ -155,7 +155,7 @@ def _decode_inputs(gen, heads, batch=3, n_q=2, pages=4, k=40):
     return q, cache, idx
 
 
-@pytest.mark.parametrize("generation", ["new", "old"])
+@pytest.mark.parametrize("generation", ["new", "old", "sgl"])
 def test_padded_calls_translate_layouts_and_equal_the_reference(monkeypatch, generation):
     """4 heads and k 32 / 40 reach the library as 64 heads, k 128 / 64, [.., 1, ..] axes; results trimmed."""
     lib = fake_flash_mla.make(generation)
