@@ -164,3 +164,35 @@ def test_steps_send_tensors_and_aborts_preemption_and_grammars_match_tp1(monkeyp
     finally:
         monkeypatch.undo()
         engine.runner.shutdown()
+
+
+@pytest.mark.parametrize("layout", [{"tp": 2}, {"tp": 2, "dp": 2, "enable_dp_attention": True}])
+def test_overlap_under_tp_reads_the_published_tokens_on_every_rank(layout):
+    """Overlap scheduling forced on (the CPU runs it synchronously, so the engine enables it on CUDA only): decode
+    rows carry token -1 and every rank reads the token rank 0 sampled and published with the step before; the
+    tokens equal the synchronous tp 1 engine's."""
+    from dsa_runtime.engine import Engine, EngineConfig, SamplingParams
+
+    prompts = [[5 + i, 17, 29 + i, 41, 53] for i in range(4)]
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+
+    def run(overlap: bool, **fields) -> tuple[dict, list]:
+        engine = Engine(EngineConfig(dtype="float32", device="cpu", **fields))
+        engine._overlap = overlap
+        rows: list[list[int]] = []
+        real = engine.runner.run
+        engine.runner.run = lambda step: (rows.append(step.rows[1].tolist()), real(step))[1]
+        for i, p in enumerate(prompts):
+            engine.add_request(f"r{i}", p, params)
+        got: dict[str, list[int]] = {}
+        while engine.has_unfinished():
+            for out in engine.step():
+                got[out.request_id] = out.token_ids
+        if fields:
+            engine.runner.shutdown()
+        return got, rows
+
+    want, _ = run(False)
+    got, rows = run(True, **layout)
+    assert got == want
+    assert any(-1 in r for r in rows), "no step read a published token"
