@@ -89,7 +89,8 @@ def percentile(values: list[float], q: float) -> float:
 class RouteCounter:
     """Wraps rank 0's ``kernels.moe.route``: the experts chosen per call (one MoE layer of one step), kept on the
     device while ``on`` (counting then would sync every MoE layer of a timed step). Under DP attention the MoE
-    sees every group's rows padded to a common count (``distributed.dp``): only the real rows are kept."""
+    sees every group's rows padded to a common count (``distributed.dp``): only the real rows are kept
+    (``TPContext.real_tokens``, set on rank 0 each step)."""
 
     def __init__(self, kernels: Any, tp: Any = None) -> None:
         self.kernels, self.tp, self.calls, self.on = kernels, tp, [], False
@@ -108,13 +109,12 @@ class RouteCounter:
             self.installed = False
 
     def _real_rows(self, ids: torch.Tensor) -> torch.Tensor:
-        counts = getattr(self.tp, "group_tokens", None) if self.tp is not None and self.tp.info.dp > 1 else None
-        if not counts or sum(counts) == ids.shape[0]:
+        if self.tp is None or self.tp.info.dp == 1 or not self.tp.real_tokens:
             return ids
         from dsa_runtime.distributed.dp import padded_rows
 
-        pad = padded_rows(counts, self.tp.world)
-        return torch.cat([ids[g * pad:g * pad + c] for g, c in enumerate(counts)])
+        pad = padded_rows(self.tp.group_tokens, self.tp.world)
+        return torch.cat([ids[g * pad:g * pad + c] for g, c in enumerate(self.tp.real_tokens)])
 
 
 def serve(engine: Any, prompts: list[list[int]], output_len: int, counter: RouteCounter | None,

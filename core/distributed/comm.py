@@ -28,8 +28,10 @@ class TPContext:
     attn_group: Any = None
     ctrl_group: Any = None
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    # Per step, set by the runtime under DP attention: token rows of every attention group (for the FFN gather).
+    # Per step under DP attention: every group's row count as run (null-padded to one count: the FFN gather's),
+    # and, on rank 0, how many of those rows are real (metrics: which rows of the gathered FFN input count).
     group_tokens: list[int] | None = None
+    real_tokens: list[int] | None = None
     # "fp32": row-parallel partial sums stay fp32 through the all-reduce (ParallelConfig.reduce_dtype).
     reduce_dtype: str = "fp32"
 

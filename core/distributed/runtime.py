@@ -328,7 +328,9 @@ class DistributedRunner:
         if dp == 1:
             msg = Message(OP_STEP, step, step.num_rows, None, publish)
         else:
-            laid, layout, picks, order = lay_out(step, self._slot_group[step.rows[0]], dp, runner.max_requests)
+            groups = self._slot_group[step.rows[0]]
+            laid, layout, picks, order = lay_out(step, groups, dp, runner.max_requests)
+            self.tp.real_tokens = torch.bincount(groups, minlength=dp).tolist()
             if step.source is not None:  # rows of the kept hidden states, as group-local rows
                 last = self._hidden_layout
                 laid.source = torch.zeros(laid.num_rows, dtype=torch.int64)
