@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from tqdm import tqdm
 
-    from dsa_runtime.tinychat.export import write_checkpoint
+    from dsa_runtime.loader.export import write_checkpoint
     from dsa_runtime.tinychat.tokenizer import train_chat_tokenizer
 
     torch.manual_seed(args.seed)
