@@ -1,6 +1,6 @@
 """Evaluate the embedded tiny-chat model through the real engine and parsers (issue 13).
 
-Held-out conversations (``dsa_runtime.tinychat``, held-out entities and tool pairs) are encoded with the
+Held-out conversations (``train.tinychat``, held-out entities and tool pairs) are encoded with the
 V3.2 encoder, generated greedily by :class:`dsa_runtime.LLM` and read back by the DSML / reasoning parsers:
 
 * ``tool``: the reply's tool calls equal the expected ones (function names and arguments, in order);
@@ -22,9 +22,15 @@ import json
 import re
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+# The held-out chats come from the training generator ``train.tinychat``, in the checkout, not the package.
+ROOT = str(Path(__file__).resolve().parents[1])
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
 
 KINDS = {"tool": 1.0, "arith": 0.6, "convert": 0.3, "fact": 0.3}
 
@@ -32,7 +38,7 @@ KINDS = {"tool": 1.0, "arith": 0.6, "convert": 0.3, "fact": 0.3}
 def held_out(n: int, seed: int, heldout: bool = True, only: str | None = None):
     import random
 
-    from dsa_runtime.tinychat.dialogs import sample
+    from train.tinychat.dialogs import sample
 
     rng = random.Random(seed)
     items = []

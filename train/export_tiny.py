@@ -12,8 +12,8 @@ from pathlib import Path
 def main(argv: list[str]) -> int:
     from safetensors.torch import load_file
 
+    from dsa_runtime.loader.export import write_checkpoint
     from dsa_runtime.loader.presets import preset_config
-    from dsa_runtime.tinychat.export import write_checkpoint
 
     run = Path(argv[0])
     target = Path(argv[1] if len(argv) > 1 else Path(__file__).parents[1] / "core/loader/data/tiny-chat")

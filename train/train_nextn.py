@@ -84,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
 
     from dsa_runtime.loader import default_model_path
+    from dsa_runtime.loader.export import quantize_state
     from dsa_runtime.loader.make_checkpoint import _write_json, write_shards
-    from dsa_runtime.tinychat.export import quantize_state
 
     torch.manual_seed(args.seed)
     random.seed(args.seed)

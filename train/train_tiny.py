@@ -26,6 +26,7 @@ import json
 import math
 import multiprocessing as mp
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -35,6 +36,12 @@ from dsa_runtime.loader.presets import preset_config
 from dsa_runtime.model.config_parse import parse_hf_config
 from dsa_runtime.model.trainable import TrainableDeepseek
 
+# Run as ``python train/train_tiny.py``, Python puts train/ on sys.path, not the checkout that holds the chat
+# generator ``train.tinychat`` (which is not installed with the package).
+ROOT = str(Path(__file__).resolve().parents[1])
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
 PRESET = "tiny-chat"
 STAGE_SHARES = {"dense": 0.62, "warmup": 0.06, "sparse": 0.32}
 
@@ -42,7 +49,7 @@ STAGE_SHARES = {"dense": 0.62, "warmup": 0.06, "sparse": 0.32}
 def _gen_chunk(args: tuple[int, int, str, float]) -> list[tuple[list[int], list[int]]]:
     from tokenizers import Tokenizer
 
-    from dsa_runtime.tinychat.dataset import conversations, render, tokenize
+    from train.tinychat.dataset import conversations, render, tokenize
 
     seed, n, tok_json, invent = args
     tok = Tokenizer.from_str(tok_json)
@@ -158,8 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from tqdm import tqdm
 
-    from dsa_runtime.tinychat.export import write_checkpoint
-    from dsa_runtime.tinychat.tokenizer import train_chat_tokenizer
+    from dsa_runtime.loader.export import write_checkpoint
+    from train.tinychat.tokenizer import train_chat_tokenizer
 
     torch.manual_seed(args.seed)
     random.seed(args.seed)

@@ -88,6 +88,18 @@ def write_shards(folder: Path, tensors: dict[str, Tensor], num_shards: int) -> d
     return weight_map
 
 
+def _preset_tokenizer_json(preset: str, vocab_size: int) -> str:
+    """The ``tokenizer.json`` text of a random checkpoint of ``preset``."""
+    from dsa_runtime.loader.default_model import EMBEDDED_MODEL, embedded_model_path
+
+    if preset == EMBEDDED_MODEL:
+        # Its 3072 ids were trained on the generated chats as well as the shipped corpus: reuse the embedded
+        # model's tokenizer (that training's output, byte for byte), so writing a checkpoint needs no chat
+        # generator.
+        return (embedded_model_path() / "tokenizer.json").read_text(encoding="utf-8")
+    return train_tokenizer(vocab_size).to_str(pretty=True) + "\n"
+
+
 def make_checkpoint(out_dir: str | Path, preset: str = DEFAULT_PRESET, seed: int = 0, *, num_shards: int = 2) -> Path:
     """Create a random checkpoint of ``preset`` (``tiny-v32`` or ``tiny-v3``) at ``out_dir``; returns its path.
 
@@ -104,12 +116,7 @@ def make_checkpoint(out_dir: str | Path, preset: str = DEFAULT_PRESET, seed: int
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise ConfigError(f"{target}: already exists and is not an empty folder")
     config = parse_hf_config(raw)
-    if preset == "tiny-chat":  # its 3072 ids need the generated chats on top of the shipped corpus
-        from dsa_runtime.tinychat.tokenizer import train_chat_tokenizer
-
-        tokenizer = train_chat_tokenizer(config.vocab_size)
-    else:
-        tokenizer = train_tokenizer(config.vocab_size)
+    tokenizer_json = _preset_tokenizer_json(preset, config.vocab_size)
     tensors = random_state_dict(config, seed=seed)
 
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -117,7 +124,7 @@ def make_checkpoint(out_dir: str | Path, preset: str = DEFAULT_PRESET, seed: int
     try:
         _write_json(tmp / "config.json", raw)
         _write_json(tmp / "generation_config.json", _generation_config(raw))
-        (tmp / "tokenizer.json").write_text(tokenizer.to_str(pretty=True) + "\n", encoding="utf-8")
+        (tmp / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
         _write_json(tmp / "tokenizer_config.json", _tokenizer_config(raw["max_position_embeddings"]))
         write_shards(tmp, tensors, num_shards)
         os.chmod(tmp, 0o755)  # mkdtemp makes it 0700

@@ -25,7 +25,7 @@ def _engine(**fields):
 
 
 def _prompts(engine, n: int) -> list[list[int]]:
-    from dsa_runtime.tinychat.dataset import conversations, render
+    from train.tinychat.dataset import conversations, render
 
     out = []
     for conv in conversations(n, heldout=True, seed=11):

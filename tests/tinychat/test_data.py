@@ -1,4 +1,5 @@
-"""The tiny-chat data generator: V3.2 encoding, loss spans, tool calls that parse back, held-out split."""
+"""The tiny-chat data generator (``train.tinychat``): V3.2 encoding, loss spans, tool calls that parse
+back, held-out split, and the tokenizer it trains."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ import json
 import pytest
 
 from dsa_runtime.parsers import OutputParser
-from dsa_runtime.tinychat import world
-from dsa_runtime.tinychat.dataset import conversations, render
-from dsa_runtime.tinychat.dialogs import MIXTURE, heldout_pair, sample
-from dsa_runtime.tinychat.tools import HELDOUT_PAIRS, TOOLS
+from train.tinychat import world
+from train.tinychat.dataset import conversations, render
+from train.tinychat.dialogs import MIXTURE, heldout_pair, sample
+from train.tinychat.tools import HELDOUT_PAIRS, TOOLS
 
 
 @pytest.fixture(scope="module")
@@ -104,3 +105,12 @@ def test_invented_values_fill_argument_slots_and_never_hold_held_out_entities():
     again = [render(c).text.lower() for c in conversations(300, heldout=False, seed=5, invent=0.5)
              if c.kind == "tool"]
     assert texts == again
+
+
+def test_the_chat_tokenizer_is_the_embedded_models_byte_for_byte():
+    """``make-checkpoint --preset tiny-chat`` copies the embedded tokenizer instead of running this generator."""
+    from dsa_runtime.loader import embedded_model_path
+    from train.tinychat.tokenizer import train_chat_tokenizer
+
+    shipped = (embedded_model_path() / "tokenizer.json").read_text(encoding="utf-8")
+    assert train_chat_tokenizer(3072).to_str(pretty=True) + "\n" == shipped

@@ -31,7 +31,7 @@ def model():
 def test_training_forward_matches_the_runtime_logits(model, tmp_path):
     from dsa_runtime import LLM
     from dsa_runtime.loader import embedded_model_path
-    from dsa_runtime.tinychat.export import write_checkpoint
+    from dsa_runtime.loader.export import write_checkpoint
 
     raw, state, m = model
     tok = (embedded_model_path() / "tokenizer.json").read_text(encoding="utf-8")

@@ -12,7 +12,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from dsa_runtime.tinychat.dialogs import Conversation, sample
+from train.tinychat.dialogs import Conversation, sample
 
 TRAIN_SEED = 1234
 HELDOUT_SEED = 98765

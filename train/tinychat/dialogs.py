@@ -13,9 +13,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from dsa_runtime.tinychat import world as W
-from dsa_runtime.tinychat.pick import Pick
-from dsa_runtime.tinychat.tools import HELDOUT_PAIRS, TOOLS, Task
+from train.tinychat import world as W
+from train.tinychat.pick import Pick
+from train.tinychat.tools import HELDOUT_PAIRS, TOOLS, Task
 
 Message = dict[str, Any]
 

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dsa_runtime.tinychat import world as W
-from dsa_runtime.tinychat.pick import Pick
+from train.tinychat import world as W
+from train.tinychat.pick import Pick
 
 
 @dataclass

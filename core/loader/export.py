@@ -3,7 +3,9 @@
 Linears listed as ``fp8`` by :func:`dsa_runtime.loader.spec.expected_tensors` are quantised to e4m3 with
 128x128 block scales (the config's ``scale_fmt``); norms, embeddings, ``lm_head`` and the indexer's
 ``weights_proj`` are bf16, the gate and its correction bias fp32 -- exactly what a real V3.2 checkpoint holds.
-Writing is atomic (temporary folder, then one rename).
+Writing is atomic (temporary folder, then one rename). :mod:`~dsa_runtime.loader.make_checkpoint` writes
+the same layout from random weights with the same file writers; the training scripts (``train/``) export
+their runs with this module.
 """
 
 from __future__ import annotations

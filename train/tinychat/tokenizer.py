@@ -13,7 +13,7 @@ from dsa_runtime.loader.tokenizer_train import (
     SPECIAL_TOKENS,
     corpus_text,
 )
-from dsa_runtime.tinychat.dataset import conversations, render
+from train.tinychat.dataset import conversations, render
 
 TOKENIZER_SAMPLES = 3000
 

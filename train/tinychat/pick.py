@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 
-from dsa_runtime.tinychat import world as W
+from train.tinychat import world as W
 
 _ONSETS = ("b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "z", "br",
            "ch", "dr", "gr", "kr", "pl", "sh", "st", "tr", "th", "y", "q", "x", "bl", "fr", "sk", "sl", "sp",
