@@ -11,18 +11,10 @@ their runs with this module.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from dsa_runtime.loader.make_checkpoint import (
-    _generation_config,
-    _tokenizer_config,
-    _write_json,
-    write_shards,
-)
+from dsa_runtime.loader.make_checkpoint import write_folder
 
 
 def quantize_state(raw_config: dict[str, Any], state: dict, *, fp8: bool = True) -> dict:
@@ -61,19 +53,7 @@ def write_checkpoint(out_dir: str | Path, raw_config: dict[str, Any], state: dic
     if not fp8:
         raw.pop("quantization_config", None)
     tensors = quantize_state(raw, state, fp8=fp8)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
-        _write_json(tmp / "config.json", raw)
-        _write_json(tmp / "generation_config.json", _generation_config(raw))
-        (tmp / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
-        _write_json(tmp / "tokenizer_config.json", _tokenizer_config(raw["max_position_embeddings"]))
-        write_shards(tmp, tensors, num_shards)
-        os.chmod(tmp, 0o755)
-        os.rename(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    write_folder(target, raw, tokenizer_json, tensors, num_shards)
     return target
 
 

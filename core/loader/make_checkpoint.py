@@ -119,6 +119,14 @@ def make_checkpoint(out_dir: str | Path, preset: str = DEFAULT_PRESET, seed: int
     tokenizer_json = _preset_tokenizer_json(preset, config.vocab_size)
     tensors = random_state_dict(config, seed=seed)
 
+    write_folder(target, raw, tokenizer_json, tensors, num_shards)
+    return target
+
+
+def write_folder(target: Path, raw: dict[str, Any], tokenizer_json: str, tensors: dict[str, Tensor],
+                 num_shards: int) -> None:
+    """Write a checkpoint folder at ``target`` (absent or an empty folder) atomically: every file goes into a
+    temporary sibling, renamed to ``target`` once complete, so a failed write leaves nothing behind."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
@@ -129,9 +137,8 @@ def make_checkpoint(out_dir: str | Path, preset: str = DEFAULT_PRESET, seed: int
         write_shards(tmp, tensors, num_shards)
         os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
         if target.is_dir():
-            target.rmdir()  # empty (checked above); rename cannot replace a folder on every OS
+            target.rmdir()  # empty (checked by the callers); rename cannot replace a folder on every OS
         os.rename(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return target

@@ -52,24 +52,31 @@ def corpus_text() -> str:
     return resources.files("dsa_runtime.loader").joinpath("data", CORPUS_FILE).read_text(encoding="utf-8")
 
 
-def train_tokenizer(vocab_size: int):
-    """A ``tokenizers.Tokenizer`` of exactly ``vocab_size`` ids (specials + 256 bytes + merges + markers).
+def bpe_trainer(vocab_size: int):
+    """The byte-level BPE trainer of every tokenizer we make: the specials first, in this order (bos id 0, eos id
+    1), the 256 byte symbols, merges up to ``vocab_size`` less the markers, which are added after training."""
+    from tokenizers import AddedToken, pre_tokenizers, trainers
 
-    Raises ValueError if the corpus cannot supply enough merges for ``vocab_size``.
-    """
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    # Specials go first in this order, so bos is id 0 and eos id 1.
-    trainer = trainers.BpeTrainer(
+    return trainers.BpeTrainer(
         vocab_size=vocab_size - len(MARKER_TOKENS),
         min_frequency=2,
         special_tokens=[AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
+
+
+def train_tokenizer(vocab_size: int):
+    """A ``tokenizers.Tokenizer`` of exactly ``vocab_size`` ids (specials + 256 bytes + merges + markers).
+
+    Raises ValueError if the corpus cannot supply enough merges for ``vocab_size``.
+    """
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = bpe_trainer(vocab_size)
     # One "line" per paragraph keeps the input order, hence the merge ties, fixed.
     tok.train_from_iterator(corpus_text().split("\n\n"), trainer=trainer)
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKER_TOKENS])

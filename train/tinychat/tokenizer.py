@@ -11,6 +11,7 @@ from dsa_runtime.loader.tokenizer_train import (
     EOS_TOKEN,
     MARKER_TOKENS,
     SPECIAL_TOKENS,
+    bpe_trainer,
     corpus_text,
 )
 from train.tinychat.dataset import conversations, render
@@ -20,7 +21,7 @@ TOKENIZER_SAMPLES = 3000
 
 def train_chat_tokenizer(vocab_size: int, samples: int = TOKENIZER_SAMPLES):
     """A ``tokenizers.Tokenizer`` of exactly ``vocab_size`` ids (deterministic for a fixed package)."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
@@ -28,13 +29,7 @@ def train_chat_tokenizer(vocab_size: int, samples: int = TOKENIZER_SAMPLES):
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
     ])
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size - len(MARKER_TOKENS),
-        min_frequency=2,
-        special_tokens=[AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
+    trainer = bpe_trainer(vocab_size)
     texts = corpus_text().split("\n\n")
     texts += [render(c).text for c in conversations(samples, heldout=False, seed=7)]
     # The marker strings must not be learnt as merges of their pieces: strip them from the training text.
