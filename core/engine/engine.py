@@ -225,7 +225,6 @@ class Engine:
         """
         parts: list[torch.Tensor] = []
         requests: list[Request] = []
-        sampled: list[int] = []  # the slot of each sampled row
         groups = _groups(scheduled, self.runner.graph_rows)
         for k, group in enumerate(groups):
             logits = self._rows_step(group)
@@ -234,7 +233,7 @@ class Engine:
                     logits = logits.clone()
                 parts.append(logits)
                 requests += [item.request for item in group if item.sample]
-        sampled = [r.slot for r in requests]
+        sampled = [r.slot for r in requests]  # the slot of each sampled row
         self._counters["steps"] += 1
         for item in scheduled:
             request = item.request

@@ -9,11 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-# docs/benchmarks-history.md is the dated record behind docs/benchmarks.md, kept word for word: its commands are
-# the ones the current page runs, as they were typed then, not instructions to check again.
-ARCHIVES = {"docs/benchmarks-history.md"}
-DOC_FILES = ["README.md", *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md")
-                                  if f"docs/{p.name}" not in ARCHIVES)]
+DOC_FILES = ["README.md", *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md"))]
 DOC_PORT = "127.0.0.1:30000"
 SHELL_LANGS = {"", "sh", "bash", "shell", "console"}
 
