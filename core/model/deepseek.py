@@ -29,8 +29,8 @@ class DecoderLayer:
         self.tp = tp
         self.index = layer
         self.eps = config.rms_norm_eps
-        self.attn_norm = ws.plain(f"{p}.input_layernorm.weight")
-        self.ffn_norm = ws.plain(f"{p}.post_attention_layernorm.weight")
+        self.attn_norm = ws.norm(f"{p}.input_layernorm.weight")
+        self.ffn_norm = ws.norm(f"{p}.post_attention_layernorm.weight")
         self.attn = MLA(ws, f"{p}.self_attn", config, tp)
         self.attn.reuse_topk = config.reuses_topk(layer)  # IndexCache "S" layer (never the MTP layer's)
         self.ffn = (MoE(ws, f"{p}.mlp", config, moe_fp32_sum) if config.is_moe_layer(layer)
@@ -68,7 +68,7 @@ class DeepseekModel:
         ws = WeightSource(main, device, dtype, release=release_tensors)
         self.embed = ws.plain("model.embed_tokens.weight")
         self.layers = [DecoderLayer(ws, layer, config, tp, moe_fp32_sum) for layer in range(n)]
-        self.norm = ws.plain("model.norm.weight")
+        self.norm = ws.norm("model.norm.weight")
         if ws.has("lm_head.weight"):
             self.head = ws.plain("lm_head.weight")
         elif config.tie_word_embeddings:

@@ -75,12 +75,12 @@ class MLA:
         self.eps = eps
         if config.q_lora_rank is not None:
             self.wq_a = ws.linear(f"{prefix}.q_a_proj")
-            self.q_norm = ws.plain(f"{prefix}.q_a_layernorm.weight")
+            self.q_norm = ws.norm(f"{prefix}.q_a_layernorm.weight")
             self.wq_b = ws.linear(f"{prefix}.q_b_proj")
         else:
             self.wq = ws.linear(f"{prefix}.q_proj")
         self.wkv_a = ws.linear(f"{prefix}.kv_a_proj_with_mqa")
-        self.kv_norm = ws.plain(f"{prefix}.kv_a_layernorm.weight")
+        self.kv_norm = ws.norm(f"{prefix}.kv_a_layernorm.weight")
         kv_b = ws.linear(f"{prefix}.kv_b_proj").view(self.heads, self.nope + self.v_dim, self.lora)
         self.w_uk = kv_b[:, : self.nope].contiguous()
         self.w_uv = kv_b[:, self.nope:].contiguous()

@@ -34,11 +34,11 @@ class NextNLayer:
 
         p = f"model.layers.{layer}"
         self.eps = config.rms_norm_eps
-        self.enorm = ws.plain(f"{p}.enorm.weight")
-        self.hnorm = ws.plain(f"{p}.hnorm.weight")
+        self.enorm = ws.norm(f"{p}.enorm.weight")
+        self.hnorm = ws.norm(f"{p}.hnorm.weight")
         self.eh_proj = ws.plain(f"{p}.eh_proj.weight")
         self.block = DecoderLayer(ws, layer, config, tp, moe_fp32_sum)
-        self.norm = ws.plain(f"{p}.shared_head.norm.weight")
+        self.norm = ws.norm(f"{p}.shared_head.norm.weight")
         for shared in (f"{p}.embed_tokens.weight", f"{p}.shared_head.head.weight"):
             if ws.has(shared):
                 ws.raw(shared)  # the main model's embedding / head serve (identical copies)

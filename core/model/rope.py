@@ -62,19 +62,21 @@ class Rope:
 
 def apply_interleaved(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate pairs ``(2i, 2i+1)`` of ``x`` ``[T, ..., d]``; cos/sin ``[T, d/2]``. Returns x's dtype."""
-    shape = [cos.shape[0]] + [1] * (x.dim() - 2) + [cos.shape[1]]
-    c, s = cos.view(shape), sin.view(shape)
-    xf = x.float()
-    x0, x1 = xf[..., 0::2], xf[..., 1::2]
-    out = torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1).flatten(-2)
-    return out.to(x.dtype)
+    # Each pair is a complex number turned by cos + i sin: three kernels (complex, product, cast back) where
+    # the pairwise real expression takes eight, which an eager decode step pays per layer.
+    turn = torch.complex(cos, sin).view([cos.shape[0]] + [1] * (x.dim() - 2) + [cos.shape[1]])
+    pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
+    return torch.view_as_real(pairs * turn).flatten(-2).to(x.dtype)
 
 
 def apply_neox(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate pairs ``(i, i + d/2)`` of ``x`` ``[T, ..., d]``; cos/sin ``[T, d/2]``. Returns x's dtype."""
-    shape = [cos.shape[0]] + [1] * (x.dim() - 2) + [cos.shape[1]]
-    c, s = cos.view(shape), sin.view(shape)
+    """Rotate pairs ``(i, i + r/2)`` of the first ``r = 2 * cos.shape[1]`` dims of ``x`` ``[T, ..., d]`` (``d >= r``),
+    leaving the rest; cos/sin ``[T, r/2]``. Returns x's dtype."""
+    half = cos.shape[1]
+    r = 2 * half
+    turn = torch.complex(cos, sin).view([cos.shape[0]] + [1] * (x.dim() - 2) + [half])
     xf = x.float()
-    half = xf.shape[-1] // 2
-    x0, x1 = xf[..., :half], xf[..., half:]
-    return torch.cat((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1).to(x.dtype)
+    # (x_i, x_{i+half}) as one complex number: the same products and sums as the real expression, in the
+    # fewer kernels an eager step pays per layer.
+    turned = torch.view_as_real(torch.complex(xf[..., :half], xf[..., half:r]) * turn)  # [..., half, 2]
+    return torch.cat([turned.transpose(-1, -2).flatten(-2), xf[..., r:]], dim=-1).to(x.dtype)

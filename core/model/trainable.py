@@ -191,16 +191,13 @@ class TrainableDeepseek(nn.Module):
         """Lightning indexer scores ``[B, T, T]`` fp32 (no masking)."""
         cfg = self.cfg
         b, t, _ = x.shape
-        n, d, r = cfg.index_n_heads, cfg.index_head_dim, cfg.qk_rope_head_dim
+        n, d = cfg.index_n_heads, cfg.index_head_dim
         ip = f"{pre}.indexer"
-
-        def rot(z: Tensor) -> Tensor:  # rope on the first r dims, NeoX pairs
-            return torch.cat([apply_neox(z[..., :r], cos, sin), z[..., r:]], dim=-1)
-
-        q = rot((qr.reshape(b * t, -1) @ self.w(f"{ip}.wq_b.weight").T).view(b * t, n, d))
+        # Rope on the first qk_rope_head_dim dims (cos/sin's width), NeoX pairs.
+        q = apply_neox((qr.reshape(b * t, -1) @ self.w(f"{ip}.wq_b.weight").T).view(b * t, n, d), cos, sin)
         k = layer_norm(x.reshape(b * t, -1) @ self.w(f"{ip}.wk.weight").T, self.w(f"{ip}.k_norm.weight"),
                        self.w(f"{ip}.k_norm.bias"), cfg.rms_norm_eps)
-        k = rot(k.to(q.dtype)).view(b, t, d)
+        k = apply_neox(k.to(q.dtype), cos, sin).view(b, t, d)
         hw = (x.reshape(b * t, -1).float() @ self.w(f"{ip}.weights_proj.weight").float().T) * (n**-0.5 * d**-0.5)
         s = torch.einsum("bthd,bsd->bths", q.view(b, t, n, d).float(), k.float()).relu()
         return torch.einsum("bths,bth->bts", s, hw.view(b, t, n))
