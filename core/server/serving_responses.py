@@ -77,6 +77,7 @@ class ResponsesRun:
         except APIError as exc:
             raise renamed(exc) from None
         self.reasoning_tokens = 0
+        self._think_end = state.tokenizer.token_to_id("</think>") if self.chat.thinking else None
         self.truncated = False  # generation hit the token limit
 
     async def _generate(self, items: OutputItems) -> AsyncIterator[list[dict[str, Any]]]:
@@ -84,8 +85,11 @@ class ResponsesRun:
         stream = items.stream
         thinking = stream.in_reasoning  # after the forced opening: the state the first output starts in
         async for _, out, deltas, reason in self.chat.parsed([stream]):
-            if thinking:  # an output's tokens count as reasoning when it started inside the reasoning
-                self.reasoning_tokens += len(out.new_token_ids)
+            if thinking:  # the output started inside the reasoning: its tokens up to </think> are reasoning
+                ids = out.new_token_ids
+                end = self._think_end
+                # (a tool block that ends the reasoning without </think> counts its output's tokens whole)
+                self.reasoning_tokens += ids.index(end) + 1 if end is not None and end in ids else len(ids)
             thinking = stream.in_reasoning
             events = items.feed(deltas)
             if reason is not None:

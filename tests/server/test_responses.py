@@ -150,8 +150,9 @@ def test_thinking_on_gives_a_reasoning_item(client, real_server):
     assert reasoning.type == "reasoning" and reasoning.id.startswith("rs_") and reasoning.status == "completed"
     assert reasoning.content[0].type == "reasoning_text" and "47" in reasoning.content[0].text
     assert message.type == "message" and "85" in r.output_text
-    details = r.usage.output_tokens_details
-    assert 0 < details.reasoning_tokens < r.usage.output_tokens
+    # the reasoning tokens are those up to and including </think>
+    written = real_server.client.post("/tokenize", json={"prompt": reasoning.content[0].text + "</think>"})
+    assert r.usage.output_tokens_details.reasoning_tokens == written.json()["count"] < r.usage.output_tokens
     assert r.reasoning.effort == "high"
     assert r.usage.input_tokens == tokens(real_server, [{"role": "user", "content": SUM}], thinking=True)
 
