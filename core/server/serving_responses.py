@@ -134,7 +134,8 @@ class ResponsesRun:
                 exc = server_error("internal error while generating")
             yield event({"type": "error", "code": exc.code, "message": exc.message, "param": exc.param})
             failed = self.body([], "failed")
-            failed["error"] = {"code": "server_error", "message": exc.message}
+            # ResponseError's codes: the client's prompt, or the server
+            failed["error"] = {"code": "invalid_prompt" if exc.status < 500 else "server_error", "message": exc.message}
             yield event({"type": "response.failed", "response": failed})
 
     # -- the Response object --------------------------------------------------------------------------------

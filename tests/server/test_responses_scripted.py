@@ -37,6 +37,8 @@ SCRIPTS = {
 
 def script(prompt: str) -> str:
     turn = prompt.rsplit("<｜User｜>", 1)[-1]  # the last user turn (the tools' system prompt shows the markup too)
+    if "EXPLODE" in turn:
+        raise ValueError("the scripted engine refuses this prompt")
     if "<function_results>" in turn:  # say which results the turn holds, in its order
         return ",".join(re.findall(r"<result>(.*?)</result>", turn)) + EOS
     for key, completion in SCRIPTS.items():
@@ -161,6 +163,20 @@ def test_invalid_json_schema_names_text_format(srv):
     pytest.importorskip("xgrammar")
     r = post(srv, input="hi", text={"format": {"type": "json_schema", "name": "x", "schema": {"type": "nonsense"}}})
     assert r.status_code == 400 and r.json()["error"]["param"].startswith("text.format")
+
+
+def test_prompt_beyond_the_context_names_input(srv):
+    assert_error(post(srv, input="x" * 5000), 400, "input", "context_length_exceeded")
+
+
+def test_failure_after_the_stream_started_ends_it_with_error_events(srv):
+    assert_error(post(srv, input="EXPLODE"), 400)
+    events = streamed(srv, input="EXPLODE")
+    assert [e["type"] for e in events] == ["response.created", "response.in_progress", "error", "response.failed"]
+    assert "refuses" in events[2]["message"] and events[3]["response"]["status"] == "failed"
+    assert events[3]["response"]["error"]["code"] == "invalid_prompt"  # the engine refused it: a 400
+    assert [e["sequence_number"] for e in events] == [0, 1, 2, 3]
+    assert ok(srv, input="hi")["status"] == "completed"  # and the server goes on
 
 
 def test_unknown_model_and_unknown_stored_response(srv):
