@@ -3,9 +3,9 @@
 Items map onto chat messages: ``message`` items (``developer`` is OpenAI's name for instructions, so it becomes
 a ``system`` message: DeepSeek-V3.2's own ``developer`` role is its search-agent turn), ``function_call`` items
 onto the assistant's ``tool_calls`` (consecutive calls, and calls after an assistant message, make one assistant
-turn), ``function_call_output`` items onto ``tool`` messages (put in the order of the calls they answer: the
-V3.2 encoding matches results to calls by position), and ``reasoning`` items onto the ``reasoning_content`` of
-the assistant turn that follows them. Function tools, ``tool_choice`` and ``text.format`` are rewritten into
+turn; a call cut off by the token limit, ``status: "incomplete"``, is left out), ``function_call_output`` items
+onto ``tool`` messages (put in the order of the calls they answer: the V3.2 encoding matches results to calls by
+position), and ``reasoning`` items onto the ``reasoning_content`` of the assistant turn that follows them. Function tools, ``tool_choice`` and ``text.format`` are rewritten into
 their chat forms; every problem is a 400 naming the Responses field (``input.3.call_id``, ``tools.0.type``).
 """
 
@@ -56,6 +56,8 @@ def to_messages(items: list[Mapping[str, Any]], where: Callable[[int], str]) -> 
             else:
                 reasoning.clear()  # reasoning with no assistant turn after it belongs to nothing
                 messages.append({"role": _ROLES[role], "content": text})
+        elif kind == "function_call" and item.get("status") == "incomplete":
+            continue  # cut off by the token limit: its arguments end mid-value, and it never ran
         elif kind == "function_call":
             call_id = _string(item, "call_id", where(i))
             call = {"id": call_id, "type": "function",

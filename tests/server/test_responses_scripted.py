@@ -111,6 +111,12 @@ def test_call_cut_by_the_token_limit_is_incomplete(srv):
         (item,) = body["output"]
         assert item["type"] == "function_call" and item["status"] == "incomplete"
         assert body["usage"]["output_tokens"] == 60
+    # the cut call never ran: a continuation leaves it out and needs no output for it
+    cut = ok(srv, input="[[long-call]]", tools=[WEATHER], max_output_tokens=60)
+    again = ok(srv, input="Hello?", previous_response_id=cut["id"], tools=[WEATHER])
+    assert again["output"][0]["content"][0]["text"] == "Hello there."
+    answering = {"type": "function_call_output", "call_id": cut["output"][0]["call_id"], "output": "x"}
+    assert_error(post(srv, input=[answering], previous_response_id=cut["id"]), 400, "input.0.call_id")
 
 
 def test_include_encrypted_reasoning_is_accepted(srv):
