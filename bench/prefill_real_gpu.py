@@ -342,7 +342,7 @@ def run_all(runner, sets: list[BackendSet], slot: int, ids: list[int], rates: di
                 out["rows"].append({"prompt": prompt, "chunk": chunk, "skipped": "its KV cache does not fit"})
                 continue
             _, roof, last = case_roofline(config, prompt, chunk, rates)
-            for bset in running:
+            for bset in list(running):
                 need = budget.estimate(bset.name, roof + last)
                 if (bset.name, chunk) not in warmed:
                     first = not any(name == bset.name for name, _ in warmed)
@@ -352,12 +352,25 @@ def run_all(runner, sets: list[BackendSet], slot: int, ids: list[int], rates: di
                     out["rows"].append({"set": bset.name, "prompt": prompt, "chunk": chunk, "skipped": why})
                     log(f"{bset.name} {prompt} / {chunk}: skipped ({why})")
                     continue
-                if (bset.name, chunk) not in warmed:
-                    secs = warm_up(runner, bset, slot, ids, chunk)
-                    warmed.add((bset.name, chunk))
-                    out["warmups"].append({"set": bset.name, "chunk": chunk, "seconds": secs})
-                    log(f"{bset.name}: warm-up at chunk {chunk} in {secs:.1f} s")
-                row, unknown = run_case(runner, bset, profiled[bset.name], slot, ids, prompt, chunk, rates, per_page)
+                try:
+                    if (bset.name, chunk) not in warmed:
+                        secs = warm_up(runner, bset, slot, ids, chunk)
+                        warmed.add((bset.name, chunk))
+                        out["warmups"].append({"set": bset.name, "chunk": chunk, "seconds": secs})
+                        log(f"{bset.name}: warm-up at chunk {chunk} in {secs:.1f} s")
+                    row, unknown = run_case(runner, bset, profiled[bset.name], slot, ids, prompt, chunk, rates,
+                                           per_page)
+                except (RuntimeError, ValueError) as exc:  # a backend's failure (OOM included) costs its set only
+                    why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+                    out["rows"].append({"set": bset.name, "prompt": prompt, "chunk": chunk, "skipped": why})
+                    bset.status = f"failed at {prompt} / {chunk}: {why}"
+                    out["sets"] = [s.describe() for s in sets]
+                    log(f"{bset.name} {prompt} / {chunk}: {why}; the set stops here")
+                    running.remove(bset)
+                    if runner.device.type == "cuda":
+                        torch.cuda.empty_cache()
+                    write_json(args.json, out)
+                    continue
                 budget.measured(bset.name, row["wall_s"], row["roofline_s"])
                 for name, ms in unknown.items():
                     out["unknown_kernels_ms"][name] = out["unknown_kernels_ms"].get(name, 0.0) + ms

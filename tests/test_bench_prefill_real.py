@@ -237,3 +237,24 @@ def test_refuses_without_cuda(tmp_path):
     assert run.returncode == 2
     assert run.stderr.strip() == "prefill_real_gpu: needs a CUDA device (or --dry-run)"
     assert not out.exists()
+
+
+def test_a_failing_set_stops_with_its_reason_and_the_run_goes_on(bench, tmp_path, monkeypatch, capsys):
+    """A backend error (here: the first case of ``ours`` raising, as an out-of-memory would) is recorded for
+    that case, the set stops, and the script still writes its JSON and table."""
+    _, _, G, _ = bench
+    calls = []
+
+    def failing(runner, bset, *args):
+        calls.append(bset.name)
+        raise RuntimeError("CUDA out of memory. Tried to allocate 4.00 GiB\nmore detail")
+
+    monkeypatch.setattr(G, "run_case", failing)
+    out = tmp_path / "prefill.json"
+    assert G.main(["--dry-run", "--prompts", "48,100", "--chunk-sizes", "40", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert calls == ["ours"]
+    assert data["rows"] == [{"set": "ours", "prompt": 48, "chunk": 40,
+                             "skipped": "RuntimeError: CUDA out of memory. Tried to allocate 4.00 GiB"}]
+    assert data["sets"][0]["status"].startswith("failed at 48 / 40: RuntimeError")
+    assert "| 48 | 40 | ours | skipped: RuntimeError" in capsys.readouterr().out
