@@ -86,9 +86,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="default bench/results/prefill_real_gpu.json (_dry with --dry-run)")
     ap.add_argument("--dry-run", action="store_true",
-                    help="tiny V3.2 preset on the CPU (default prompts 96,200, chunk sizes 40,64): checks the script")
+                    help="tiny V3.2 preset on the CPU (default prompts 48,100, chunk sizes 40,64): checks the script")
     args = ap.parse_args(argv)
-    args.prompts = args.prompts or ("96,200" if args.dry_run else "8192,32768,131072")
+    args.prompts = args.prompts or ("48,100" if args.dry_run else "8192,32768,131072")
     args.chunk_sizes = args.chunk_sizes or ("40,64" if args.dry_run else "8192,16384")
     try:
         args.prompt_list = sorted({int(x) for x in args.prompts.split(",")})
