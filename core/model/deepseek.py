@@ -36,11 +36,11 @@ class DecoderLayer:
         self.ffn = (MoE(ws, f"{p}.mlp", config, moe_fp32_sum) if config.is_moe_layer(layer)
                     else DenseFFN(ws, f"{p}.mlp"))
 
-    def __call__(self, h: Tensor, cos: Tensor, sin: Tensor, ctx: AttnContext, kv_cache: Tensor,
+    def __call__(self, h: Tensor, turn: Tensor, ctx: AttnContext, kv_cache: Tensor,
                  index_cache: Tensor | None) -> Tensor:
         """h ``[T, D]`` residual stream (model dtype) -> ``[T, D]``. Under TP the FFN / MoE weights are
         intermediate-split: :func:`run_ffn` all-reduces (and, with DP attention, gathers the groups' rows)."""
-        h = h + self.attn(rms_norm(h, self.attn_norm, self.eps), cos, sin, ctx, kv_cache, index_cache)
+        h = h + self.attn(rms_norm(h, self.attn_norm, self.eps), turn, ctx, kv_cache, index_cache)
         return h + run_ffn(self.ffn, rms_norm(h, self.ffn_norm, self.eps), ctx.kernels, self.tp)
 
 
@@ -109,9 +109,9 @@ class DeepseekModel:
         """Run every layer over the step's tokens; returns the post-final-norm hidden ``[T, D]``."""
         step = ctx.step
         h = self.embed_tokens(step.token_ids)
-        cos, sin = self.rope.cos_sin(step.positions)
+        turn = self.rope.turns(step.positions)
         for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, ctx, kv_pools[i], index_pools[i] if index_pools else None)
+            h = layer(h, turn, ctx, kv_pools[i], index_pools[i] if index_pools else None)
         return rms_norm(h, self.norm, self.config.rms_norm_eps)
 
     def draft_hidden_states(self, ctx: AttnContext, prev_hidden: Tensor, kv_pool: Tensor,
@@ -121,8 +121,8 @@ class DeepseekModel:
         if self.nextn is None:
             raise RuntimeError("this model was built without its NextN layer (nextn=True)")
         step = ctx.step
-        cos, sin = self.rope.cos_sin(step.positions)
-        return self.nextn(self.embed_tokens(step.token_ids), prev_hidden, cos, sin, ctx, kv_pool, index_pool)
+        turn = self.rope.turns(step.positions)
+        return self.nextn(self.embed_tokens(step.token_ids), prev_hidden, turn, ctx, kv_pool, index_pool)
 
     def logits(self, hidden: Tensor) -> Tensor:
         """``[n, D]`` -> float32 ``[n, vocab]`` (vocab-parallel: local slices all-gathered, then trimmed)."""

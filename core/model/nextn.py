@@ -43,11 +43,11 @@ class NextNLayer:
             if ws.has(shared):
                 ws.raw(shared)  # the main model's embedding / head serve (identical copies)
 
-    def __call__(self, embedded: Tensor, prev_hidden: Tensor, cos: Tensor, sin: Tensor, ctx: AttnContext,
+    def __call__(self, embedded: Tensor, prev_hidden: Tensor, turn: Tensor, ctx: AttnContext,
                  kv_cache: Tensor, index_cache: Tensor | None) -> Tensor:
         """``embedded`` (the next tokens' embeddings) and ``prev_hidden`` ``[T, D]`` (model dtype) -> the draft's
         post-norm hidden ``[T, D]``; writes the layer's cache rows at the step's cache locations."""
         e = rms_norm(embedded, self.enorm, self.eps)
         h = rms_norm(prev_hidden.to(e.dtype), self.hnorm, self.eps)
         z = linear(torch.cat([e, h], dim=-1), self.eh_proj)
-        return rms_norm(self.block(z, cos, sin, ctx, kv_cache, index_cache), self.norm, self.eps)
+        return rms_norm(self.block(z, turn, ctx, kv_cache, index_cache), self.norm, self.eps)
