@@ -19,6 +19,7 @@ from pathlib import Path
 
 HELP = "measure answer accuracy on gsm8k, the tiny model's held-out sets or a JSONL file (a CI gate)"
 DEFAULT_BASE_URL = "http://127.0.0.1:30000/v1"
+_OWN_FLAGS = ("model", "seed")  # EngineConfig fields whose flags eval defines itself (request-level meaning)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,6 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write the settings, results and every question's record to this file")
     parser.add_argument("--min-accuracy", type=float, default=None, metavar="X",
                         help="exit with code 1 when accuracy is below X (0-1)")
+    parser.add_argument("--disable-tqdm", action="store_true", help="no progress bar (it goes to stderr)")
     parser.add_argument("--model", default=None, metavar="MODEL",
                         help="the model's name at the endpoint (default: the first it lists); with "
                              "--in-process, its checkpoint directory (default: the embedded model)")
@@ -58,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", default=None, metavar="KEY",
                         help="the endpoint's key (default: env OPENAI_API_KEY)")
     add_dataclass_arguments(
-        parser.add_argument_group("engine options (with --in-process)"), EngineConfig, exclude=("model", "seed")
+        parser.add_argument_group("engine options (with --in-process)"), EngineConfig, exclude=_OWN_FLAGS
     )
 
 
@@ -83,7 +85,9 @@ def run(args: argparse.Namespace) -> int:
         await client.start()
         try:
             start = time.perf_counter()
-            records = await evaluate(client, questions, examples, sampling, args.parallel)
+            records = await evaluate(
+                client, questions, examples, sampling, args.parallel, progress=not args.disable_tqdm
+            )
             return records, time.perf_counter() - start
         finally:
             await client.close()
@@ -125,7 +129,7 @@ def _check(args: argparse.Namespace) -> None:
         raise ConfigError(f"--min-accuracy is a share between 0 and 1, got {args.min_accuracy}")
     if args.json and not Path(args.json).resolve().parent.is_dir():
         raise ConfigError(f"--json {args.json}: no such directory")
-    given = [flag_of(f.name) for f in fields(EngineConfig) if hasattr(args, f.name) and f.name != "model"]
+    given = [flag_of(f.name) for f in fields(EngineConfig) if hasattr(args, f.name) and f.name not in _OWN_FLAGS]
     if given and not args.in_process:
         raise ConfigError(f"{', '.join(given)}: engine options apply only with --in-process")
 

@@ -71,8 +71,9 @@ async def evaluate(
             except RequestFailed as exc:
                 records[i] = Record(i, q.question, q.answer, None, False, True, None, "error", 0, 0,
                                     time.perf_counter() - start, error=str(exc))  # fmt: skip
+            done = [r for r in records if r is not None]
+            bar.set_postfix(accuracy=f"{sum(r.correct for r in done) / len(done):.3f}", refresh=False)
             bar.update(1)
-            bar.set_postfix(accuracy=f"{sum(r.correct for r in records if r) / bar.n:.3f}", refresh=False)
 
     tasks = [asyncio.ensure_future(worker()) for _ in range(min(parallel, len(questions)))]
     try:
