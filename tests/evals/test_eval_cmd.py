@@ -246,3 +246,40 @@ def test_over_http_a_wrong_key_is_one_line(tmp_path, capsys):
                      _jsonl(tmp_path / "q.jsonl", ROWS), "--num-shots", "1"])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and err.startswith(f"dsa-runtime: error: {srv.url}/v1: 401: ")
+
+
+def test_an_endpoint_lost_mid_run_stops_every_client(tmp_path, monkeypatch, capsys):
+    import asyncio
+
+    from dsa_runtime.errors import ConfigError
+
+    class Dropping(ScriptedClient):
+        async def chat(self, messages, tools, sampling):
+            await asyncio.sleep(0.01 * len(self.requests))
+            self.requests.append(messages)
+            if len(self.requests) == 2:
+                raise ConfigError("cannot reach http://x/v1 (connection reset)")
+            await asyncio.sleep(10)  # still in flight when the other client fails
+            raise AssertionError("not cancelled")
+
+    client = Dropping()
+    monkeypatch.setattr(eval_cmd, "_client", lambda args: client)
+    out = tmp_path / "r.json"
+    assert main(["eval", "--data", _jsonl(tmp_path / "q.jsonl", ROWS), "--parallel", "2", "--num-shots", "0",
+                 "--json", str(out), "--disable-tqdm"]) == 2  # fmt: skip
+    captured = capsys.readouterr()
+    assert captured.err == "dsa-runtime: error: cannot reach http://x/v1 (connection reset)\n" and captured.out == ""
+    assert len(client.requests) == 2 and client.closed and not out.exists()
+
+
+def test_in_process_passes_engine_options_and_scores_a_refused_prompt_as_an_error(tmp_path, capsys):
+    rows = [{"question": "What is 12 + 30?", "answer": 42}, {"question": "What is 2 + 2? " * 80, "answer": 4}]
+    out = tmp_path / "r.json"
+    code = main(["eval", "--in-process", "--data", _jsonl(tmp_path / "q.jsonl", rows), "--num-shots", "0",
+                 "--max-model-len", "128", "--max-tokens", "32", "--thinking", "--json", str(out), "--disable-tqdm"])  # fmt: skip
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert report["settings"]["endpoint"] == "in-process" and report["settings"]["model"] == "tiny-chat"
+    first, long = report["records"]
+    assert first["error"] is None and first["prompt_tokens"] > 5 and 0 < first["completion_tokens"] <= 32
+    assert long["invalid"] and long["error"] and "128" in long["error"] and long["finish_reason"] == "error"
