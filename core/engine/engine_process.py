@@ -35,14 +35,16 @@ class EngineProcessError(RuntimeError):
     """The engine process failed to start or died."""
 
 
-def _child(conn: Any, config: Any) -> None:
-    """The engine process: build the engine, then apply commands and step, sending outputs as they come."""
+def _child(conn: Any, config: Any, build: Any) -> None:
+    """The engine process: build the engine (``build(config)``, by default :class:`Engine`), then apply commands
+    and step, sending outputs as they come."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
-        from dsa_runtime.engine import Engine
+        if build is None:
+            from dsa_runtime.engine import Engine as build
 
-        engine = Engine(config)
+        engine = build(config)
         extras = engine.parts.extras
         conn.send(("ready", {
             "tokenizer": engine.tokenizer, "model_config": engine.model_config,
@@ -119,12 +121,14 @@ class EngineProcess:
     Args:
         config: the :class:`~dsa_runtime.engine.EngineConfig` the child builds its engine from.
         ready_timeout_s: how long start-up (load, compiles, graph capture) may take.
+        build: what the child builds its engine with, ``build(config)`` (a module-level callable, pickled to
+            the child); by default :class:`~dsa_runtime.engine.Engine`. Benches pass an engine stand-in.
     """
 
-    def __init__(self, config: Any, *, ready_timeout_s: float = READY_TIMEOUT_S) -> None:
+    def __init__(self, config: Any, *, ready_timeout_s: float = READY_TIMEOUT_S, build: Any = None) -> None:
         ctx = mp.get_context("spawn")
         self._conn, child_conn = ctx.Pipe()
-        self._proc = ctx.Process(target=_child, args=(child_conn, config), name="dsa-engine", daemon=True)
+        self._proc = ctx.Process(target=_child, args=(child_conn, config, build), name="dsa-engine", daemon=True)
         self._proc.start()
         child_conn.close()
         deadline = time.monotonic() + ready_timeout_s
