@@ -3,6 +3,7 @@
     python bench/serve_load.py                          # embedded model, in-process server, 1/8/32 clients
     python bench/serve_load.py --url http://127.0.0.1:30000 --model NAME --concurrency 1 8 32 64
     python bench/serve_load.py --engine-only --concurrency 1 8 32 64   # the same load, no HTTP: the baseline
+    python bench/serve_load.py --url http://127.0.0.1:30000 --client openai   # streamed by the official client
     python bench/serve_load.py --shared-prefix 2000 --compare-radix-cache --concurrency 8 32   # prefix caching
     python bench/serve_load.py --shared-prefix 2000 --compare-radix-cache --engine-only --warmup 1 --concurrency 8
 
@@ -101,6 +102,31 @@ async def _one(client: Any, model: str, prompt: str, max_tokens: int, system: st
     return {"ttft": (first or end) - start, "itl": gaps, "e2e": end - start, "tokens": tokens}
 
 
+async def _one_openai(client: Any, model: str, prompt: str, max_tokens: int, system: str | None = None) -> dict[str, Any]:
+    """:func:`_one` through the official ``openai`` client (``AsyncOpenAI``), as a user would stream."""
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    start = time.perf_counter()
+    first: float | None = None
+    last = start
+    gaps: list[float] = []
+    tokens = 0
+    stream = await client.chat.completions.create(
+        model=model, messages=messages, max_tokens=max_tokens, temperature=0, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    async for chunk in stream:
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+        if chunk.choices and chunk.choices[0].delta.content:
+            now = time.perf_counter()
+            if first is None:
+                first = now
+            else:
+                gaps.append(now - last)
+            last = now
+    end = time.perf_counter()
+    return {"ttft": (first or end) - start, "itl": gaps, "e2e": end - start, "tokens": tokens}
+
+
 _COUNTERS = ("dsa:engine_steps_total", "dsa:prefix_cache_queries_total", "dsa:prefix_cache_hits_total")
 
 
@@ -119,7 +145,9 @@ async def _counters(client: Any) -> dict[str, float]:
 
 
 async def run_level(url: str, model: str, concurrency: int, requests: int, max_tokens: int,
-                    system: str | None = None) -> dict[str, Any]:
+                    system: str | None = None, client_kind: str = "httpx") -> dict[str, Any]:
+    """One level: ``concurrency`` clients stream ``requests`` chat requests in all, with raw ``httpx`` SSE
+    parsing or (``client_kind="openai"``) the official ``openai`` client over the same connection pool."""
     import httpx
 
     queue: asyncio.Queue[int] = asyncio.Queue()
@@ -133,13 +161,19 @@ async def run_level(url: str, model: str, concurrency: int, requests: int, max_t
                 i = queue.get_nowait()
             except asyncio.QueueEmpty:
                 return
-            results.append(await _one(client, model, _prompt(i), max_tokens, system))
+            results.append(await one(client, model, _prompt(i), max_tokens, system))
 
-    limits = httpx.Limits(max_connections=concurrency + 4)
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+        one, requester = _one, client
+        if client_kind == "openai":
+            from openai import AsyncOpenAI
+
+            one = _one_openai
+            requester = AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, http_client=client)
         before = await _counters(client)
         start = time.perf_counter()
-        await asyncio.gather(*[worker(client) for _ in range(concurrency)])
+        await asyncio.gather(*[worker(requester) for _ in range(concurrency)])
         wall = time.perf_counter() - start
         after = await _counters(client)
     delta = {k: after[k] - before[k] for k in after if k in before}
@@ -323,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--requests-per-client", type=int, default=4, help="requests per client at each level")
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--client", choices=("httpx", "openai"), default="httpx",
+                        help="stream with raw httpx SSE parsing or the official openai client")
     parser.add_argument("--out", type=Path, default=Path("bench/results/serve_load.json"))
     parser.add_argument("--shared-prefix", type=int, default=0, metavar="TOKENS",
                         help="every request starts with the same system prompt of about this many tokens")
@@ -374,13 +410,13 @@ def _serve_levels(args: argparse.Namespace) -> tuple[str, str, list[dict[str, An
         url, model, stop = _start_embedded(args)
     try:
         for c in args.concurrency if args.warmup else ():
-            asyncio.run(run_level(url, model, c, c * args.warmup, args.max_tokens, args.system))
+            asyncio.run(run_level(url, model, c, c * args.warmup, args.max_tokens, args.system, args.client))
         if args.warmup:
             print("  warm-up done", file=sys.stderr, flush=True)
         levels = []
         for c in args.concurrency:
             levels.append(asyncio.run(run_level(url, model, c, c * args.requests_per_client, args.max_tokens,
-                                                args.system)))
+                                                args.system, args.client)))
             print(f"  {c} clients done", file=sys.stderr, flush=True)
     finally:
         if stop is not None:

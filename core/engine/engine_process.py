@@ -27,6 +27,8 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
+from dsa_runtime.engine.outputs import RequestMetrics, RequestOutput
+
 READY_TIMEOUT_S = 1800.0  # model load + kernel compiles + graph capture on a cold machine
 IDLE_POLL_S = 0.05
 
@@ -169,33 +171,45 @@ class EngineProcess:
         return self._stats
 
     def step(self) -> list[Any]:
-        """The outputs the child sent since the last call (refused requests as their exception, with its
-        ``request_id`` set); waits up to 50 ms for the first message."""
-        outputs: list[Any] = []
+        """The outputs the child sent since the last call, one per request (the deltas of several steps merged,
+        as :meth:`RequestOutput.merged_with` does: a server that reads late restores and dispatches one output
+        per request, not one per step), then refused requests as their exception, with ``request_id`` set;
+        waits up to 50 ms for the first message."""
         if not self._conn.poll(IDLE_POLL_S):
             self._check_alive()
-            return outputs
+            return []
+        pending: dict[str, list[Any]] = {}  # request id -> its wire fields, deltas merged in arrival order
+        refused: list[Any] = []
         while self._conn.poll():
             try:
                 _, messages = self._conn.recv()
             except (EOFError, OSError) as exc:
                 raise EngineProcessError(f"the engine process died (code {self._proc.exitcode})") from exc
             for kind, payload in messages:
-                self._receive(kind, payload, outputs)
-        return [o for o in outputs if o is not None]
+                self._receive(kind, payload, pending, refused)
+        outputs = [out for out in map(self._restore, pending.values()) if out is not None]
+        return outputs + refused
 
-    def _receive(self, kind: str, payload: Any, outputs: list[Any]) -> None:
+    def _receive(self, kind: str, payload: Any, pending: dict[str, list[Any]], refused: list[Any]) -> None:
         """One message of the child's: a step's outputs (with its stats), stats alone, or a refused request."""
         if kind == "out":
             batch, self._stats = payload
-            outputs.extend(self._restore(out) for out in batch)
+            for wire in batch:
+                merged = pending.get(wire[0])
+                if merged is None:
+                    pending[wire[0]] = list(wire)
+                else:  # deltas joined; finish state, stamps and cached count are the later step's
+                    merged[1] = merged[1] + wire[1]
+                    merged[2] = merged[2] + wire[2]
+                    merged[6] = (merged[6] or []) + (wire[6] or []) or None
+                    merged[3:6], merged[7:] = wire[3:6], wire[7:]
         elif kind == "stats":
             self._stats = payload
         elif kind == "refused":
             request_id, exc = payload
             self._live.pop(request_id, None)
             exc.request_id = request_id
-            outputs.append(exc)
+            refused.append(exc)
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop the child (it finishes its current step first)."""
@@ -209,10 +223,8 @@ class EngineProcess:
             self._conn.close()
 
     # --- helpers -------------------------------------------------------------------------------------------------
-    def _restore(self, wire: tuple) -> Any:
+    def _restore(self, wire: list[Any]) -> Any:
         """The :class:`RequestOutput` of one :func:`_wire` tuple, totals rebuilt from the deltas seen so far."""
-        from dsa_runtime.engine.outputs import RequestMetrics, RequestOutput
-
         request_id, new_ids, new_text, finished, reason, stop_reason, logprobs, stamps, cached = wire
         record = self._live.get(request_id)
         if record is None:

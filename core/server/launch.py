@@ -11,6 +11,7 @@ import logging
 import re
 import signal
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -71,7 +72,8 @@ def _check_parsers(tool: str | None, reasoning: str | None) -> None:
 
 
 def make_uvicorn_server(
-    app: Any, host: str, port: int, drain_timeout: float, log_level: str = "warning", engine: Any = None
+    app: Any, host: str, port: int, drain_timeout: float, log_level: str = "warning", engine: Any = None,
+    on_started: Callable[[], None] | None = None,
 ) -> Any:
     """A uvicorn server whose SIGINT/SIGTERM drains ``engine`` for ``drain_timeout`` s, then stops.
 
@@ -80,7 +82,8 @@ def make_uvicorn_server(
     clients and load balancers get an answer, not a refused connection. Once the running requests are done
     (or aborted at the deadline; the abort reaches each open stream as an SSE error event and ``[DONE]``),
     uvicorn's own shutdown closes the listener and waits for the last responses to go out, its graceful
-    timeout a backstop a few seconds later. Without ``engine`` a signal just stops the server.
+    timeout a backstop a few seconds later. Without ``engine`` a signal just stops the server. ``on_started``
+    runs once the listener is up and the signal handlers are in place (a SIGTERM from then on drains).
     """
     import asyncio
 
@@ -96,6 +99,8 @@ def make_uvicorn_server(
         async def startup(self, sockets: Any = None) -> None:
             self._loop = asyncio.get_running_loop()
             await super().startup(sockets=sockets)
+            if on_started is not None and self.started:
+                on_started()
 
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             # uvicorn re-raises captured signals after shutdown, which would turn a clean drain into exit
@@ -169,9 +174,13 @@ def serve(config: ServerConfig, engine: Any = None) -> int:
     sock = bind_socket(config.host, config.port)
     port = sock.getsockname()[1]
     host = f"[{config.host}]" if ":" in config.host else config.host
-    print(f"dsa-runtime: serving '{state.model_name}' at http://{host}:{port}/v1 "
-          f"(tool parser {state.tool_parser}, reasoning parser {state.reasoning_parser})", flush=True)
-    server = make_uvicorn_server(app, config.host, port, config.drain_timeout, engine=state.engine)
+
+    def started() -> None:  # printed once a SIGTERM would drain: scripts may signal as soon as they see it
+        print(f"dsa-runtime: serving '{state.model_name}' at http://{host}:{port}/v1 "
+              f"(tool parser {state.tool_parser}, reasoning parser {state.reasoning_parser})", flush=True)
+
+    server = make_uvicorn_server(app, config.host, port, config.drain_timeout, engine=state.engine,
+                                 on_started=started)
     server.run(sockets=[sock])
     print("dsa-runtime: server stopped", flush=True)
     return 0

@@ -200,22 +200,30 @@ class ChatRun:
 
     # -- streamed response ----------------------------------------------------------------------------------
     async def sse(self) -> AsyncIterator[str]:
+        """The SSE stream: one write per engine output (its deltas' chunks joined), so a client that fell behind
+        gets the outputs that queued meanwhile (merged by ``AsyncEngine.generate``) in one write, not one per
+        delta; chunks are framed from a pre-serialised head (:class:`ChunkFrame`)."""
         include_usage = bool(self.req.stream_options and self.req.stream_options.include_usage)
+        frame = ChunkFrame(self.id, self.created, self.state.model_name, include_usage)
         started = [self.parser() for _ in self.params]
         streams = [stream for stream, _ in started]
         try:
+            opening = []
             for j in range(len(self.params)):
-                yield self._chunk(j, {"role": "assistant", "content": ""}, None, include_usage)
-                for delta in started[j][1]:  # the forced opening's deltas (a named call's header)
-                    yield self._chunk(j, self.delta_dict(delta), None, include_usage)
+                opening.append(frame.chunk(j, {"role": "assistant", "content": ""}))
+                # the forced opening's deltas (a named call's header)
+                opening += [frame.chunk(j, self.delta_dict(delta)) for delta in started[j][1]]
+            yield "".join(opening)
             async for j, out, deltas, reason in self.parsed(streams):
                 lp = chat_logprobs(self.state.tokenizer, out.logprobs) if self.req.logprobs and out.logprobs else None
-                for k, delta in enumerate(deltas):
-                    yield self._chunk(j, self.delta_dict(delta), None, include_usage, lp if k == 0 else None)
+                chunks = [frame.chunk(j, self.delta_dict(delta), logprobs=lp if k == 0 else None)
+                          for k, delta in enumerate(deltas)]
                 if lp is not None and not deltas:
-                    yield self._chunk(j, {}, None, include_usage, lp)
+                    chunks.append(frame.chunk(j, {}, logprobs=lp))
                 if reason is not None:
-                    yield self._chunk(j, {}, reason, include_usage)
+                    chunks.append(frame.chunk(j, {}, reason))
+                if chunks:
+                    yield "".join(chunks)
             if include_usage:
                 yield _event({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
                               "model": self.state.model_name, "choices": [],
@@ -227,17 +235,28 @@ class ChatRun:
             yield server_error("internal error while generating").sse()
         yield "data: [DONE]\n\n"
 
-    def _chunk(
-        self, j: int, delta: dict[str, Any], reason: str | None, include_usage: bool, logprobs: Any = None
-    ) -> str:
-        chunk: dict[str, Any] = {
-            "id": self.id, "object": "chat.completion.chunk", "created": self.created,
-            "model": self.state.model_name,
-            "choices": [{"index": j, "delta": delta, "logprobs": logprobs, "finish_reason": reason}],
-        }
-        if include_usage:
-            chunk["usage"] = None
-        return _event(chunk)
+
+class ChunkFrame:
+    """One stream's ``chat.completion.chunk`` events, the fields every chunk repeats serialised once.
+
+    ``chunk(j, delta, reason, logprobs)`` is ``_event`` of ``{"id", "object", "created", "model", "choices":
+    [{"index": j, "delta": delta, "logprobs": logprobs, "finish_reason": reason}]}`` (plus ``"usage": null``
+    with ``include_usage``), the same JSON as building and dumping that dict, at a fraction of the cost.
+    """
+
+    def __init__(self, chunk_id: str, created: int, model: str, include_usage: bool) -> None:
+        head = json.dumps({"id": chunk_id, "object": "chat.completion.chunk", "created": created, "model": model},
+                          ensure_ascii=False)
+        self._head = f'data: {head[:-1]}, "choices": [{{"index": '
+        self._tail = '}], "usage": null}\n\n' if include_usage else "}]}\n\n"
+
+    def chunk(self, j: int, delta: dict[str, Any], reason: str | None = None, logprobs: Any = None) -> str:
+        return (f"{self._head}{j}, \"delta\": {json.dumps(delta, ensure_ascii=False)}, \"logprobs\": "
+                f"{_NULL if logprobs is None else json.dumps(logprobs, ensure_ascii=False)}, \"finish_reason\": "
+                f"{_NULL if reason is None else json.dumps(reason)}{self._tail}")
+
+
+_NULL = "null"
 
 
 def _event(payload: dict[str, Any]) -> str:

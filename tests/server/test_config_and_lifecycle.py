@@ -173,6 +173,7 @@ def test_sigterm_drains_then_aborts_and_exits_zero(drain, max_tokens, finish):
     """A request shorter than the grace period completes; a longer one is cut; the process exits 0."""
     proc, url = _start(drain)
     events: list = []
+    generating = threading.Event()
     try:
         def consume():
             body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": max_tokens,
@@ -181,13 +182,18 @@ def test_sigterm_drains_then_aborts_and_exits_zero(drain, max_tokens, finish):
                 "POST", "/v1/chat/completions", json=body
             ) as r:
                 try:
-                    events.extend(sse_events(r))
+                    for event in sse_events(r):
+                        events.append(event)
+                        if isinstance(event, dict) and event.get("choices") and \
+                                event["choices"][0]["delta"].get("content"):
+                            generating.set()
                 except httpx.HTTPError:
                     events.append("cut")
 
         reader = threading.Thread(target=consume)
         reader.start()
-        time.sleep(0.15)  # generation under way
+        # The signal lands while tokens flow (a fixed sleep raced the request's start on a loaded machine).
+        assert generating.wait(30), "the stream did not start"
         proc.send_signal(signal.SIGTERM)
         reader.join(60)
         assert proc.wait(60) == 0

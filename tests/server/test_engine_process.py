@@ -3,8 +3,10 @@ together, a child that dies, and ``serve`` on it end to end with a SIGTERM drain
 
 from __future__ import annotations
 
+import random
 import signal
 import threading
+import time
 
 import pytest
 
@@ -39,14 +41,56 @@ def test_outputs_match_the_in_process_engine(proxy):
     want = []
     while local.has_unfinished():
         want.extend(local.step())
-    assert [o.new_token_ids for o in outs] == [o.new_token_ids for o in want]
+    # The proxy may merge steps that arrived together (one output per request per read): compare the deltas joined.
+    assert [t for o in outs for t in o.new_token_ids] == [t for o in want for t in o.new_token_ids]
+    assert all(o.token_ids == want[-1].token_ids[: len(o.token_ids)] for o in outs)
     assert outs[-1].token_ids == want[-1].token_ids and outs[-1].prompt_token_ids == prompt
     assert "".join(o.new_text for o in outs) == want[-1].text == outs[-1].text and outs[-1].finish_reason == "length"
     assert proxy.max_model_len == local.max_model_len and proxy.stats().pages_used == 0
-    assert [[(lp.token_id, lp.top) for lp in o.logprobs] for o in outs] == [
-        [(lp.token_id, lp.top) for lp in o.logprobs] for o in want]
+    assert [(lp.token_id, lp.top) for o in outs for lp in o.logprobs] == [
+        (lp.token_id, lp.top) for o in want for lp in o.logprobs]
     stamps = outs[-1].metrics
     assert stamps.arrival <= stamps.first_token <= stamps.last_token <= stamps.finished
+
+
+def test_a_late_read_gets_one_merged_output_per_request(proxy):
+    """Steps that queued while nobody read come back as one output per request: the deltas, logprobs and text of
+    every step joined in order, totals and finish state of the last, and a refusal still as its error."""
+    from dsa_runtime.engine import Engine
+
+    rng = random.Random(7)
+    prompts = {rid: [rng.randrange(10, proxy.tokenizer.vocab_size) for _ in range(rng.randrange(3, 20))]
+               for rid in ("x", "y")}
+    params = {"x": SamplingParams(temperature=0, max_tokens=9, ignore_eos=True, logprobs=1),
+              "y": SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)}
+    for rid in ("x", "y"):
+        proxy.add_request(rid, prompts[rid], params[rid])
+    proxy.add_request("too-long", [5] * (proxy.max_model_len + 1), SamplingParams(max_tokens=2))
+    time.sleep(3.0)  # the child runs ahead: several steps wait in the pipe
+    first = proxy.step()
+    refused = [o for o in first if isinstance(o, Exception)]
+    assert [e.request_id for e in refused] == ["too-long"]
+    outs = {rid: [] for rid in ("x", "y")}
+    for out in first:
+        if not isinstance(out, Exception):
+            outs[out.request_id].append(out)
+    assert all(len(v) <= 1 for v in outs.values())  # one output per request per read
+    assert max(len(v[0].new_token_ids) for v in outs.values() if v) > 1  # steps were merged
+    for rid, got in run_all(proxy, max_steps=2000).items():
+        outs[rid] += got
+    local = Engine(EngineConfig(max_running_requests=4))
+    for rid in ("x", "y"):
+        local.add_request(rid, prompts[rid], params[rid])
+    want = {rid: [] for rid in ("x", "y")}
+    while local.has_unfinished():
+        for out in local.step():
+            want[out.request_id].append(out)
+    for rid in ("x", "y"):
+        got = outs[rid]
+        assert [t for o in got for t in o.new_token_ids] == want[rid][-1].token_ids == got[-1].token_ids
+        assert "".join(o.new_text for o in got) == want[rid][-1].text == got[-1].text
+        assert [lp.token_id for o in got for lp in o.logprobs] == [lp.token_id for o in want[rid] for lp in o.logprobs]
+        assert got[-1].finished and got[-1].finish_reason == "length" and not any(o.finished for o in got[:-1])
 
 
 def test_a_refused_request_comes_back_as_its_error_and_aborts_work(proxy):
