@@ -116,6 +116,9 @@ class AsyncEngine:
         self._wake.set()
         if self._thread is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 10.0)
+        await self._close_engine()
+
+    async def _close_engine(self) -> None:
         close = getattr(self.engine, "close", None)  # an engine in its own process stops with the server
         if close is not None:
             await asyncio.get_running_loop().run_in_executor(None, close)
@@ -180,25 +183,33 @@ class AsyncEngine:
     def _run(self) -> None:
         try:
             while not self._stop:
-                self._apply_commands()
-                if self.engine.has_unfinished():
-                    start = time.perf_counter()
-                    outputs = self.engine.step()
-                    self.last_step_s = time.perf_counter() - start
-                    self.steps += 1
-                    self._stats = self.engine.stats()
-                    if outputs:
-                        self._dispatch(outputs)
-                else:
-                    self._stats = self.engine.stats()
-                    self._wake.wait(self._idle_wait_s)
-                    self._wake.clear()
+                self._turn()
         except BaseException as exc:  # noqa: BLE001 - every waiting request must hear about it
             logger.exception("engine loop failed")
-            self._error = exc
-            dead = EngineDeadError(f"engine stopped after an error: {type(exc).__name__}: {exc}")
-            for stream in list(self._streams.values()):
-                self._deliver(stream, dead)
+            self._fail(exc)
+
+    def _turn(self) -> None:
+        """One pass of the loop thread: apply the queued commands, then step (or wait for work)."""
+        self._apply_commands()
+        if self.engine.has_unfinished():
+            start = time.perf_counter()
+            outputs = self.engine.step()
+            self.last_step_s = time.perf_counter() - start
+            self.steps += 1
+            self._stats = self.engine.stats()
+            if outputs:
+                self._dispatch(outputs)
+        else:
+            self._stats = self.engine.stats()
+            self._wake.wait(self._idle_wait_s)
+            self._wake.clear()
+
+    def _fail(self, exc: BaseException) -> None:
+        """The engine is dead: remember why, and fail every open stream with :class:`EngineDeadError`."""
+        self._error = exc
+        dead = EngineDeadError(f"engine stopped after an error: {type(exc).__name__}: {exc}")
+        for stream in list(self._streams.values()):
+            self._deliver(stream, dead)
 
     def _apply_commands(self) -> None:
         with self._lock:

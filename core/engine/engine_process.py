@@ -211,6 +211,11 @@ class EngineProcess:
             exc.request_id = request_id
             refused.append(exc)
 
+    def fileno(self) -> int:
+        """The pipe the child's outputs arrive on: readable when :meth:`step` has something (or the child died),
+        so an event loop can read them as they come (:class:`~dsa_runtime.engine.async_engine_process.AsyncEngineProcess`)."""
+        return self._conn.fileno()
+
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop the child (it finishes its current step first)."""
         with contextlib.suppress(OSError, BrokenPipeError):

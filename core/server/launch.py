@@ -16,7 +16,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from dsa_runtime.engine.async_engine import AsyncEngine
+from dsa_runtime.engine.async_engine_process import async_engine_for
 from dsa_runtime.server.config import ServerConfig, detect_flavor
 from dsa_runtime.server.metrics import ServerMetrics
 from dsa_runtime.server.prompting import PromptBuilder
@@ -30,7 +30,7 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 def build_state(config: ServerConfig, engine: Any, *, model_dir: str | None = None) -> ServerState:
     """Server state around an engine with the interface of docs/server.md, "The engine interface" (started here)."""
-    async_engine = engine if isinstance(engine, AsyncEngine) else AsyncEngine(engine)
+    async_engine = async_engine_for(engine)  # an engine process is read on the event loop, others stepped on a thread
     core = async_engine.engine
     extras = getattr(getattr(core, "parts", None), "extras", None) or {}
     model_dir = model_dir or (str(extras["path"]) if extras.get("path") else None)

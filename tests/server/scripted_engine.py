@@ -13,6 +13,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 from dsa_runtime.engine import EngineStats, RequestMetrics, RequestOutput, SamplingParams, TokenLogprob
 
@@ -111,6 +112,7 @@ class ScriptedEngine:
         self.script = script
         self.max_model_len = max_model_len
         self.model_config = None
+        self.parts = SimpleNamespace(extras={})  # what an engine process reports of its checkpoint: nothing
         self.page_size, self.num_pages, self.max_running = page_size, num_pages, max_running
         self.step_delay_s = step_delay_s
         self.pages_used = 0
@@ -219,3 +221,17 @@ class ScriptedEngine:
             stop_reason=stop, logprobs=logprobs,
             metrics=RequestMetrics(arrival=req.arrival, scheduled=req.scheduled, last_token=now),
         )
+
+
+@dataclass(frozen=True)
+class ScriptedReply:
+    """A picklable recipe for a ScriptedEngine that answers every prompt with ``reply``: with
+    :func:`build_scripted`, the scripted engine runs in an engine process (``EngineProcess(recipe,
+    build=build_scripted)``), so tests cover the server's engine-process path too."""
+
+    reply: str
+    step_delay_s: float = 0.0
+
+
+def build_scripted(recipe: ScriptedReply) -> ScriptedEngine:
+    return ScriptedEngine(lambda _prompt: recipe.reply, step_delay_s=recipe.step_delay_s)

@@ -9,8 +9,10 @@ from tests.server.needs import server_extra
 
 server_extra()
 
+from dsa_runtime.engine.async_engine_process import AsyncEngineProcess  # noqa: E402
+from dsa_runtime.engine.engine_process import EngineProcess  # noqa: E402
 from tests.server.live import LiveServer  # noqa: E402
-from tests.server.scripted_engine import ScriptedEngine  # noqa: E402
+from tests.server.scripted_engine import ScriptedEngine, ScriptedReply, build_scripted  # noqa: E402
 
 # Only the read gives up early (the scripted reply takes 5 s); connecting may be slow on a loaded CI machine.
 IMPATIENT = httpx.Timeout(10.0, read=1.0)
@@ -22,12 +24,18 @@ REQUESTS = {
 }
 
 
+@pytest.mark.parametrize("where", ["thread", "process"])
 @pytest.mark.parametrize("route", sorted(REQUESTS))
 @pytest.mark.parametrize("stream", [False, True])
-def test_disconnect_aborts_and_frees_pages(stream, route):
+def test_disconnect_aborts_and_frees_pages(stream, route, where):
+    """On the server's engine thread, and on an engine process whose outputs the event loop reads."""
     body, limit = REQUESTS[route]
-    engine = ScriptedEngine(lambda p: "z" * 500, step_delay_s=0.01)
+    if where == "thread":
+        engine = ScriptedEngine(lambda p: "z" * 500, step_delay_s=0.01)
+    else:
+        engine = EngineProcess(ScriptedReply("z" * 500, step_delay_s=0.01), build=build_scripted)
     with LiveServer(engine, served_model_name="m") as srv:
+        assert isinstance(srv.state.engine, AsyncEngineProcess) == (where == "process")
         with pytest.raises(httpx.ReadTimeout), httpx.Client(base_url=srv.url, timeout=IMPATIENT) as impatient:
             if stream:
                 with impatient.stream("POST", route, json={**body, "stream": True}) as r:
@@ -40,5 +48,6 @@ def test_disconnect_aborts_and_frees_pages(stream, route):
         assert srv.metric("dsa:kv_cache_pages_used") == 0
         # one request at most reached the engine: on a loaded machine the disconnect can land before the engine
         # saw it, and the server then counts the abort without adding anything
-        assert len(engine.added) <= 1
+        if where == "thread":  # (an engine process keeps its list of requests to itself)
+            assert len(engine.added) <= 1
         assert srv.client.post(route, json={**body, limit: 3}).status_code == 200

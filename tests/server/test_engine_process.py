@@ -19,7 +19,8 @@ import httpx  # noqa: E402
 from dsa_runtime.engine import EngineConfig, SamplingParams  # noqa: E402
 from dsa_runtime.engine.engine_process import EngineProcess, EngineProcessError  # noqa: E402
 from tests.engine.helpers import run_all  # noqa: E402
-from tests.server.live import sse_events, start_serve  # noqa: E402
+from tests.server.live import LiveServer, sse_events, start_serve  # noqa: E402
+from tests.server.scripted_engine import ScriptedReply, build_scripted  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +121,31 @@ def test_a_dead_engine_process_is_an_error_not_a_hang():
             engine.step()
     engine.close()
     assert not engine._proc.is_alive()
+
+
+def test_an_engine_process_that_dies_mid_stream_ends_the_streams_and_health():
+    """The event loop reads the child's pipe (AsyncEngineProcess): the child's death ends every open stream with
+    an error event and [DONE], /health turns 503 and new requests get a 503 error object."""
+    from dsa_runtime.engine.async_engine_process import AsyncEngineProcess
+
+    engine = EngineProcess(ScriptedReply("w" * 2000, step_delay_s=0.005), build=build_scripted)
+    with LiveServer(engine, served_model_name="m") as srv:
+        assert isinstance(srv.state.engine, AsyncEngineProcess)
+        events: list = []
+        body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1500, "stream": True}
+        with srv.client.stream("POST", "/v1/chat/completions", json=body) as r:
+            for event in sse_events(r):
+                events.append(event)
+                if len(events) == 5:  # tokens flow: kill the child
+                    engine._proc.kill()
+        assert events[-1] == "[DONE]" and "engine" in events[-2]["error"]["message"]
+        assert all(e["choices"][0]["finish_reason"] is None for e in events[:-2])
+        deadline = time.monotonic() + 10
+        while srv.client.get("/health").status_code == 200:
+            assert time.monotonic() < deadline, "/health still 200 after the engine process died"
+            time.sleep(0.02)
+        new = srv.client.post("/v1/chat/completions", json={**body, "stream": False})
+        assert new.status_code == 503 and new.json()["error"]["type"] == "server_error"
 
 
 def test_serve_on_an_engine_process_streams_and_drains_on_sigterm():
