@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import Any
 
 from dsa_runtime.engine.async_engine import AsyncEngine
@@ -48,7 +49,11 @@ class AsyncEngineProcess(AsyncEngine):
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return
-        loop.add_reader(self.engine.fileno(), self._on_readable)
+        fd = self.engine.fileno()
+        loop.add_reader(fd, self._on_readable)
+        # uvloop (libuv) makes a watched descriptor non-blocking; the pipe's reads and writes must stay whole
+        # messages (a read starts only once one is arriving, and the child writes each at once).
+        os.set_blocking(fd, True)
         self._reader = loop
 
     def _unwatch(self) -> None:

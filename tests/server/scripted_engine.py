@@ -231,7 +231,10 @@ class ScriptedReply:
 
     reply: str
     step_delay_s: float = 0.0
+    max_model_len: int = 4096
+    num_pages: int = 4096
 
 
 def build_scripted(recipe: ScriptedReply) -> ScriptedEngine:
-    return ScriptedEngine(lambda _prompt: recipe.reply, step_delay_s=recipe.step_delay_s)
+    return ScriptedEngine(lambda _prompt: recipe.reply, step_delay_s=recipe.step_delay_s,
+                          max_model_len=recipe.max_model_len, num_pages=recipe.num_pages)

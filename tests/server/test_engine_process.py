@@ -3,6 +3,9 @@ together, a child that dies, and ``serve`` on it end to end with a SIGTERM drain
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
 import random
 import signal
 import threading
@@ -133,6 +136,7 @@ def test_an_engine_process_that_dies_mid_stream_ends_the_streams_and_health():
         assert isinstance(srv.state.engine, AsyncEngineProcess)
         events: list = []
         body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1500, "stream": True}
+        assert os.get_blocking(engine.fileno())
         with srv.client.stream("POST", "/v1/chat/completions", json=body) as r:
             for event in sse_events(r):
                 events.append(event)
@@ -146,6 +150,38 @@ def test_an_engine_process_that_dies_mid_stream_ends_the_streams_and_health():
             time.sleep(0.02)
         new = srv.client.post("/v1/chat/completions", json={**body, "stream": False})
         assert new.status_code == 503 and new.json()["error"]["type"] == "server_error"
+
+
+def test_messages_larger_than_the_pipe_buffer_cross_whole_under_concurrent_streams():
+    """Prompts of hundreds of KB go down, and outputs of 48 streams at once come up, through the pipe the event
+    loop watches (which must stay blocking: uvloop makes a watched descriptor non-blocking, and a half-written
+    or half-read message then failed the engine)."""
+    rng = random.Random(3)
+    engine = EngineProcess(ScriptedReply("ab" * 100, step_delay_s=0.002, max_model_len=400_000, num_pages=20_000),
+                           build=build_scripted)
+    with LiveServer(engine, served_model_name="m") as srv:
+        assert os.get_blocking(engine.fileno())
+        long_prompt = "".join(rng.choice("xyz ") for _ in range(150_000))
+
+        async def run() -> list[str]:
+            async def one(i: int) -> str:
+                content = long_prompt if i == 0 else f"q{i}"
+                body = {"model": "m", "messages": [{"role": "user", "content": content}], "max_tokens": 150,
+                        "stream": True}
+                text = []
+                async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: {"):
+                            event = json.loads(line[6:])
+                            assert "error" not in event, event
+                            text.append(event["choices"][0]["delta"].get("content") or "")
+                return "".join(text)
+
+            async with httpx.AsyncClient(base_url=srv.url, timeout=120) as client:
+                return await asyncio.gather(*(one(i) for i in range(48)))
+
+        assert asyncio.run(run()) == [("ab" * 100)[:150]] * 48
+        assert srv.state.engine.is_running
 
 
 def test_serve_on_an_engine_process_streams_and_drains_on_sigterm():
