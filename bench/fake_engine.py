@@ -3,7 +3,8 @@
 It stands in for a GPU engine in front-end benches (``bench/frontend_capacity.py``): every ``step`` waits for
 the next tick of a ``step_ms`` clock, then gives each running request one token of a fixed reply written in
 the embedded model's tokenizer (so the server renders, tokenizes and parses exactly as it would for that
-model). Requests end at ``max_tokens`` (``finish_reason="length"``); aborts free the slot at once. Picklable
+model); a step that wakes late gives each request one token per tick elapsed, so the token rate holds on a
+busy machine. Requests end at ``max_tokens`` (``finish_reason="length"``); aborts free the slot at once. Picklable
 config and a module-level class, so ``EngineProcess(config, build=FakeEngine)`` can run it in a child process.
 """
 
@@ -96,12 +97,16 @@ class FakeEngine:
     def step(self) -> list[Any]:
         from dsa_runtime.engine import RequestMetrics, RequestOutput
 
-        self._tick += self.config.step_ms / 1000.0
+        period = self.config.step_ms / 1000.0
+        self._tick += period
         delay = self._tick - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
-        else:
-            self._tick = time.perf_counter()  # late: no catching up with a burst of short steps
+        # A late wake-up (sleep granularity, a loaded machine) still produces every tick's token: a request gets
+        # one token per tick elapsed, so the token rate is the configured one, as an engine running ahead.
+        late = int((time.perf_counter() - self._tick) / period)
+        ticks = 1 + max(0, late)
+        self._tick += late * period if late > 0 else 0.0
         now = time.monotonic()
         outputs = [RequestOutput(request_id=r.request_id, prompt_token_ids=[], token_ids=r.ids, text="",
                                  new_token_ids=[], new_text="", finished=True, finish_reason="abort")
@@ -113,8 +118,9 @@ class FakeEngine:
             self._running[req.request_id] = req
         n = len(self._ids)
         for req in list(self._running.values()):
-            k = len(req.ids) % n
-            req.ids.append(self._ids[k])
+            start = len(req.ids)
+            ks = [(start + i) % n for i in range(min(ticks, req.max_tokens - start))]
+            req.ids.extend(self._ids[k] for k in ks)
             if req.first is None:
                 req.first = now
             done = len(req.ids) >= req.max_tokens
@@ -122,11 +128,11 @@ class FakeEngine:
                 del self._running[req.request_id]
             outputs.append(RequestOutput(
                 request_id=req.request_id, prompt_token_ids=[], token_ids=req.ids, text="",
-                new_token_ids=[self._ids[k]], new_text=self._pieces[k], finished=done,
-                finish_reason="length" if done else None,
+                new_token_ids=[self._ids[k] for k in ks], new_text="".join(self._pieces[k] for k in ks),
+                finished=done, finish_reason="length" if done else None,
                 metrics=RequestMetrics(arrival=req.arrival, scheduled=req.scheduled, first_token=req.first,
                                        last_token=now, finished=now if done else None),
             ))
+            self.tokens += len(ks)
         self.steps += 1
-        self.tokens += len(outputs)
         return outputs
