@@ -98,6 +98,8 @@ class FakeEngine:
         from dsa_runtime.engine import RequestMetrics, RequestOutput
 
         period = self.config.step_ms / 1000.0
+        if not self._running:  # idle until now (no request): its clock starts again, owing no ticks
+            self._tick = time.perf_counter()
         self._tick += period
         delay = self._tick - time.perf_counter()
         if delay > 0:
