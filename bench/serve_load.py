@@ -71,15 +71,38 @@ def shared_prefix_text(tokens: int, encode: Any = None) -> str:
     return " ".join(words[:lo])
 
 
+class _Timeline:
+    """One streamed request's clock: its start, the gaps between content chunks, the usage's token count."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.first: float | None = None
+        self.last = self.start
+        self.gaps: list[float] = []
+        self.tokens = 0
+
+    def content(self) -> None:
+        now = time.perf_counter()
+        if self.first is None:
+            self.first = now
+        else:
+            self.gaps.append(now - self.last)
+        self.last = now
+
+    def result(self) -> dict[str, Any]:
+        end = time.perf_counter()
+        return {"ttft": (self.first or end) - self.start, "itl": self.gaps, "e2e": end - self.start,
+                "tokens": self.tokens}
+
+
+def _messages(prompt: str, system: str | None) -> list[dict[str, str]]:
+    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+
+
 async def _one(client: Any, model: str, prompt: str, max_tokens: int, system: str | None = None) -> dict[str, Any]:
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-    body = {"model": model, "messages": messages, "max_tokens": max_tokens,
+    body = {"model": model, "messages": _messages(prompt, system), "max_tokens": max_tokens,
             "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-    start = time.perf_counter()
-    first: float | None = None
-    last = start
-    gaps: list[float] = []
-    tokens = 0
+    clock = _Timeline()
     async with client.stream("POST", "/v1/chat/completions", json=body) as r:
         if r.status_code != 200:
             raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread()).decode()[:200]}")
@@ -90,41 +113,24 @@ async def _one(client: Any, model: str, prompt: str, max_tokens: int, system: st
             if "error" in chunk:
                 raise RuntimeError(chunk["error"]["message"])
             if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
+                clock.tokens = chunk["usage"]["completion_tokens"]
             if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
-                now = time.perf_counter()
-                if first is None:
-                    first = now
-                else:
-                    gaps.append(now - last)
-                last = now
-    end = time.perf_counter()
-    return {"ttft": (first or end) - start, "itl": gaps, "e2e": end - start, "tokens": tokens}
+                clock.content()
+    return clock.result()
 
 
 async def _one_openai(client: Any, model: str, prompt: str, max_tokens: int, system: str | None = None) -> dict[str, Any]:
     """:func:`_one` through the official ``openai`` client (``AsyncOpenAI``), as a user would stream."""
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-    start = time.perf_counter()
-    first: float | None = None
-    last = start
-    gaps: list[float] = []
-    tokens = 0
+    clock = _Timeline()
     stream = await client.chat.completions.create(
-        model=model, messages=messages, max_tokens=max_tokens, temperature=0, stream=True,
+        model=model, messages=_messages(prompt, system), max_tokens=max_tokens, temperature=0, stream=True,
         stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
     async for chunk in stream:
         if chunk.usage is not None:
-            tokens = chunk.usage.completion_tokens
+            clock.tokens = chunk.usage.completion_tokens
         if chunk.choices and chunk.choices[0].delta.content:
-            now = time.perf_counter()
-            if first is None:
-                first = now
-            else:
-                gaps.append(now - last)
-            last = now
-    end = time.perf_counter()
-    return {"ttft": (first or end) - start, "itl": gaps, "e2e": end - start, "tokens": tokens}
+            clock.content()
+    return clock.result()
 
 
 _COUNTERS = ("dsa:engine_steps_total", "dsa:prefix_cache_queries_total", "dsa:prefix_cache_hits_total")
