@@ -64,7 +64,7 @@ class AsyncEngineProcess(AsyncEngine):
     def _on_readable(self) -> None:
         """Runs on the event loop when the child has sent something: route every output to its stream."""
         try:
-            outputs = self.engine.step()
+            outputs = self.engine.step(wait_s=0.0)  # never waits on the event loop
         except Exception as exc:  # noqa: BLE001 - the child died: every open request must hear about it
             logger.error("engine process failed: %s", exc)
             self._unwatch()

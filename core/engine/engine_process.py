@@ -170,12 +170,12 @@ class EngineProcess:
     def stats(self) -> Any:
         return self._stats
 
-    def step(self) -> list[Any]:
+    def step(self, wait_s: float = IDLE_POLL_S) -> list[Any]:
         """The outputs the child sent since the last call, one per request (the deltas of several steps merged,
         as :meth:`RequestOutput.merged_with` does: a server that reads late restores and dispatches one output
         per request, not one per step), then refused requests as their exception, with ``request_id`` set;
-        waits up to 50 ms for the first message."""
-        if not self._conn.poll(IDLE_POLL_S):
+        waits up to ``wait_s`` for the first message."""
+        if not self._conn.poll(wait_s):
             self._check_alive()
             return []
         pending: dict[str, list[Any]] = {}  # request id -> its wire fields, deltas merged in arrival order
