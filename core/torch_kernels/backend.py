@@ -12,7 +12,7 @@ KERNELS = {
     "sparse_attn": "dsa_runtime.torch_kernels.sparse_attn:TorchSparseAttn",
     "kv_quant": "dsa_runtime.torch_kernels.kv_quant:TorchKVQuant",
     "moe": "dsa_runtime.torch_kernels.moe:TorchMoE",
-    "moe_comm": "dsa_runtime.torch_kernels.moe_comm:FixedCapacityMoEComm",
+    "moe_comm": "dsa_runtime.torch_kernels.moe_comm:TorchMoEComm",
 }
 
 

@@ -20,7 +20,9 @@ from dsa_runtime.families import Dispatched, EPGroup
 from dsa_runtime.reference.moe_comm import local_routing, plan_sends
 
 
-class FixedCapacityMoEComm:
+class TorchMoEComm:
+    """Fixed capacity: ``T`` rows to every peer each way (see the module docstring)."""
+
     def dispatch(self, hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, ep: EPGroup) -> Dispatched:
         tokens, dim = hidden.shape
         dev = hidden.device
