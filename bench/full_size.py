@@ -46,6 +46,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from full_size_plan import (  # noqa: E402  (bench/ on the path first)
     GIB,
+    TOPOLOGY_NAMES,
     Topology,
     auto_layers,
     checkpoint_bytes,
@@ -286,7 +287,8 @@ def main() -> int:
     p.add_argument("--gpus", type=int, default=8, help="ranks (one per GPU)")
     p.add_argument("--layers", default="61", help="an int, or auto: as many as fit (first --dense dense)")
     p.add_argument("--dense", type=int, default=3, help="leading dense layers (V3.2: 3)")
-    p.add_argument("--topologies", default="tp,dp", help="tp: --tp N; dp: --tp N --dp N --enable-dp-attention")
+    p.add_argument("--topologies", default="tp,dp",
+                   help="comma-separated: " + "; ".join(f"{k}: {v}" for k, v in TOPOLOGY_NAMES.items()))
     p.add_argument("--requests", type=int, default=100)
     p.add_argument("--input-len", type=int, default=1000)
     p.add_argument("--output-len", type=int, default=2000)

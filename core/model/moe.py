@@ -73,6 +73,8 @@ class MoE:
         if tp is not None and tp.info.ep > 1:
             start, end = tp.info.expert_range(n)
             self.ep = EPGroup(tp.info.ep_rank, tp.info.ep, n, tp.ep_group)
+        # Token rows this rank's experts received (EP load figures); a device counter, so captured graphs add too.
+        self.tokens_received = torch.zeros((), dtype=torch.int64, device=ws.device)
         self.experts = ws.experts([f"{prefix}.experts.{j}" for j in range(start, end)])
         self.shared = ws.experts([f"{prefix}.shared_experts"]) if config.n_shared_experts > 0 else None
 
@@ -103,6 +105,7 @@ class MoE:
             topk_group=cfg.topk_group, routed_scaling_factor=cfg.routed_scaling_factor, renormalize=cfg.norm_topk_prob,
         )
         sent = kernels.moe_comm.dispatch(x, ids, weights, ep)
+        self.tokens_received += (sent.src_rank >= 0).sum()
         if sent.x.shape[0]:
             y = self._experts(sent.x, sent.topk_weights, sent.topk_ids, self.experts, kernels, out_dtype)
         else:  # no token routed here this step

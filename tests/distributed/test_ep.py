@@ -37,12 +37,16 @@ def test_ep_generates_the_tp1_tokens_with_experts_per_rank(greedy_tp1, layout):
         out = llm.generate(PROMPTS, SamplingParams(max_tokens=8, temperature=0))
         assert [o.token_ids for o in out] == greedy_tp1
         reports = runner.collect("tests.distributed.hooks:ep_report")
+        stats = llm.engine.stats()
     finally:
         runner.shutdown()
     ep = layout["ep_size"]
     assert [r["ep_rank"] for r in reports] == list(range(ep))
     assert all(r["experts"] == [8 // ep] * 4 for r in reports), reports  # 4 MoE layers, 8 / ep experts each
     assert {r["backend"] for r in reports} == {layout.get("moe_a2a_backend", "torch")}
+    # Load figures: every EP rank received rows, the counts are consistent, and max / mean >= 1.
+    assert len(stats.ep_rank_tokens_total) == ep and min(stats.ep_rank_tokens_total) > 0
+    assert stats.ep_load_imbalance >= 1.0
     for r in reports:
         assert r["ep_moe"] > 0
         if layout.get("enable_dp_attention"):  # only the dense layer 0 all-reduces: 1 per 4 MoE layer calls
@@ -148,3 +152,17 @@ def test_kit_moe_comm_passes_on_gloo_ranks(tmp_path, world):
         for backend, cases in results.items():
             bad = [c for c in cases if c[1] != "passed"]
             assert not bad and len(cases) == 16, (rank, backend, bad[:3])
+
+
+def test_metrics_show_tokens_per_ep_rank():
+    from dsa_runtime.engine.outputs import EngineStats
+    from dsa_runtime.server.metrics import ServerMetrics
+
+    stats = EngineStats(num_running=1, num_waiting=0, pages_used=1, pages_total=8, kv_usage=0.125, page_size=16,
+                        max_model_len=64, ep_rank_tokens_total=(7, 3), ep_load_imbalance=1.4)
+    text = ServerMetrics("m", lambda: stats).render()[0].decode()
+    assert 'dsa:ep_rank_tokens_total{ep_rank="0",model_name="m"} 7.0' in text
+    assert 'dsa:ep_rank_tokens_total{ep_rank="1",model_name="m"} 3.0' in text
+    assert 'dsa:ep_load_imbalance{model_name="m"} 1.4' in text
+    empty = ServerMetrics("m", lambda: None).render()[0].decode()
+    assert "dsa:ep_rank_tokens_total{" not in empty

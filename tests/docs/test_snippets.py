@@ -154,7 +154,8 @@ NEEDS: dict[tuple[str, str], str] = {
 SLOW: dict[tuple[str, str], str] = {
     ("docs/benchmarks.md", ".venv/bin/python bench/serve_load.py"): "about 30 s",
     ("docs/benchmarks.md", "python bench/full_size.py --plan-only --gpus 8 --layers 61 --gpu-memory-gib 139.8 "
-                           "--mem-fraction-static 0.95 --chunked-prefill-size 4096 --headroom-gib 5"): "about 17 s",
+                           "--mem-fraction-static 0.95 --chunked-prefill-size 4096 --headroom-gib 5 --topologies tp,dp,ep,dpep"):
+        "about 60 s",
     ("docs/benchmarks.md", "TRITON_INTERPRET=1 python bench/sparse_attn_triton.py --sweep --dry-run"): "about 20 s",
 }
 
