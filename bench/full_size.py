@@ -224,7 +224,7 @@ def run_topology(config: Any, topo: Topology, args: argparse.Namespace, num_page
                     cpu_threads=1 if args.device == "cpu" else None)
     t0 = time.perf_counter()
     runner = DistributedRunner(topo.parallel(args.timeout), spec)
-    out: dict[str, Any] = {"topology": topo.name, "tp": topo.tp, "dp": topo.dp}
+    out: dict[str, Any] = {"topology": topo.name, "tp": topo.tp, "dp": topo.dp, "ep": topo.ep}
     try:
         out["build_s"] = time.perf_counter() - t0
         log(f"{topo.name}: built in {out['build_s']:.0f} s")
@@ -245,7 +245,14 @@ def run_topology(config: Any, topo: Topology, args: argparse.Namespace, num_page
         log(f"{topo.name}: warm-up")
         serve(engine, prompts(2), 4, None, f"{topo.name}-warm")
         log(f"{topo.name}: {args.requests} requests x {args.input_len} in / {args.output_len} out")
+        before = runner.ep_tokens()
         out["load"] = serve(engine, prompts(args.requests), args.output_len, counter, f"{topo.name}-load")
+        if topo.ep > 1:  # token rows each EP rank's experts received during the load, per step
+            rows = [a - b for a, b in zip(runner.ep_tokens(), before, strict=True)]
+            per_step = [n / out["load"]["steps"] for n in rows]
+            mean = sum(per_step) / len(per_step)
+            out["ep_rows_per_step"] = {"per_rank": per_step, "max": max(per_step), "mean": mean,
+                                       "max_over_mean": max(per_step) / mean if mean else 0.0}
         log(f"{topo.name}: load {out['load']['output_tok_s']:.0f} tok/s; batch 1")
         out["batch1"] = serve(engine, prompts(1), args.batch1_output, None, f"{topo.name}-b1")
         if args.profile_steps and args.device == "cuda":
@@ -394,6 +401,11 @@ def print_table(results: dict[str, Any]) -> None:
     for a in results["anchors"]:
         print(f"| anchor: {a['name']} | 100 x 1000/2000 | {a['output_tok_s']:.0f} | mean {a['tpot_ms_mean']:.2f} "
               "| | | | | | | | |")
+    for r in results["runs"]:
+        if "ep_rows_per_step" in r:
+            e = r["ep_rows_per_step"]
+            print(f"{r['topology']}: token rows per EP rank per step (load average) max {e['max']:.1f} / mean "
+                  f"{e['mean']:.1f} = {e['max_over_mean']:.2f}")
     profiled = [r for r in results["runs"] if r.get("profile")]
     if profiled:
         print("\n| topology | batch | step wall ms | GPU busy ms (rank 0) | of which NCCL | kernels / step | not on the GPU ms |")

@@ -83,6 +83,11 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("docs/distributed.md", "dsa-runtime serve --model /ckpt/DeepSeek-V3.2 --tp 8 --dp 4 --enable-dp-attention"):
         "8 GPUs and the DeepSeek-V3.2 checkpoint at /ckpt",
     ("docs/distributed.md",
+     "dsa-runtime serve --model /ckpt/DeepSeek-V3.2 --tp 8 --dp 8 --enable-dp-attention --ep-size 8"):
+        "8 GPUs and the DeepSeek-V3.2 checkpoint at /ckpt",
+    ("docs/distributed.md", "dsa-runtime serve --model /ckpt/DeepSeek-V3.2 --tp 8 --ep-size 8"):
+        "8 GPUs and the DeepSeek-V3.2 checkpoint at /ckpt",
+    ("docs/distributed.md",
      "dsa-runtime serve --model M --tp 16 --nnodes 2 --node-rank 0 --dist-init-addr 10.0.0.1:5000"):
         "multi-node: two GPU hosts, node 0 at 10.0.0.1, a checkpoint M",
     ("docs/distributed.md",
