@@ -13,7 +13,8 @@ every rank's inputs from the case's seed, so each knows what it should receive w
 
 Routings: random ids with single ``-1`` entries and padded rows (ids all ``-1``); every token on one expert
 (``one_expert``: the other ranks receive nothing); ids from rank 0's experts only (``skewed``, ``-1`` padded
-where rank 0 holds fewer than k); no token routed at all (``none``); one token (a decode step).
+where rank 0 holds fewer than k); no token routed at all (``none``); one token (a decode step); 300 tokens (a
+prefill chunk: fixed-capacity backends may switch to exact counts there).
 """
 
 from __future__ import annotations
@@ -179,6 +180,7 @@ def cases() -> list[Case]:
             (7, 16, 4, 64, "bfloat16", "one_expert"),
             (5, 16, 8, 32, "float32", "skewed"),
             (4, 8, 2, 32, "bfloat16", "none"),
+            (300, 16, 4, 16, "bfloat16", "random"),  # past fixed-capacity backends' decode sizes (prefill chunks)
         ]]
         out += [_case(method, *spec, "full") for spec in [
             (128, 256, 8, 7168, "bfloat16", "random"),

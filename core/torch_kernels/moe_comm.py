@@ -4,8 +4,9 @@ Every rank sends each peer a buffer of ``T`` rows (its whole batch: a token goes
 ``T`` rows never drop one), with the token's local expert ids on the rows bound there and ``-1`` on the others
 (padding rows). Shapes depend on ``T`` alone and nothing is read on the host, so a decode step stays
 capturable in a CUDA graph (the collective inside it), as DeepEP's low-latency mode keeps fixed buffers. Cost:
-``size * T`` rows each way per layer whatever the routing, so the engine's prefill-sized steps are better
-served by the exact-count reference; the experts kernel skips the ``-1`` ids.
+``size * T`` rows each way per layer whatever the routing (the experts kernel skips the ``-1`` ids), so above
+:data:`FIXED_MAX_ROWS` tokens, outside a graph capture (prefill chunks), the exact-count exchange of the
+reference runs instead, as SGLang's DeepEP ``auto`` mode takes the normal kernels for prefill.
 
 Pure ``torch.distributed``: the same code runs on gloo (CPU, where the conformance kit certifies it) and on
 NCCL (the ``cuda_hopper`` plugin registers it as the ``nccl`` backend).
@@ -17,14 +18,21 @@ import torch
 from torch import Tensor
 
 from dsa_runtime.families import Dispatched, EPGroup
-from dsa_runtime.reference.moe_comm import local_routing, plan_sends
+from dsa_runtime.reference.moe_comm import ReferenceMoEComm, local_routing, plan_sends
+
+FIXED_MAX_ROWS = 256  # decode batches (graph buckets) stay below; a prefill chunk's size x T rows would not fit
 
 
 class TorchMoEComm:
-    """Fixed capacity: ``T`` rows to every peer each way (see the module docstring)."""
+    """Fixed capacity: ``T`` rows to every peer each way up to :data:`FIXED_MAX_ROWS` tokens (or while a CUDA
+    graph is being captured), exact counts above (see the module docstring)."""
+
+    exact = ReferenceMoEComm()
 
     def dispatch(self, hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, ep: EPGroup) -> Dispatched:
         tokens, dim = hidden.shape
+        if tokens > FIXED_MAX_ROWS and not (hidden.is_cuda and torch.cuda.is_current_stream_capturing()):
+            return self.exact.dispatch(hidden, topk_ids, topk_weights, ep)
         dev = hidden.device
         dest, sends = plan_sends(topk_ids, ep)
         to = torch.arange(ep.size, device=dev).view(ep.size, 1, 1)
@@ -41,7 +49,9 @@ class TorchMoEComm:
         return Dispatched(x, meta[:, :-1].to(torch.int32), weights, src_rank, src_row, tokens)
 
     def combine(self, expert_out: Tensor, dispatched: Dispatched, ep: EPGroup) -> Tensor:
-        tokens: int = dispatched.handle
+        if not isinstance(dispatched.handle, int):  # dispatched with exact counts
+            return self.exact.combine(expert_out, dispatched, ep)
+        tokens = dispatched.handle
         rows = torch.where((dispatched.src_rank >= 0).unsqueeze(1), expert_out, 0)
         if ep.size > 1:
             rows = _exchange(rows, ep)

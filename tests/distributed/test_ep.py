@@ -151,7 +151,7 @@ def test_kit_moe_comm_passes_on_gloo_ranks(tmp_path, world):
         results = json.loads((tmp_path / f"{rank}.json").read_text())
         for backend, cases in results.items():
             bad = [c for c in cases if c[1] != "passed"]
-            assert not bad and len(cases) == 16, (rank, backend, bad[:3])
+            assert not bad and len(cases) == 18, (rank, backend, bad[:3])
 
 
 def test_metrics_show_tokens_per_ep_rank():
