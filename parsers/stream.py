@@ -139,6 +139,11 @@ class StreamParser:
         return frozenset(self._complete)
 
     @property
+    def in_reasoning(self) -> bool:
+        """Whether the text fed so far ends inside the reasoning (the next text continues it)."""
+        return self._split.in_reasoning
+
+    @property
     def parse_errors(self) -> int:
         """Completed calls whose argument text is not a JSON object (kept verbatim; see docs/parsers.md)."""
         return sum(not _is_json_object("".join(self._arguments.get(i, []))) for i in self._complete)

@@ -25,6 +25,7 @@ SUBCOMMANDS: dict[str, str] = {
     "inspect": "dsa_runtime.cli.inspect_cmd",
     "generate": "dsa_runtime.cli.generate_cmd",
     "serve": "dsa_runtime.cli.serve_cmd",
+    "eval": "dsa_runtime.cli.eval_cmd",
 }
 
 

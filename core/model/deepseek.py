@@ -29,18 +29,18 @@ class DecoderLayer:
         self.tp = tp
         self.index = layer
         self.eps = config.rms_norm_eps
-        self.attn_norm = ws.plain(f"{p}.input_layernorm.weight")
-        self.ffn_norm = ws.plain(f"{p}.post_attention_layernorm.weight")
+        self.attn_norm = ws.norm(f"{p}.input_layernorm.weight")
+        self.ffn_norm = ws.norm(f"{p}.post_attention_layernorm.weight")
         self.attn = MLA(ws, f"{p}.self_attn", config, tp)
         self.attn.reuse_topk = config.reuses_topk(layer)  # IndexCache "S" layer (never the MTP layer's)
         self.ffn = (MoE(ws, f"{p}.mlp", config, moe_fp32_sum, tp) if config.is_moe_layer(layer)
                     else DenseFFN(ws, f"{p}.mlp"))
 
-    def __call__(self, h: Tensor, cos: Tensor, sin: Tensor, ctx: AttnContext, kv_cache: Tensor,
+    def __call__(self, h: Tensor, turn: Tensor, ctx: AttnContext, kv_cache: Tensor,
                  index_cache: Tensor | None) -> Tensor:
         """h ``[T, D]`` residual stream (model dtype) -> ``[T, D]``. Under TP the FFN / MoE weights are
         intermediate-split: :func:`run_ffn` all-reduces (and, with DP attention, gathers the groups' rows)."""
-        h = h + self.attn(rms_norm(h, self.attn_norm, self.eps), cos, sin, ctx, kv_cache, index_cache)
+        h = h + self.attn(rms_norm(h, self.attn_norm, self.eps), turn, ctx, kv_cache, index_cache)
         return h + run_ffn(self.ffn, rms_norm(h, self.ffn_norm, self.eps), ctx.kernels, self.tp)
 
 
@@ -68,7 +68,7 @@ class DeepseekModel:
         ws = WeightSource(main, device, dtype, release=release_tensors)
         self.embed = ws.plain("model.embed_tokens.weight")
         self.layers = [DecoderLayer(ws, layer, config, tp, moe_fp32_sum) for layer in range(n)]
-        self.norm = ws.plain("model.norm.weight")
+        self.norm = ws.norm("model.norm.weight")
         if ws.has("lm_head.weight"):
             self.head = ws.plain("lm_head.weight")
         elif config.tie_word_embeddings:
@@ -109,9 +109,9 @@ class DeepseekModel:
         """Run every layer over the step's tokens; returns the post-final-norm hidden ``[T, D]``."""
         step = ctx.step
         h = self.embed_tokens(step.token_ids)
-        cos, sin = self.rope.cos_sin(step.positions)
+        turn = self.rope.turns(step.positions)
         for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, ctx, kv_pools[i], index_pools[i] if index_pools else None)
+            h = layer(h, turn, ctx, kv_pools[i], index_pools[i] if index_pools else None)
         return rms_norm(h, self.norm, self.config.rms_norm_eps)
 
     def draft_hidden_states(self, ctx: AttnContext, prev_hidden: Tensor, kv_pool: Tensor,
@@ -121,8 +121,8 @@ class DeepseekModel:
         if self.nextn is None:
             raise RuntimeError("this model was built without its NextN layer (nextn=True)")
         step = ctx.step
-        cos, sin = self.rope.cos_sin(step.positions)
-        return self.nextn(self.embed_tokens(step.token_ids), prev_hidden, cos, sin, ctx, kv_pool, index_pool)
+        turn = self.rope.turns(step.positions)
+        return self.nextn(self.embed_tokens(step.token_ids), prev_hidden, turn, ctx, kv_pool, index_pool)
 
     def logits(self, hidden: Tensor) -> Tensor:
         """``[n, D]`` -> float32 ``[n, vocab]`` (vocab-parallel: local slices all-gathered, then trimmed)."""

@@ -27,7 +27,8 @@ class IndexerQuery:
 
 class Indexer:
     """Weights: wq_b ``[n*128, q_lora]``, wk ``[128, D]`` (model dtype), k_norm (LayerNorm, fp32 weight
-    and bias), weights_proj ``[n, D]`` fp32."""
+    and bias), weights_proj ``[n, D]`` fp32. Rope turns the FIRST rope_dim dims of q and k, half-split pairs
+    (i, i + rope_dim / 2): the opposite of MLA's."""
 
     def __init__(self, ws: WeightSource, prefix: str, n_heads: int, head_dim: int, rope_dim: int, eps: float):
         self.n_heads, self.head_dim, self.rope_dim, self.eps = n_heads, head_dim, rope_dim, eps
@@ -37,21 +38,16 @@ class Indexer:
         self.k_norm_b = ws.plain(f"{prefix}.k_norm.bias", torch.float32)
         self.weights_proj = ws.plain(f"{prefix}.weights_proj.weight", torch.float32)
 
-    def _rope(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        # Rope on the FIRST rope_dim dims, half-split pairs (i, i + 32) (the opposite of MLA's).
-        r = self.rope_dim
-        return torch.cat([apply_neox(x[..., :r], cos, sin), x[..., r:]], dim=-1)
-
-    def write_keys(self, x: Tensor, cos: Tensor, sin: Tensor, kernels, index_cache: Tensor, locs: Tensor,
+    def write_keys(self, x: Tensor, turn: Tensor, kernels, index_cache: Tensor, locs: Tensor,
                    scale_fmt: str) -> None:
         """Compute ``k = rope(k_norm(wk x))``, quantise (Hadamard + FP8) and store it at the cache locations ``locs``."""
         k = layer_norm(linear(x, self.wk), self.k_norm_w, self.k_norm_b, self.eps).to(x.dtype)
-        k8, k_scale = kernels.indexer.quantize_k(self._rope(k, cos, sin), scale_fmt=scale_fmt)
+        k8, k_scale = kernels.indexer.quantize_k(apply_neox(k, turn), scale_fmt=scale_fmt)
         kernels.kv_quant.store_index_k(index_cache, locs, k8, k_scale)
 
-    def queries(self, x: Tensor, qr: Tensor, cos: Tensor, sin: Tensor, kernels, scale_fmt: str) -> IndexerQuery:
+    def queries(self, x: Tensor, qr: Tensor, turn: Tensor, kernels, scale_fmt: str) -> IndexerQuery:
         """Queries from MLA's ``q_norm`` output ``qr`` ``[T, q_lora]``; head weights from ``x`` in fp32."""
         q = linear(qr, self.wq_b).view(qr.shape[0], self.n_heads, self.head_dim)
         head_w = x.float() @ self.weights_proj.T
-        q8, w = kernels.indexer.quantize_q(self._rope(q, cos, sin), head_w, scale_fmt=scale_fmt)
+        q8, w = kernels.indexer.quantize_q(apply_neox(q, turn), head_w, scale_fmt=scale_fmt)
         return IndexerQuery(q8, w)

@@ -75,12 +75,12 @@ class MLA:
         self.eps = eps
         if config.q_lora_rank is not None:
             self.wq_a = ws.linear(f"{prefix}.q_a_proj")
-            self.q_norm = ws.plain(f"{prefix}.q_a_layernorm.weight")
+            self.q_norm = ws.norm(f"{prefix}.q_a_layernorm.weight")
             self.wq_b = ws.linear(f"{prefix}.q_b_proj")
         else:
             self.wq = ws.linear(f"{prefix}.q_proj")
         self.wkv_a = ws.linear(f"{prefix}.kv_a_proj_with_mqa")
-        self.kv_norm = ws.plain(f"{prefix}.kv_a_layernorm.weight")
+        self.kv_norm = ws.norm(f"{prefix}.kv_a_layernorm.weight")
         kv_b = ws.linear(f"{prefix}.kv_b_proj").view(self.heads, self.nope + self.v_dim, self.lora)
         self.w_uk = kv_b[:, : self.nope].contiguous()
         self.w_uv = kv_b[:, self.nope:].contiguous()
@@ -95,7 +95,7 @@ class MLA:
             self.indexer = Indexer(ws, f"{prefix}.indexer", config.index_n_heads, config.index_head_dim,
                                    config.qk_rope_head_dim, eps)
 
-    def __call__(self, x: Tensor, cos: Tensor, sin: Tensor, ctx: AttnContext, kv_cache: Tensor,
+    def __call__(self, x: Tensor, turn: Tensor, ctx: AttnContext, kv_cache: Tensor,
                  index_cache: Tensor | None) -> Tensor:
         """x ``[T, D]`` (normed hidden, model dtype) -> attention output ``[T, D]``."""
         t = x.shape[0]
@@ -106,18 +106,18 @@ class MLA:
             qr = None
             q = linear(x, self.wq).view(t, self.heads, self.nope + self.rope)
         q_nope = q[..., : self.nope]
-        q_pe = apply_interleaved(q[..., self.nope:], cos, sin)  # MLA rope: LAST dims, interleaved pairs
+        q_pe = apply_interleaved(q[..., self.nope:], turn)  # MLA rope: LAST dims, interleaved pairs
         kv = linear(x, self.wkv_a)
         c = rms_norm(kv[:, : self.lora], self.kv_norm, self.eps)  # only the latent is normalised
-        k_pe = apply_interleaved(kv[:, self.lora:], cos, sin)
+        k_pe = apply_interleaved(kv[:, self.lora:], turn)
         locs = ctx.step.locs
         store_mla(ctx.kernels, kv_cache, locs, c, k_pe, ctx.kv_layout)
         iq = None
         ctx.reuse_topk = self.reuse_topk
         if self.indexer is not None:
-            self.indexer.write_keys(x, cos, sin, ctx.kernels, index_cache, locs, ctx.index_scale_fmt)
+            self.indexer.write_keys(x, turn, ctx.kernels, index_cache, locs, ctx.index_scale_fmt)
             if ctx.needs_index_queries() and not self.reuse_topk:
-                iq = self.indexer.queries(x, qr, cos, sin, ctx.kernels, ctx.index_scale_fmt)
+                iq = self.indexer.queries(x, qr, turn, ctx.kernels, ctx.index_scale_fmt)
         seqs = ctx.step.seqs
         groups = mha_groups(ctx)
         if not groups:  # every row goes through the absorbed kernels: one up-projection for all of them
@@ -144,7 +144,7 @@ class MLA:
         """Latent outputs ``[T, H, 512]`` of the absorbed (MQA) kernels for the step's decode rows and the prefill
         chunks ``seqs``; rows of other chunks are zero."""
         # Absorb W_UK into the query: score = [q_nope W_UK | q_pe] . [c | k_pe] (576-d MQA).
-        q_abs = torch.cat([self._per_head(q_nope, self.w_uk, "thn,hnc->thc"), q_pe], dim=-1)
+        q_abs = torch.cat([self._per_head(q_nope, self.w_uk), q_pe], dim=-1)
         d = ctx.decode
         if d is not None and d.index is None:  # every row is a decode row: the kernel's rows are the step's
             return decode_attention(ctx, q_abs, kv_cache, index_cache, iq)
@@ -166,13 +166,15 @@ class MLA:
 
     def _up_v(self, lat: Tensor) -> Tensor:
         """Latent attention output ``[n, H, 512]`` (bf16 from the kernels) -> per-head values ``[n, H, v]``."""
-        return self._per_head(lat.to(self.w_uv.dtype), self.w_uv, "thc,hvc->thv")
+        return self._per_head(lat.to(self.w_uv.dtype), self.w_uv, transpose=True)
 
     @staticmethod
-    def _per_head(x: Tensor, w: Tensor, spec: str) -> Tensor:
-        """Per-head product ``einsum(spec, x, w)`` in x's dtype; few bf16 rows in fp32 (see ``ops.linear``)."""
+    def _per_head(x: Tensor, w: Tensor, transpose: bool = False) -> Tensor:
+        """Per-head product: x ``[T, H, a]`` times w ``[H, a, b]`` (``transpose``: w ``[H, b, a]``, used as its
+        transpose) -> ``[T, H, b]`` in x's dtype, one batched GEMM over the heads; few bf16 rows in fp32 (see
+        ``ops.linear``)."""
         if x.shape[0] <= FEW_ROWS and x.dtype == torch.bfloat16:
             wf = fp32_copy(w)
             if wf is not None:
-                return torch.einsum(spec, x.float(), wf).to(x.dtype)
-        return torch.einsum(spec, x, w)
+                return MLA._per_head(x.float(), wf, transpose).to(x.dtype)
+        return torch.bmm(x.transpose(0, 1), w.transpose(1, 2) if transpose else w).transpose(0, 1)

@@ -34,20 +34,20 @@ class NextNLayer:
 
         p = f"model.layers.{layer}"
         self.eps = config.rms_norm_eps
-        self.enorm = ws.plain(f"{p}.enorm.weight")
-        self.hnorm = ws.plain(f"{p}.hnorm.weight")
+        self.enorm = ws.norm(f"{p}.enorm.weight")
+        self.hnorm = ws.norm(f"{p}.hnorm.weight")
         self.eh_proj = ws.plain(f"{p}.eh_proj.weight")
         self.block = DecoderLayer(ws, layer, config, tp, moe_fp32_sum)
-        self.norm = ws.plain(f"{p}.shared_head.norm.weight")
+        self.norm = ws.norm(f"{p}.shared_head.norm.weight")
         for shared in (f"{p}.embed_tokens.weight", f"{p}.shared_head.head.weight"):
             if ws.has(shared):
                 ws.raw(shared)  # the main model's embedding / head serve (identical copies)
 
-    def __call__(self, embedded: Tensor, prev_hidden: Tensor, cos: Tensor, sin: Tensor, ctx: AttnContext,
+    def __call__(self, embedded: Tensor, prev_hidden: Tensor, turn: Tensor, ctx: AttnContext,
                  kv_cache: Tensor, index_cache: Tensor | None) -> Tensor:
         """``embedded`` (the next tokens' embeddings) and ``prev_hidden`` ``[T, D]`` (model dtype) -> the draft's
         post-norm hidden ``[T, D]``; writes the layer's cache rows at the step's cache locations."""
         e = rms_norm(embedded, self.enorm, self.eps)
         h = rms_norm(prev_hidden.to(e.dtype), self.hnorm, self.eps)
         z = linear(torch.cat([e, h], dim=-1), self.eh_proj)
-        return rms_norm(self.block(z, cos, sin, ctx, kv_cache, index_cache), self.norm, self.eps)
+        return rms_norm(self.block(z, turn, ctx, kv_cache, index_cache), self.norm, self.eps)

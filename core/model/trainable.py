@@ -87,12 +87,12 @@ class TrainableDeepseek(nn.Module):
         h = self.w("model.embed_tokens.weight")[ids]
         if self.rope.freqs.device != ids.device:
             self.rope.freqs = self.rope.freqs.to(ids.device)
-        cos, sin = self.rope.cos_sin(positions.reshape(-1))
+        turn = self.rope.turns(positions.reshape(-1))
         causal = torch.ones(t, t, dtype=torch.bool, device=ids.device).tril()
         visible = causal[None] & (doc[:, :, None] == doc[:, None, :])  # [B, T, T]
         kls, loads = [], []
         for layer in range(cfg.num_hidden_layers):
-            h = self._layer(h, layer, cos, sin, visible, sparse, index_loss, kls, loads)
+            h = self._layer(h, layer, turn, visible, sparse, index_loss, kls, loads)
         h = rms_norm(h, self.w("model.norm.weight"), cfg.rms_norm_eps)
         logits = (h @ self.w("lm_head.weight").T).float()
         kl = torch.stack(kls).mean() if kls else logits.new_zeros(())
@@ -109,7 +109,7 @@ class TrainableDeepseek(nn.Module):
         b, t = next_ids.shape
         if self.rope.freqs.device != next_ids.device:
             self.rope.freqs = self.rope.freqs.to(next_ids.device)
-        cos, sin = self.rope.cos_sin(positions.reshape(-1))
+        turn = self.rope.turns(positions.reshape(-1))
         causal = torch.ones(t, t, dtype=torch.bool, device=next_ids.device).tril()
         visible = causal[None] & (doc[:, :, None] == doc[:, None, :])
         e = rms_norm(self.w("model.embed_tokens.weight")[next_ids], self.w(f"{pre}.enorm.weight"), cfg.rms_norm_eps)
@@ -117,19 +117,19 @@ class TrainableDeepseek(nn.Module):
         z = torch.cat([e, hp.to(e.dtype)], dim=-1) @ self.w(f"{pre}.eh_proj.weight").T
         kls: list[Tensor] = []
         loads: list[Tensor] = []
-        g = self._layer(z, n, cos, sin, visible, sparse, index_loss, kls, loads)
+        g = self._layer(z, n, turn, visible, sparse, index_loss, kls, loads)
         g = rms_norm(g, self.w(f"{pre}.shared_head.norm.weight"), cfg.rms_norm_eps)
         logits = (g @ self.w("lm_head.weight").T).float()
         return TrainOutput(logits, kls[0] if kls else logits.new_zeros(()), loads, g)
 
-    def _layer(self, h: Tensor, layer: int, cos: Tensor, sin: Tensor, visible: Tensor, sparse: bool,
+    def _layer(self, h: Tensor, layer: int, turn: Tensor, visible: Tensor, sparse: bool,
                index_loss: bool, kls: list[Tensor], loads: list[Tensor]) -> Tensor:
         """One decoder layer ``[B, T, D] -> [B, T, D]``; appends its indexer KL and expert load."""
         cfg = self.cfg
         b, t, _ = h.shape
         pre = f"model.layers.{layer}"
         x = rms_norm(h, self.w(f"{pre}.input_layernorm.weight"), cfg.rms_norm_eps)
-        attn, kl = self._attention(x, cos, sin, visible, f"{pre}.self_attn", sparse, index_loss)
+        attn, kl = self._attention(x, turn, visible, f"{pre}.self_attn", sparse, index_loss)
         h = h + attn
         if kl is not None:
             kls.append(kl)
@@ -144,7 +144,7 @@ class TrainableDeepseek(nn.Module):
         g, u, d = (self.w(f"{pre}.{n}_proj.weight") for n in ("gate", "up", "down"))
         return (nn.functional.silu(x @ g.T) * (x @ u.T)) @ d.T
 
-    def _attention(self, x: Tensor, cos: Tensor, sin: Tensor, visible: Tensor, pre: str, sparse: bool,
+    def _attention(self, x: Tensor, turn: Tensor, visible: Tensor, pre: str, sparse: bool,
                    index_loss: bool) -> tuple[Tensor, Tensor | None]:
         cfg = self.cfg
         b, t, _ = x.shape
@@ -154,10 +154,10 @@ class TrainableDeepseek(nn.Module):
         qr = rms_norm(flat @ self.w(f"{pre}.q_a_proj.weight").T, self.w(f"{pre}.q_a_layernorm.weight"),
                       cfg.rms_norm_eps)
         q = (qr @ self.w(f"{pre}.q_b_proj.weight").T).view(b * t, heads, nope + rope)
-        q_nope, q_pe = q[..., :nope], apply_interleaved(q[..., nope:], cos, sin)
+        q_nope, q_pe = q[..., :nope], apply_interleaved(q[..., nope:], turn)
         kv = flat @ self.w(f"{pre}.kv_a_proj_with_mqa.weight").T
         c = rms_norm(kv[:, :lora], self.w(f"{pre}.kv_a_layernorm.weight"), cfg.rms_norm_eps)
-        k_pe = apply_interleaved(kv[:, lora:], cos, sin)  # [BT, rope]
+        k_pe = apply_interleaved(kv[:, lora:], turn)  # [BT, rope]
         kvb = (c @ self.w(f"{pre}.kv_b_proj.weight").T).view(b * t, heads, nope + vd)
         k_nope, v = kvb[..., :nope], kvb[..., nope:]
         qn = q_nope.view(b, t, heads, nope).transpose(1, 2)
@@ -169,7 +169,7 @@ class TrainableDeepseek(nn.Module):
         kl = None
         allowed = visible
         if cfg.is_dsa and (sparse or index_loss):
-            ilog = self._index_logits(x.detach(), qr.detach().view(b, t, -1), cos, sin, pre)  # [B, T, T]
+            ilog = self._index_logits(x.detach(), qr.detach().view(b, t, -1), turn, pre)  # [B, T, T]
             ilog = ilog.masked_fill(~visible, float("-inf"))
             if sparse:
                 k = min(cfg.index_topk, t)
@@ -187,20 +187,17 @@ class TrainableDeepseek(nn.Module):
         out = torch.einsum("bhts,bhsd->bthd", probs, v.view(b, t, heads, vd).transpose(1, 2))
         return out.reshape(b, t, heads * vd) @ self.w(f"{pre}.o_proj.weight").T, kl
 
-    def _index_logits(self, x: Tensor, qr: Tensor, cos: Tensor, sin: Tensor, pre: str) -> Tensor:
+    def _index_logits(self, x: Tensor, qr: Tensor, turn: Tensor, pre: str) -> Tensor:
         """Lightning indexer scores ``[B, T, T]`` fp32 (no masking)."""
         cfg = self.cfg
         b, t, _ = x.shape
-        n, d, r = cfg.index_n_heads, cfg.index_head_dim, cfg.qk_rope_head_dim
+        n, d = cfg.index_n_heads, cfg.index_head_dim
         ip = f"{pre}.indexer"
-
-        def rot(z: Tensor) -> Tensor:  # rope on the first r dims, NeoX pairs
-            return torch.cat([apply_neox(z[..., :r], cos, sin), z[..., r:]], dim=-1)
-
-        q = rot((qr.reshape(b * t, -1) @ self.w(f"{ip}.wq_b.weight").T).view(b * t, n, d))
+        # Rope on the first qk_rope_head_dim dims (the turns' width times 2), NeoX pairs.
+        q = apply_neox((qr.reshape(b * t, -1) @ self.w(f"{ip}.wq_b.weight").T).view(b * t, n, d), turn)
         k = layer_norm(x.reshape(b * t, -1) @ self.w(f"{ip}.wk.weight").T, self.w(f"{ip}.k_norm.weight"),
                        self.w(f"{ip}.k_norm.bias"), cfg.rms_norm_eps)
-        k = rot(k.to(q.dtype)).view(b, t, d)
+        k = apply_neox(k.to(q.dtype), turn).view(b, t, d)
         hw = (x.reshape(b * t, -1).float() @ self.w(f"{ip}.weights_proj.weight").float().T) * (n**-0.5 * d**-0.5)
         s = torch.einsum("bthd,bsd->bths", q.view(b, t, n, d).float(), k.float()).relu()
         return torch.einsum("bths,bth->bts", s, hw.view(b, t, n))

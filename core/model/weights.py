@@ -50,6 +50,11 @@ class WeightSource:
         """A non-quantised tensor (norm, gate, embedding) cast to ``dtype`` (default: model dtype)."""
         return self.raw(name).to(device=self.device, dtype=dtype or self.dtype)
 
+    def norm(self, name: str) -> Tensor:
+        """An RMSNorm weight: its model-dtype values held in fp32, the dtype the norm multiplies in (a step
+        then casts each norm's weight once at load, not once per call)."""
+        return self.plain(name).float()
+
     def linear(self, prefix: str, dtype: torch.dtype | None = None) -> Tensor:
         """``prefix.weight`` ``[out, in]`` dequantised (if FP8) to ``dtype`` (default: model dtype)."""
         w = self.raw(f"{prefix}.weight")

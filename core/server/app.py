@@ -29,6 +29,7 @@ from dsa_runtime.server.http import (
 from dsa_runtime.server.protocol import DetokenizeRequest, TokenizeRequest, parse_body
 from dsa_runtime.server.serving_chat import ChatRun
 from dsa_runtime.server.serving_completions import CompletionRun
+from dsa_runtime.server.serving_responses import ResponsesRun
 from dsa_runtime.server.state import ServerState, new_id, sampling_params
 
 logger = logging.getLogger(__name__)
@@ -100,6 +101,23 @@ def build_app(state: ServerState) -> FastAPI:
         check_api_key(request, state.config.api_key)
         body = await read_json(request, limit)
         return await _run(request, await asyncio.to_thread(CompletionRun, state, body))  # as chat, off the loop
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        check_api_key(request, state.config.api_key)
+        body = await read_json(request, limit)
+        return await _run(request, await asyncio.to_thread(ResponsesRun, state, body))  # as chat, off the loop
+
+    @app.get("/v1/responses/{response_id}")
+    async def stored_response(request: Request, response_id: str) -> JSONResponse:
+        check_api_key(request, state.config.api_key)
+        return JSONResponse(state.responses.get(response_id).response)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(request: Request, response_id: str) -> JSONResponse:
+        check_api_key(request, state.config.api_key)
+        state.responses.delete(response_id)
+        return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 
     @app.get("/v1/models")
     async def models(request: Request) -> JSONResponse:

@@ -44,6 +44,10 @@ class ServerConfig:
         default=False, metadata=_meta("also send reasoning text as 'reasoning' (vLLM's newer field name)")
     )
     max_request_bytes: int = field(default=8 * 1024 * 1024, metadata=_meta("largest request body accepted"))
+    responses_store_size: int = field(
+        default=1024, metadata=_meta("responses kept in memory for previous_response_id and GET /v1/responses/ID "
+                                     "(least recently used dropped first; 0 stores none)")
+    )
     drain_timeout: float = field(
         default=10.0, metadata=_meta("seconds SIGINT/SIGTERM lets running requests finish before aborting")
     )
@@ -74,6 +78,8 @@ class ServerConfig:
             raise ConfigError(f"--port {self.port}: must be in 0..65535")
         if self.max_request_bytes < 1024:
             raise ConfigError(f"--max-request-bytes {self.max_request_bytes}: must be at least 1024")
+        if self.responses_store_size < 0:
+            raise ConfigError(f"--responses-store-size {self.responses_store_size}: must be >= 0")
         if self.drain_timeout < 0:
             raise ConfigError(f"--drain-timeout {self.drain_timeout}: must be >= 0")
 

@@ -19,6 +19,7 @@ from dsa_runtime.engine.async_engine import AsyncEngine
 from dsa_runtime.server.config import ServerConfig, detect_flavor
 from dsa_runtime.server.metrics import ServerMetrics
 from dsa_runtime.server.prompting import PromptBuilder
+from dsa_runtime.server.response_store import ResponseStore
 from dsa_runtime.server.state import ServerState
 
 logger = logging.getLogger("dsa_runtime.server")
@@ -55,6 +56,7 @@ def build_state(config: ServerConfig, engine: Any, *, model_dir: str | None = No
         reasoning_parser=reasoning,
         prompts=PromptBuilder(flavor, tokenizer, model_dir),
         metrics=ServerMetrics(name, async_engine.stats),
+        responses=ResponseStore(config.responses_store_size),
     )
 
 

@@ -24,27 +24,29 @@ from dsa_runtime.server.errors import APIError, bad_request
 Number = StrictInt | StrictFloat
 
 
-class _Body(BaseModel):
+class Body(BaseModel):
+    """A request body: strict field types, unknown fields kept (``model_extra``)."""
+
     model_config = ConfigDict(extra="allow", strict=True)
 
 
-class StreamOptions(_Body):
+class StreamOptions(Body):
     include_usage: StrictBool = False
     continuous_usage_stats: StrictBool = False
 
 
-class FunctionDef(_Body):
+class FunctionDef(Body):
     name: StrictStr
     description: StrictStr | None = None
     parameters: dict[str, Any] | None = None
 
 
-class Tool(_Body):
+class Tool(Body):
     type: Literal["function"] = "function"
     function: FunctionDef
 
 
-class _Sampling(_Body):
+class _Sampling(Body):
     model: StrictStr | None = None
     max_tokens: StrictInt | None = None
     temperature: Number | None = None
@@ -84,7 +86,7 @@ class CompletionRequest(_Sampling):
     suffix: StrictStr | None = None
 
 
-class TokenizeRequest(_Body):
+class TokenizeRequest(Body):
     model: StrictStr | None = None
     prompt: StrictStr | None = None
     messages: list[dict[str, Any]] | None = None
@@ -92,12 +94,12 @@ class TokenizeRequest(_Body):
     add_generation_prompt: StrictBool = True
 
 
-class DetokenizeRequest(_Body):
+class DetokenizeRequest(Body):
     model: StrictStr | None = None
     tokens: list[StrictInt]
 
 
-def parse_body(model: type[_Body], payload: Any) -> Any:
+def parse_body(model: type[Body], payload: Any) -> Any:
     """Validate a decoded JSON body; the first problem becomes a 400 naming its field."""
     if not isinstance(payload, dict):
         raise bad_request("request body must be a JSON object")

@@ -78,6 +78,7 @@ class ChatRun:
         self.id, self.created = new_id("chatcmpl"), int(time.time())
         self.arrival = time.monotonic()
         self.cached_tokens: dict[int, int] = {}  # choice -> prompt tokens its request found in the prefix cache
+        self.completion_tokens = 0  # over the choices that finished
         choice = resolve_choice(state, req)
         self.tool_parser = state.tool_parser if choice.parse_calls else None
         # A forced tool call opens the reply, so it is written without reasoning (parsers/tool_choice.py).
@@ -136,7 +137,7 @@ class ChatRun:
         return d
 
     def usage(self, completion_tokens: int) -> dict[str, Any]:
-        prompt = len(self.prompt_ids) * 1
+        prompt = len(self.prompt_ids)
         return {"prompt_tokens": prompt, "completion_tokens": completion_tokens,
                 "total_tokens": prompt + completion_tokens,
                 "prompt_tokens_details": {"cached_tokens": max(self.cached_tokens.values(), default=0)}}
@@ -147,6 +148,24 @@ class ChatRun:
         ]
         return merge(gens)
 
+    async def parsed(self, streams: list[Any]) -> AsyncIterator[tuple[int, Any, list[Any], str | None]]:
+        """``(choice, engine output, deltas, finish reason)`` for every output of every choice: the deltas its
+        text parsed into (on a choice's last output the parser's flushed tail too) and, on that last output,
+        the finish reason. Counts the choice's tokens, cached prompt tokens and call parse errors; an aborted
+        request (server shutting down) is a 503."""
+        async for j, out in self.outputs():
+            deltas = streams[j].feed(out.new_text)
+            reason = None
+            if out.finished:
+                if out.finish_reason == "abort":
+                    raise unavailable("the request was aborted (server shutting down)")
+                tail, reason = streams[j].finish(truncated=out.finish_reason == "length")
+                deltas += tail
+                self.state.metrics.tool_call_parse_errors.inc(streams[j].parse_errors)
+                self.completion_tokens += len(out.token_ids)
+                self.cached_tokens[j] = out.num_cached_tokens
+            yield j, out, deltas, reason
+
     # -- whole response -----------------------------------------------------------------------------------
     async def response(self) -> dict[str, Any]:
         started = [self.parser() for _ in self.params]
@@ -154,22 +173,14 @@ class ChatRun:
         deltas: list[list[Any]] = [list(first) for _, first in started]
         logprobs: list[list[Any]] = [[] for _ in self.params]
         choices: list[dict[str, Any] | None] = [None] * len(self.params)
-        completion_tokens = 0
-        async for j, out in self.outputs():
-            deltas[j] += streams[j].feed(out.new_text)
+        async for j, out, new, reason in self.parsed(streams):
+            deltas[j] += new
             logprobs[j] += out.logprobs or []
-            if not out.finished:
-                continue
-            if out.finish_reason == "abort":
-                raise unavailable("the request was aborted (server shutting down)")
-            tail, reason = streams[j].finish(truncated=out.finish_reason == "length")
-            self.state.metrics.tool_call_parse_errors.inc(streams[j].parse_errors)
-            completion_tokens += len(out.token_ids)
-            self.cached_tokens[j] = out.num_cached_tokens
-            choices[j] = self._choice(j, deltas[j] + tail, reason, streams[j], logprobs[j])
+            if reason is not None:
+                choices[j] = self._choice(j, deltas[j], reason, streams[j], logprobs[j])
         return {
             "id": self.id, "object": "chat.completion", "created": self.created, "model": self.state.model_name,
-            "choices": choices, "usage": self.usage(completion_tokens),
+            "choices": choices, "usage": self.usage(self.completion_tokens),
         }
 
     def _choice(self, j: int, deltas: list[Any], reason: str, stream: Any, logprobs: list[Any]) -> dict[str, Any]:
@@ -192,33 +203,23 @@ class ChatRun:
         include_usage = bool(self.req.stream_options and self.req.stream_options.include_usage)
         started = [self.parser() for _ in self.params]
         streams = [stream for stream, _ in started]
-        completion_tokens = 0
         try:
             for j in range(len(self.params)):
                 yield self._chunk(j, {"role": "assistant", "content": ""}, None, include_usage)
                 for delta in started[j][1]:  # the forced opening's deltas (a named call's header)
                     yield self._chunk(j, self.delta_dict(delta), None, include_usage)
-            async for j, out in self.outputs():
+            async for j, out, deltas, reason in self.parsed(streams):
                 lp = chat_logprobs(self.state.tokenizer, out.logprobs) if self.req.logprobs and out.logprobs else None
-                deltas = streams[j].feed(out.new_text)
-                if out.finished:
-                    if out.finish_reason == "abort":
-                        raise unavailable("the request was aborted (server shutting down)")
-                    tail, reason = streams[j].finish(truncated=out.finish_reason == "length")
-                    deltas += tail
-                    self.state.metrics.tool_call_parse_errors.inc(streams[j].parse_errors)
-                    completion_tokens += len(out.token_ids)
-                    self.cached_tokens[j] = out.num_cached_tokens
                 for k, delta in enumerate(deltas):
                     yield self._chunk(j, self.delta_dict(delta), None, include_usage, lp if k == 0 else None)
                 if lp is not None and not deltas:
                     yield self._chunk(j, {}, None, include_usage, lp)
-                if out.finished:
+                if reason is not None:
                     yield self._chunk(j, {}, reason, include_usage)
             if include_usage:
                 yield _event({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
                               "model": self.state.model_name, "choices": [],
-                              "usage": self.usage(completion_tokens)})
+                              "usage": self.usage(self.completion_tokens)})
         except APIError as exc:
             yield exc.sse()
         except Exception:  # noqa: BLE001 - the stream must end with an error event, not a cut connection

@@ -13,6 +13,7 @@ from dsa_runtime.server.config import ModelFlavor, ServerConfig
 from dsa_runtime.server.errors import APIError, bad_request, context_exceeded, unavailable
 from dsa_runtime.server.metrics import ServerMetrics
 from dsa_runtime.server.prompting import PromptBuilder
+from dsa_runtime.server.response_store import ResponseStore
 
 MAX_N = 16  # choices per request
 
@@ -29,6 +30,7 @@ class ServerState:
     reasoning_parser: str | None
     prompts: PromptBuilder
     metrics: ServerMetrics
+    responses: ResponseStore  # stored Responses API answers (previous_response_id)
     created: int = field(default_factory=lambda: int(time.time()))
     draining: bool = False  # set on SIGINT/SIGTERM: new requests get 503 while running ones finish (launch.py)
 
@@ -40,8 +42,8 @@ class ServerState:
             )
 
 
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
+def new_id(prefix: str, sep: str = "-") -> str:
+    return f"{prefix}{sep}{uuid.uuid4().hex}"
 
 
 def resolve_max_tokens(

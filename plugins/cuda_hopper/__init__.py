@@ -32,7 +32,7 @@ PLANNED = {
     "kv_quant": "Triton fused quantize-and-store",
     "moe": "Triton grouped routing and FP8 grouped GEMM; DeepGEMM when built",
 }
-OPTIONAL_LIBS = ("flash_mla", "deep_gemm", "flashinfer", "tilelang", "triton")
+OPTIONAL_LIBS = ("flash_mla", "deep_gemm", "tilelang", "triton")
 # Families the ``triton`` backend provides, as "module:Class" strings (imported on first use).
 TRITON_KERNELS = {
     "moe": "dsa_runtime.plugins.cuda_hopper.triton.moe_experts:TritonMoE",

@@ -40,8 +40,10 @@ def test_wheel_holds_only_the_dsa_runtime_namespace(wheel):
         "dsa_runtime/loader/export.py",
     ):
         assert module in names, module
-    # The synthetic chat generator is training code (train/tinychat): the runtime ships only its results.
-    assert not any("tinychat" in n for n in names), [n for n in names if "tinychat" in n]
+    # The synthetic chat generator is training code (train/tinychat): the runtime ships only its results (the
+    # embedded model, the held-out eval sets).
+    assert not any("tinychat" in n or n.startswith("train/") for n in names), [n for n in names if "tinychat" in n]
+    assert {"dsa_runtime/evals/data/tiny-chat-arith.jsonl", "dsa_runtime/evals/data/tiny-chat-tools.jsonl"} <= set(names)
     assert any(n.startswith("dsa_runtime/parsers/templates/") and n.endswith(".jinja") for n in names)
 
 
@@ -67,9 +69,12 @@ def test_wheel_extras_name_the_fields_packages(wheel):
         (meta_name,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
         meta = zf.read(meta_name).decode()
     extras = {line.split(": ", 1)[1] for line in meta.splitlines() if line.startswith("Provides-Extra: ")}
-    assert extras == {"hopper", "blackwell", "rocm", "npu", "server", "structured", "test", "all"}
-    for requirement in ("flashinfer-python", "tilelang", "amd-aiter", "torch-npu", "fastapi", "triton", "xgrammar"):
+    assert extras == {"hopper", "blackwell", "rocm", "npu", "server", "structured", "eval", "test", "all"}
+    for requirement in ("sgl-flash-mla", "sgl-deep-gemm", "tilelang", "amd-aiter", "torch-npu", "fastapi", "triton", "xgrammar",
+                        "openai"):
         assert requirement in meta
+    # Nothing imports FlashInfer: an extra that installed it would download it for nothing.
+    assert "flashinfer" not in meta
 
 
 def test_ci_installs_nothing_beyond_readmes_set_up():

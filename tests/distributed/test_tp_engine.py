@@ -66,8 +66,9 @@ def test_tp_on_too_few_gpus_is_a_clear_error(monkeypatch, tmp_path):
         _spec(EngineConfig(tp=2), tmp_path, kernels, num_pages=8, page_size=64, hidden=256, max_context=512)
 
 
-@pytest.mark.parametrize("layout", [{"tp": 2}, {"tp": 2, "dp": 2, "enable_dp_attention": True}])
-def test_tp2_with_the_prefix_cache_generates_the_uncached_tp1_tokens(layout):
+@pytest.mark.parametrize("layout", [{"tp": 2}, {"tp": 2, "dp": 2, "enable_dp_attention": True},
+                                    {"tp": 4, "dp": 2, "enable_dp_attention": True}])
+def test_tp_with_the_prefix_cache_generates_the_uncached_tp1_tokens(layout):
     """Under TP every rank reads the cached pages' rows (rank 0's tree hands out page ids, each rank holds its
     heads' rows at those ids; under DP attention a prefix's first page keeps its requests in one group): a second
     wave sharing a 4-page prefix hits and decodes the tp 1 tokens."""
@@ -126,7 +127,8 @@ def _refuse_objects(monkeypatch):
         monkeypatch.setattr(dist, name, refuse)
 
 
-@pytest.mark.parametrize("layout", [{"tp": 2}, {"tp": 2, "dp": 2, "enable_dp_attention": True}])
+@pytest.mark.parametrize("layout", [{"tp": 2}, {"tp": 2, "dp": 2, "enable_dp_attention": True},
+                                    {"tp": 4, "dp": 2, "enable_dp_attention": True}])
 def test_steps_send_tensors_and_aborts_preemption_and_grammars_match_tp1(monkeypatch, layout):
     """A small cache (preemptions), an abort mid-decode and a JSON-schema request at tp 2 (and DP attention):
     the tp 1 tokens, no pickled object sent by any step, and zero pages and slots held at the end."""

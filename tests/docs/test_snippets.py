@@ -75,9 +75,17 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("README.md", 'pip install "dsa-runtime[npu]"'): "installs from PyPI (network, changes the environment)",
     ("README.md", 'pip install "dsa-runtime[server]"'): "installs from PyPI (network, changes the environment)",
     ("README.md", 'pip install "dsa-runtime[all]"'): "installs from PyPI (network, changes the environment)",
+    ("README.md", 'pip install "dsa-runtime[eval]"'): "installs from PyPI (network, changes the environment)",
+    ("docs/eval.md", "dsa-runtime serve --model /ckpt/DeepSeek-V3.2 --tp 8"):
+        "8 GPUs and the DeepSeek-V3.2 checkpoint at /ckpt",
+    ("docs/eval.md", "dsa-runtime eval --base-url http://127.0.0.1:30000/v1 --data gsm8k --num-shots 5 --parallel 128 "
+                     "--min-accuracy 0.95"):
+        "downloads gsm8k (network) and needs the DeepSeek-V3.2 server above",
     ("docs/benchmarks.md", ".venv/bin/pip install transformers==5.23.0"):
         "installs from PyPI (network, changes the environment)",
     ("docs/benchmarks.md", "python bench/sparse_attn_triton.py --sweep"): "GPU benchmark (CUDA, ~4 min on an H100)",
+    ("docs/benchmarks.md", "python bench/prefill_real_gpu.py --json bench/results/prefill_real_gpu.json"):
+        "GPU benchmark (CUDA, under 7 minutes on an H100 with --budget-s 420)",
     ("docs/distributed.md", "dsa-runtime serve --model /ckpt/DeepSeek-V3.2 --tp 8"):
         "8 GPUs and the DeepSeek-V3.2 checkpoint at /ckpt",
     ("docs/distributed.md", "dsa-runtime serve --model /ckpt/DeepSeek-V3.2 --tp 8 --dp 4 --enable-dp-attention"):
@@ -158,10 +166,16 @@ NEEDS: dict[tuple[str, str], str] = {
 # (file, command) -> measured time on the 2-core development machine: marked slow (CI runs slow tests too).
 SLOW: dict[tuple[str, str], str] = {
     ("docs/benchmarks.md", ".venv/bin/python bench/serve_load.py"): "about 30 s",
+    ("docs/benchmarks.md", ".venv/bin/python bench/prefill_real_gpu.py --dry-run"): "about 30 s",
     ("docs/benchmarks.md", "python bench/full_size.py --plan-only --gpus 8 --layers 61 --gpu-memory-gib 139.8 "
                            "--mem-fraction-static 0.95 --chunked-prefill-size 4096 --headroom-gib 5 --topologies tp,dp,ep,dpep"):
         "about 60 s",
     ("docs/benchmarks.md", "TRITON_INTERPRET=1 python bench/sparse_attn_triton.py --sweep --dry-run"): "about 20 s",
+    ("README.md", "dsa-runtime eval --in-process --data tinychat-tools --num-questions 8"): "about 25 s",
+    ("docs/eval.md", "dsa-runtime eval --in-process --data tinychat-arith --num-questions 40 --min-accuracy 0.8"):
+        "about 15 s",
+    ("docs/eval.md", "dsa-runtime eval --base-url http://127.0.0.1:30000/v1 --data tinychat-tools --num-questions 4 "
+                     "--parallel 4"): "about 15 s",
 }
 
 

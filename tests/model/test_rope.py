@@ -23,10 +23,31 @@ def test_yarn_frequencies_of_the_671b_config():
 
 
 def test_pairings():
-    cos = torch.zeros(1, 32)
-    sin = torch.ones(1, 32)  # a 90 degree turn of every pair
+    turn = torch.complex(torch.zeros(1, 32), torch.ones(1, 32))  # a 90 degree turn of every pair
     x = torch.arange(1.0, 65.0)[None]
-    inter = apply_interleaved(x, cos, sin)
+    inter = apply_interleaved(x, turn)
     assert inter[0, 0] == -x[0, 1] and inter[0, 1] == x[0, 0]  # pair (0, 1)
-    neox = apply_neox(x, cos, sin)
+    neox = apply_neox(x, turn)
     assert neox[0, 0] == -x[0, 32] and neox[0, 32] == x[0, 0]  # pair (0, 32)
+
+
+def test_turns_match_the_pairwise_real_expression():
+    """Random angles and values (fp32 and bf16, heads and no heads): the complex turns equal
+    ``(x0 c - x1 s, x0 s + x1 c)`` on each pairing, the indexer's untouched tail included."""
+    gen = torch.Generator().manual_seed(3)
+    angles = torch.randn(5, 32, generator=gen, dtype=torch.float64)
+    cos, sin = torch.cos(angles).float(), torch.sin(angles).float()
+    turn = torch.complex(cos, sin)
+    for dtype in (torch.float32, torch.bfloat16):
+        for shape in ((5, 64), (5, 3, 64), (5, 3, 128)):
+            x = torch.randn(*shape, generator=gen).to(dtype)
+            c = cos.view([5] + [1] * (len(shape) - 2) + [32])
+            s = sin.view(c.shape)
+            xf = x.float()
+            if shape[-1] == 64:
+                x0, x1 = xf[..., 0::2], xf[..., 1::2]
+                want = torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1).flatten(-2)
+                torch.testing.assert_close(apply_interleaved(x, turn), want.to(dtype), rtol=0, atol=1e-6)
+            x0, x1 = xf[..., :32], xf[..., 32:64]
+            want = torch.cat((x0 * c - x1 * s, x0 * s + x1 * c, xf[..., 64:]), dim=-1)
+            torch.testing.assert_close(apply_neox(x, turn), want.to(dtype), rtol=0, atol=1e-6)

@@ -65,6 +65,12 @@ class CharTokenizer:
                 out.append(chr(t - len(SPECIALS)))
         return "".join(out)
 
+    def token_to_id(self, token: str) -> int | None:
+        """The id of a one-token string (a special token or one character), else None."""
+        if token in SPECIALS:
+            return SPECIALS.index(token)
+        return len(SPECIALS) + ord(token) if len(token) == 1 else None
+
 
 @dataclass
 class _Req:

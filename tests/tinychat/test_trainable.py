@@ -61,14 +61,14 @@ def test_indexer_scores_match_the_reference_fp8_kernels(model):
     pre = "model.layers.1.self_attn"
     with torch.no_grad():
         qr = rms_norm(x[0] @ m.w(f"{pre}.q_a_proj.weight").T, m.w(f"{pre}.q_a_layernorm.weight"), cfg.rms_norm_eps)
-        cos, sin = m.rope.cos_sin(torch.arange(t))
-        ours = m._index_logits(x, qr[None], cos, sin, pre)[0]
+        turn = m.rope.turns(torch.arange(t))
+        ours = m._index_logits(x, qr[None], turn, pre)[0]
         # The same q / k / head weights, through the reference kernels' FP8 path.
         from dsa_runtime.model.ops import layer_norm
         from dsa_runtime.model.rope import apply_neox
 
         def rot(z):
-            return torch.cat([apply_neox(z[..., :64], cos, sin), z[..., 64:]], dim=-1)
+            return torch.cat([apply_neox(z[..., :64], turn), z[..., 64:]], dim=-1)
 
         ip = f"{pre}.indexer"
         q = rot((qr @ m.w(f"{ip}.wq_b.weight").T).view(t, cfg.index_n_heads, 128))

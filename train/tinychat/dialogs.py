@@ -150,7 +150,7 @@ def _offered(p: Pick, needed: list[str], n_total: int) -> list[str]:
     held-out pair together, the held-out split always holds one when it can."""
     names = list(dict.fromkeys(needed))
     if p.heldout:
-        for pair in HELDOUT_PAIRS:
+        for pair in sorted(HELDOUT_PAIRS, key=sorted):  # a fixed order: set order follows the hash seed
             if pair & set(names) and len(names) < 4:
                 names.extend(sorted(pair - set(names)))
                 break
