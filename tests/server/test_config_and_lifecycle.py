@@ -173,6 +173,7 @@ def test_sigterm_drains_then_aborts_and_exits_zero(drain, max_tokens, finish):
     """A request shorter than the grace period completes; a longer one is cut; the process exits 0."""
     proc, url = _start(drain)
     events: list = []
+    started = threading.Event()
     try:
         def consume():
             body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": max_tokens,
@@ -181,13 +182,18 @@ def test_sigterm_drains_then_aborts_and_exits_zero(drain, max_tokens, finish):
                 "POST", "/v1/chat/completions", json=body
             ) as r:
                 try:
-                    events.extend(sse_events(r))
+                    for event in sse_events(r):
+                        events.append(event)
+                        started.set()
                 except httpx.HTTPError:
                     events.append("cut")
+                finally:
+                    started.set()
 
         reader = threading.Thread(target=consume)
         reader.start()
-        time.sleep(0.15)  # generation under way
+        # The signal comes once generation is under way (its first event read), however loaded the machine is.
+        assert started.wait(60)
         proc.send_signal(signal.SIGTERM)
         reader.join(60)
         assert proc.wait(60) == 0
