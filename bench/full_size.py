@@ -1,4 +1,4 @@
-"""The full-size V3.2 architecture served on N GPUs (issue 25): ``--tp N`` and ``--tp N --dp N --enable-dp-attention``.
+"""The full-size V3.2 architecture served on N GPUs: ``--tp N`` and ``--tp N --dp N --enable-dp-attention``.
 
 The model is DeepSeek-V3.2 at its real dimensions (hidden 7168, 128 heads, MLA 1536 / 512, indexer 64 x 128,
 top-k 2048, vocab 129280; 3 dense layers of 18432, then MoE layers of 256 routed experts of 2048, top 8, one

@@ -1,4 +1,4 @@
-"""The server's engine step rate against the engine alone, under one streaming load (issue 20, point 5).
+"""The server's engine step rate against the engine alone, under one streaming load.
 
     python bench/serve_vs_engine.py [--concurrency 64 1 8 32 64] [--max-tokens 256] [--out-dir bench/results]
 

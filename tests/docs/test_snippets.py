@@ -1,4 +1,4 @@
-"""Every command and snippet in README.md and docs/*.md runs as written (issue 19, section 4: README drift).
+"""Every command and snippet in README.md and docs/*.md runs as written: the docs cannot drift from the code.
 
 What is extracted: fenced code blocks (any indentation, so those inside list items too) and indented code
 blocks (4 spaces past the enclosing list item, after a blank line), plus inline `dsa-runtime ...` spans.
@@ -149,11 +149,11 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("docs/benchmarks.md", "python bench/full_size.py --gpus 8 --layers 61 --topologies tp --mem-fraction-static 0.95 "
                            "--chunked-prefill-size 4096 --headroom-gib 5 --profile-steps 8 "
                            "--out docs/bench/full_size_h200x8_tp8.json"):
-        "GPU benchmark: 8 H200s (issue 25's run, when that machine is lent)",
+        "GPU benchmark: 8 H200s, 61 layers (run when that machine is lent)",
     ("docs/benchmarks.md", "python bench/full_size.py --gpus 8 --layers 61 --topologies dp --mem-fraction-static 0.95 "
                            "--chunked-prefill-size 4096 --headroom-gib 5 --profile-steps 8 "
                            "--out docs/bench/full_size_h200x8_tp8_dp8.json"):
-        "GPU benchmark: 8 H200s (issue 25's run, when that machine is lent)",
+        "GPU benchmark: 8 H200s, 61 layers (run when that machine is lent)",
 }
 
 # (file, command) -> module it needs: run when importable, else skipped with that reason (CI installs triton).

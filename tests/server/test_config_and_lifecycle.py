@@ -63,7 +63,7 @@ def test_sglang_flag_names_and_nsa_aliases_reach_the_configs():
 
 
 def test_bad_parallel_layout_is_a_clear_error(capsys):
-    """--tp / --dp are engine flags (tensor parallelism, issue 12); a layout that cannot split is one line."""
+    """--tp / --dp are engine flags (tensor parallelism); a layout that cannot split is one line."""
     assert cli_main(["serve", "--tp", "4", "--dp", "2"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--enable-dp-attention" in err
