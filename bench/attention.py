@@ -1,4 +1,4 @@
-"""Sparse MLA attention benchmark on Hopper (issue 9 item 7): prefill, decode and the KV store.
+"""Sparse MLA attention benchmark on Hopper: prefill, decode and the KV store.
 
 Subjects, each checked against the reference on the benchmark inputs before it is timed: our ``tilelang`` backend
 (when TileLang is installed) and ``triton``

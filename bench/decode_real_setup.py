@@ -188,7 +188,9 @@ def weight_bytes(model) -> dict[str, object]:
     dense, experts = 0, []
     for layer in model.layers:
         routed = getattr(getattr(layer, "ffn", None), "experts", None)
-        dense += tensor_bytes(layer, skip=[routed] if routed is not None else [])
+        # The MoE's received-rows counter (EP load figures) is a statistic, not a weight.
+        skip = [routed, layer.ffn.tokens_received] if routed is not None else []
+        dense += tensor_bytes(layer, skip=skip)
         if routed is not None:
             experts.append(tensor_bytes(routed) // routed.w13.shape[0])
     dense += tensor_bytes([model.norm, model.head])

@@ -1,4 +1,4 @@
-"""One layer of V3.2's DSA decode path at long context against dense MLA decode, with IndexCache (issue 24).
+"""One layer of V3.2's DSA decode path at long context against dense MLA decode, with IndexCache.
 
     python bench/dsa_decode_path.py [--batch 64] [--context 131072] [--freq 4] [--json PATH]
 

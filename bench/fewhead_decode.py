@@ -1,4 +1,4 @@
-"""Few-head sparse MLA decode (issue 24 item 1): 8 / 16 / 32 heads per rank, both cache layouts, 1 or 4 queries
+"""Few-head sparse MLA decode: 8 / 16 / 32 heads per rank, both cache layouts, 1 or 4 queries
 per request, against the head-blocked kernels and padded FlashMLA, as CUDA-graph replays in one run.
 
     python bench/fewhead_decode.py [--quick] [--sweep] [--json PATH]

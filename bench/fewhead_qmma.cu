@@ -10,7 +10,7 @@
 //     e4m3 terms (hi + lo: exact for bf16 q but for values over ~2^10 below their head's largest; each head scaled
 //     by a power of two so its largest value is in (224, 448]); rope by wgmma m64n16k16 bf16, A from registers. FP8 wgmma keeps only about 14 bits of its running sum, so the lo
 //     products get accumulators of their own and every SCORE_STEPS k-steps a fresh one, summed in fp32 with the
-//     row scales (the defaults are the only build that passes the reference: docs/benchmarks.md, session 12).
+//     row scales (the defaults are the only build that passes the reference: docs/hopper.md).
 //   * values O^T[512 columns x 16 heads] += V^T P'^T: wgmma m64n16k32 e4m3 with A = V^T from registers: ldmatrix
 //     .trans of byte pairs and one byte permute per register, so a register holds 4 rows of one column. The rows
 //     take the order k = 2 g + ri within each 16-row group (row g -> k 2 g, row g + 8 -> k 2 g + 1) and the

@@ -15,7 +15,7 @@ context) as CUDA-graph replays in one run, after the probe passes the reference 
 ``#define`` overrides (``SCORE_STEPS``, ``LO_ACC``, ``LO_UP``, ``RESCALE_SLACK``, ``REF_SLACK``, ``P_SCALE``,
 ``NO_MATH``) to the probe; ``--variant`` builds more beside it.
 
-The finding (one H200, docs/benchmarks.md, session 12): FP8 ``wgmma`` accumulates in about 14 bits, so the scores
+The finding (one H200, 2026-11-27, docs/hopper.md): FP8 ``wgmma`` accumulates in about 14 bits, so the scores
 pass the reference's lse tolerance only with the lo products in accumulators of their own, fresh every 32 columns;
 that build is 1.3-1.4x slower than the production kernel, and even the imprecise builds are 1.07x slower with real
 rows: with 64-row chunks and the one chunk in flight that two CTAs per SM have room for, the gather is the bound.

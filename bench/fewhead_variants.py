@@ -35,9 +35,9 @@ from dsa_runtime.plugins.cuda_hopper.cuda.fewhead_fp8 import CudaFewHeadConfig, 
 
 VARIANTS = {
     "default": CudaFewHeadConfig(),
-    "fp32_partials": CudaFewHeadConfig(stages=3, partial_fp16=False),  # the default until session 10
+    "fp32_partials": CudaFewHeadConfig(stages=3, partial_fp16=False),  # a former default
     "stages3": CudaFewHeadConfig(stages=3),
-    "plain_launch": CudaFewHeadConfig(pdl_main=False),  # the default until session 13
+    "plain_launch": CudaFewHeadConfig(pdl_main=False),  # a former default
 }
 
 

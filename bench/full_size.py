@@ -1,4 +1,4 @@
-"""The full-size V3.2 architecture served on N GPUs (issue 25): ``--tp N`` and ``--tp N --dp N --enable-dp-attention``.
+"""The full-size V3.2 architecture served on N GPUs: ``--tp N`` and ``--tp N --dp N --enable-dp-attention``.
 
 The model is DeepSeek-V3.2 at its real dimensions (hidden 7168, 128 heads, MLA 1536 / 512, indexer 64 x 128,
 top-k 2048, vocab 129280; 3 dense layers of 18432, then MoE layers of 256 routed experts of 2048, top 8, one
@@ -46,6 +46,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from full_size_plan import (  # noqa: E402  (bench/ on the path first)
     GIB,
+    TOPOLOGY_NAMES,
     Topology,
     auto_layers,
     checkpoint_bytes,
@@ -223,7 +224,7 @@ def run_topology(config: Any, topo: Topology, args: argparse.Namespace, num_page
                     cpu_threads=1 if args.device == "cpu" else None)
     t0 = time.perf_counter()
     runner = DistributedRunner(topo.parallel(args.timeout), spec)
-    out: dict[str, Any] = {"topology": topo.name, "tp": topo.tp, "dp": topo.dp}
+    out: dict[str, Any] = {"topology": topo.name, "tp": topo.tp, "dp": topo.dp, "ep": topo.ep}
     try:
         out["build_s"] = time.perf_counter() - t0
         log(f"{topo.name}: built in {out['build_s']:.0f} s")
@@ -244,7 +245,14 @@ def run_topology(config: Any, topo: Topology, args: argparse.Namespace, num_page
         log(f"{topo.name}: warm-up")
         serve(engine, prompts(2), 4, None, f"{topo.name}-warm")
         log(f"{topo.name}: {args.requests} requests x {args.input_len} in / {args.output_len} out")
+        before = runner.ep_tokens()
         out["load"] = serve(engine, prompts(args.requests), args.output_len, counter, f"{topo.name}-load")
+        if topo.ep > 1:  # token rows each EP rank's experts received during the load, per step
+            rows = [a - b for a, b in zip(runner.ep_tokens(), before, strict=True)]
+            per_step = [n / out["load"]["steps"] for n in rows]
+            mean = sum(per_step) / len(per_step)
+            out["ep_rows_per_step"] = {"per_rank": per_step, "max": max(per_step), "mean": mean,
+                                       "max_over_mean": max(per_step) / mean if mean else 0.0}
         log(f"{topo.name}: load {out['load']['output_tok_s']:.0f} tok/s; batch 1")
         out["batch1"] = serve(engine, prompts(1), args.batch1_output, None, f"{topo.name}-b1")
         if args.profile_steps and args.device == "cuda":
@@ -286,7 +294,8 @@ def main() -> int:
     p.add_argument("--gpus", type=int, default=8, help="ranks (one per GPU)")
     p.add_argument("--layers", default="61", help="an int, or auto: as many as fit (first --dense dense)")
     p.add_argument("--dense", type=int, default=3, help="leading dense layers (V3.2: 3)")
-    p.add_argument("--topologies", default="tp,dp", help="tp: --tp N; dp: --tp N --dp N --enable-dp-attention")
+    p.add_argument("--topologies", default="tp,dp",
+                   help="comma-separated: " + "; ".join(f"{k}: {v}" for k, v in TOPOLOGY_NAMES.items()))
     p.add_argument("--requests", type=int, default=100)
     p.add_argument("--input-len", type=int, default=1000)
     p.add_argument("--output-len", type=int, default=2000)
@@ -392,6 +401,11 @@ def print_table(results: dict[str, Any]) -> None:
     for a in results["anchors"]:
         print(f"| anchor: {a['name']} | 100 x 1000/2000 | {a['output_tok_s']:.0f} | mean {a['tpot_ms_mean']:.2f} "
               "| | | | | | | | |")
+    for r in results["runs"]:
+        if "ep_rows_per_step" in r:
+            e = r["ep_rows_per_step"]
+            print(f"{r['topology']}: token rows per EP rank per step (load average) max {e['max']:.1f} / mean "
+                  f"{e['mean']:.1f} = {e['max_over_mean']:.2f}")
     profiled = [r for r in results["runs"] if r.get("profile")]
     if profiled:
         print("\n| topology | batch | step wall ms | GPU busy ms (rank 0) | of which NCCL | kernels / step | not on the GPU ms |")

@@ -42,16 +42,26 @@ class Topology:
     name: str
     tp: int
     dp: int
+    ep: int = 1
 
     def parallel(self, timeout_s: float) -> Any:
         from dsa_runtime.distributed import ParallelConfig
 
         return ParallelConfig(tp=self.tp, dp=self.dp, enable_dp_attention=self.dp > 1, timeout_s=timeout_s,
-                              reduce_dtype="bf16")
+                              reduce_dtype="bf16", ep=self.ep)
+
+
+TOPOLOGY_NAMES = {"tp": "--tp N", "dp": "--tp N --dp N --enable-dp-attention", "ep": "--tp N --ep-size N",
+                  "dpep": "--tp N --dp N --enable-dp-attention --ep-size N"}
 
 
 def topologies(gpus: int, names: str) -> list[Topology]:
-    table = {"tp": Topology(f"tp{gpus}", gpus, 1), "dp": Topology(f"tp{gpus}-dp{gpus}", gpus, gpus)}
+    g = gpus
+    table = {"tp": Topology(f"tp{g}", g, 1), "dp": Topology(f"tp{g}-dp{g}", g, g),
+             "ep": Topology(f"tp{g}-ep{g}", g, 1, g), "dpep": Topology(f"tp{g}-dp{g}-ep{g}", g, g, g)}
+    unknown = [n for n in names.split(",") if n not in table]
+    if unknown:
+        raise SystemExit(f"unknown topology {unknown[0]!r}; valid: {', '.join(table)}")
     return [table[n] for n in names.split(",")]
 
 
@@ -136,8 +146,11 @@ def decode_roofline(config: Any, topo: Topology, batch: int, context: int, exper
     info = par.rank_info(0)
     parts = rank_weight_bytes(config, info)
     moe_layers = config.num_hidden_layers - config.first_k_dense_replace
-    per_expert = parts["routed_experts"] / max(1, moe_layers * config.n_routed_experts)
-    weights = parts["other"] + moe_layers * experts_touched * per_expert
+    # Without EP a rank holds a slice of every expert; with EP whole experts, E / ep of them (uniform routing
+    # spreads the touched experts evenly over the EP ranks).
+    held = config.n_routed_experts // topo.ep
+    per_expert = parts["routed_experts"] / max(1, moe_layers * held)
+    weights = parts["other"] + moe_layers * experts_touched / topo.ep * per_expert
     per_rank_batch = batch // topo.dp if topo.dp > 1 else batch
     k = min(context, config.index_topk or context)
     kv = config.num_hidden_layers * per_rank_batch * (context * INDEX_K_ROW_BYTES + k * mla_bytes_per_token("fp8_656"))
@@ -177,8 +190,13 @@ def plan_only(args: argparse.Namespace) -> int:
     print(f"{args.gpus} GPUs of {args.gpu_memory_gib:.1f} GiB, --mem-fraction-static {args.mem_fraction_static}, "
           f"headroom {args.headroom_gib} GiB: {layers} layers, {checkpoint_bytes(config) / 1e9:.0f} GB of FP8 weights")
     ok = True
+    print("| topology | weights / rank (GiB) | routed experts / rank | experts held | workspaces (GiB) "
+          "| KV tokens / rank | KV tokens, dp groups x rank | load |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
     for topo in topos:
-        weights = max_rank_bytes(config, topo)
+        parts = max((rank_weight_bytes(config, topo.parallel(60.0).rank_info(r)) for r in range(topo.tp)),
+                    key=lambda p: p["total"])
+        weights = parts["total"]
         try:
             plan = plan_kv(config, args, budget=budget - weights)
             tokens, ws = plan.max_total_tokens, plan.workspace_bytes
@@ -186,6 +204,11 @@ def plan_only(args: argparse.Namespace) -> int:
             tokens, ws = 0, float("nan")
         fits = tokens >= load_tokens
         ok &= fits
-        print(f"  {topo.name}: weights {weights / GIB:.1f} GiB per rank, workspaces {ws / GIB:.1f} GiB, KV for "
-              f"{tokens} tokens; the load needs {load_tokens}: {'fits' if fits else 'DOES NOT FIT'}")
+        held = (f"{config.n_routed_experts // topo.ep} whole" if topo.ep > 1
+                else f"1/{topo.tp} of {config.n_routed_experts}")
+        print(f"| {topo.name} | {weights / GIB:.1f} | {parts['routed_experts'] / GIB:.1f} | {held} | {ws / GIB:.1f} "
+              f"| {tokens} | {tokens * topo.dp} | needs {load_tokens}: {'fits' if fits else 'DOES NOT FIT'} |")
+    print("KV tokens / rank: the MLA latent is not split by heads, so a TP rank holds every token's row and a DP "
+          "group's ranks only their requests'. dp groups x rank: what per-group page allocators would admit; the "
+          "engine's one allocator admits KV tokens / rank in all today (docs/distributed.md, DP attention)")
     return 0 if ok else 2

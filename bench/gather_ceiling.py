@@ -2,7 +2,7 @@
 
     python bench/gather_ceiling.py [--json PATH]   (default bench/results/gather_ceiling.json)
 
-A sparse decode step reads k = 2048 selected 656-byte rows per request; the few-head kernels (issue 24) are judged
+A sparse decode step reads k = 2048 selected 656-byte rows per request; the few-head kernels are judged
 by "% of copy", the selected rows' bytes per second against a streaming device copy. This bench asks how much of
 that a gather of those rows can reach at all, whatever the arithmetic: three ways of reading them
 (``bench/gather_ceiling.cu``: ``cp.async`` pieces into a shared ring, 16-byte loads into registers, one bulk / TMA

@@ -1,4 +1,4 @@
-"""Indexer benchmark of the cuda_hopper ``triton`` backend at DeepSeek-V3.2 sizes (issue 10).
+"""Indexer benchmark of the cuda_hopper ``triton`` backend at DeepSeek-V3.2 sizes.
 
 Correctness first: the indexer conformance cases (quick + full tier) on CUDA, then every candidate config
 against the reference backend on CUDA at the bench shapes. Then times ``quantize_q`` (4096 x 64 heads),

@@ -1,4 +1,4 @@
-"""MoE benchmark of the cuda_hopper ``triton`` backend at DeepSeek-V3.2 sizes (issue 11).
+"""MoE benchmark of the cuda_hopper ``triton`` backend at DeepSeek-V3.2 sizes.
 
 Correctness first (the quick MoE conformance cases, then each variant against the reference at full size),
 then routing and experts for decode (1, 16, 64, 128 tokens) and prefill (4096, 8192 tokens) beside plain

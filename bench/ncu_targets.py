@@ -3,7 +3,8 @@
     ncu --section SpeedOfLight --section Occupancy --section SchedulerStats --section WarpStateStats \\
         --section LaunchStats -k regex:_scan_kernel --launch-count 1 python3 bench/ncu_targets.py topk
 
-Targets (random inputs, the shapes of issue 24's acceptance):
+Targets (random inputs, at the shapes their speed targets name: top-k within 0.05 ms, few-head decode at 50%
+of copy and 2x padded FlashMLA):
 
 * ``topk``: the Triton top-k of 64 x 128K fp32 logits, k 2048 (sample, scan, finish and the fallback's launches;
   filter with ``-k regex:_scan_kernel`` and the like);

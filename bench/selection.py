@@ -1,4 +1,4 @@
-"""Selection benchmark (issue 10): lightning-indexer logits and top-k on one GPU, beside the ceilings.
+"""Selection benchmark: lightning-indexer logits and top-k on one GPU, beside the ceilings.
 
 Correctness first (the quick conformance cases of the ``triton`` and ``deepgemm`` backends when registered,
 then every candidate against the reference on each benchmark input), then times:

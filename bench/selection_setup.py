@@ -1,4 +1,4 @@
-"""Inputs, candidates and exactness metrics of ``bench/selection.py`` (indexer logits and top-k, issue 10)."""
+"""Inputs, candidates and exactness metrics of ``bench/selection.py`` (indexer logits and top-k)."""
 
 from __future__ import annotations
 

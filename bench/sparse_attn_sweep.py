@@ -1,4 +1,4 @@
-"""One-GPU-call sweep of every sparse MLA candidate (issue 9): bf16 prefill, bf16 paged decode and fp8_656
+"""One-GPU-call sweep of every sparse MLA candidate: bf16 prefill, bf16 paged decode and fp8_656
 decode at V3.2 sizes, each candidate checked against the reference on CUDA (a few rows) and then timed.
 
 Shapes: prefill 4096 queries x 8192 keys, 128 heads, k 2048; bf16 decode batch 1/64/128 at 128 heads and batch 64

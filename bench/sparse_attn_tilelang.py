@@ -14,7 +14,7 @@
    used before 2026-11-23 08:00 UTC counted it, ~50 us a decode call); bf16 decode batch 64 at a 32K context
    (page 64) for the default and Triton; ``fp8_656`` decode at batch 64 and 128 x 32K for each FP8 candidate and
    the Triton FP8 decode (``mla_fp8_decode.decode_fp8_656``). TFLOP/s with ``FLOPs = 2 * H * (576 + 512) * SIZES.k`` per query, and the %
-   of a bf16 ``torch.matmul`` 8192^3 measured in the same run (issue 9: aim >= 55%).
+   of a bf16 ``torch.matmul`` 8192^3 measured in the same run (the prefill target: >= 55%).
 
     python3 bench/sparse_attn_tilelang.py [--out bench/results/sparse_attn_tilelang.json] [--quick] [--no-triton]
         [--only pipe,ws4] [--skip wsa] [--no-isolate]

@@ -1,4 +1,4 @@
-"""Sparse MLA benchmark of the cuda_hopper ``triton`` backend at DeepSeek-V3.2 sizes (issue 9).
+"""Sparse MLA benchmark of the cuda_hopper ``triton`` backend at DeepSeek-V3.2 sizes.
 
 Correctness first: prefill (4096 queries over 8192 keys, 128 heads, top-2048) and bf16 paged decode (batch
 1 / 64 / 128 at a 32K context, 128 and 16 heads, page 64, top-2048), each against the reference backend on

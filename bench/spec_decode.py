@@ -1,4 +1,4 @@
-"""Decode speed with and without MTP speculation (issue 22), the embedded tiny-chat model, CPU or GPU.
+"""Decode speed with and without MTP speculation, the embedded tiny-chat model, CPU or GPU.
 
     python bench/spec_decode.py [--batches 1,8,32] [--max-tokens 200] [--steps 3] [--json PATH]
 

@@ -1,4 +1,4 @@
-"""Evaluate the embedded tiny-chat model through the real engine and parsers (issue 13).
+"""Evaluate the embedded tiny-chat model through the real engine and parsers.
 
 Held-out conversations (``train.tinychat``, held-out entities and tool pairs) are encoded with the
 V3.2 encoder, generated greedily by :class:`dsa_runtime.LLM` and read back by the DSML / reasoning parsers:

@@ -1,4 +1,4 @@
-"""Top-k benchmark of the cuda_hopper ``triton`` backend (issue 10, item 4): radix select vs torch.topk.
+"""Top-k benchmark of the cuda_hopper ``triton`` backend: radix select vs torch.topk.
 
 Correctness first, for every candidate config: the quick top-k conformance cases (default config, through
 the registered backend), then exact selection equality with the reference (``ReferenceTopK``: ties to the

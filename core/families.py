@@ -1,4 +1,4 @@
-"""The five kernel families: names and the contract each implementation follows.
+"""The kernel families: names and the contract each implementation follows.
 
 Every backend provides one object per family it supports. The methods below are the whole contract:
 shapes, dtypes and layouts in the docstrings are normative, and the conformance kit
@@ -30,14 +30,14 @@ Cache layouts (written and read by ``dsa_runtime.reference.kv_quant``, the refer
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
     from torch import Tensor
 
-Family = Literal["indexer", "topk", "sparse_attn", "kv_quant", "moe"]
-FAMILIES: tuple[Family, ...] = ("indexer", "topk", "sparse_attn", "kv_quant", "moe")
+Family = Literal["indexer", "topk", "sparse_attn", "kv_quant", "moe", "moe_comm"]
+FAMILIES: tuple[Family, ...] = ("indexer", "topk", "sparse_attn", "kv_quant", "moe", "moe_comm")
 # The methods of each family's protocol (below): a backend claims, and the engine resolves, single methods,
 # named "family.method" (e.g. "sparse_attn.prefill").
 FAMILY_METHODS: dict[str, tuple[str, ...]] = {
@@ -46,6 +46,7 @@ FAMILY_METHODS: dict[str, tuple[str, ...]] = {
     "sparse_attn": ("prefill", "decode"),
     "kv_quant": ("quantize_mla", "dequantize_mla", "store_mla", "store_index_k", "gather_index_k"),
     "moe": ("route", "experts"),
+    "moe_comm": ("dispatch", "combine"),
 }
 METHODS: tuple[str, ...] = tuple(f"{f}.{m}" for f in FAMILIES for m in FAMILY_METHODS[f])
 
@@ -362,10 +363,85 @@ class MoEKernels(Protocol):
         ...
 
 
+@dataclass
+class EPGroup:
+    """One rank's expert-parallel group: ``size`` ranks, this one at ``rank``, each holding ``num_experts / size``
+    consecutive routed experts (rank q: global ids ``[q * n, (q + 1) * n)``). ``group``: the
+    ``torch.distributed`` process group of the EP ranks (None when ``size`` is 1)."""
+
+    rank: int
+    size: int
+    num_experts: int
+    group: Any = None
+
+    @property
+    def experts_per_rank(self) -> int:
+        return self.num_experts // self.size
+
+
+@dataclass
+class Dispatched:
+    """The rows a rank's experts run on, as :meth:`MoECommKernels.dispatch` returns them.
+
+    Attributes:
+        x: ``[R, D]`` hidden rows in the input's dtype, one per (source token, this rank) pair: a source
+            token appears once on every rank holding at least one of its experts. Backends may add padding
+            rows (fixed-capacity buffers); their ``topk_ids`` are all ``-1``.
+        topk_ids: ``[R, k]`` int32 *local* expert ids (``global - rank * experts_per_rank``); ``-1`` where the
+            token's expert lives on another rank, or the row is padding.
+        topk_weights: ``[R, k]`` fp32, the routing weights of those ids (0 where the id is ``-1``).
+        src_rank, src_row: ``[R]`` int64, the source EP rank and its token row; ``-1`` on padding rows.
+        handle: backend-private, what :meth:`MoECommKernels.combine` needs to send rows back.
+    """
+
+    x: Tensor
+    topk_ids: Tensor
+    topk_weights: Tensor
+    src_rank: Tensor
+    src_row: Tensor
+    handle: Any = None
+
+
+@runtime_checkable
+class MoECommKernels(Protocol):
+    """Expert-parallel all-to-all: send each token to the ranks holding its experts, and the experts' outputs back.
+
+    Every rank of the EP group calls each method with the same ``T`` (the engine pads the ranks' rows to one
+    count) in the same order; the calls are collective over ``ep.group``.
+    """
+
+    def dispatch(self, hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, ep: EPGroup) -> Dispatched:
+        """Route this rank's tokens to their experts' ranks.
+
+        Args:
+            hidden: ``[T, D]`` bf16 or fp32, this rank's tokens.
+            topk_ids: ``[T, k]`` int32 *global* expert ids in ``[0, ep.num_experts)``, ``-1`` = no expert (a
+                padded row whose ids are all ``-1`` is sent nowhere).
+            topk_weights: ``[T, k]`` fp32.
+        Returns:
+            :class:`Dispatched`: the rows every rank sent here, with local ids (order unspecified).
+        """
+        ...
+
+    def combine(self, expert_out: Tensor, dispatched: Dispatched, ep: EPGroup) -> Tensor:
+        """Send expert outputs back and sum them per source token.
+
+        Args:
+            expert_out: ``[R, D]`` (R = ``dispatched.x.shape[0]``) fp32 or the model dtype: each row's weighted
+                sum over its local experts. Padding rows (``src_rank`` -1) are ignored whatever they hold.
+            dispatched: what :meth:`dispatch` returned on this rank.
+        Returns:
+            ``[T, D]`` in ``expert_out``'s dtype: ``out[t] = sum`` of the rows of token t over the ranks (zero
+            for a token sent nowhere).
+        """
+        ...
+
+
 FAMILY_PROTOCOLS: dict[str, type] = {
     "indexer": IndexerKernels,
     "topk": TopKKernels,
     "sparse_attn": SparseAttnKernels,
     "kv_quant": KVQuantKernels,
     "moe": MoEKernels,
+    "moe_comm": MoECommKernels,
 }

@@ -37,6 +37,8 @@ SHAPE_KEYS: dict[str, tuple[str, ...]] = {
     "kv_quant.gather_index_k": ("page_size",),
     "moe.route": (),
     "moe.experts": ("weight_dtype",),
+    "moe_comm.dispatch": (),
+    "moe_comm.combine": (),
 }
 NEED_KEYS = ("heads", "index_heads", "k", "page_size", "decode_queries", "scale_fmt", "weight_dtype")
 

@@ -49,8 +49,8 @@ class KernelConfig:
         platform: platform name or ``auto`` (highest-priority platform whose hardware is present).
         device: torch device type or ``auto`` (the platform's device).
         kv_layout: ``bf16``, ``fp8_656`` or ``auto`` (the platform's default).
-        indexer, topk, sparse_attn, kv_quant, moe: backend name per family, or ``auto``
-            (``--dsa-topk-backend`` maps onto ``topk``).
+        indexer, topk, sparse_attn, kv_quant, moe, moe_comm: backend name per family, or ``auto``
+            (``--dsa-topk-backend`` maps onto ``topk``, ``--moe-a2a-backend`` onto ``moe_comm``).
         sparse_attn_prefill, sparse_attn_decode: backend of one method (``--dsa-prefill-backend``,
             ``--dsa-decode-backend``); ``auto`` follows ``sparse_attn``.
         methods: ``"family.method" -> backend`` for any method; wins over the fields above.
@@ -64,6 +64,7 @@ class KernelConfig:
     sparse_attn: str = AUTO
     kv_quant: str = AUTO
     moe: str = AUTO
+    moe_comm: str = AUTO
     sparse_attn_prefill: str = AUTO
     sparse_attn_decode: str = AUTO
     methods: dict[str, str] = field(default_factory=dict)

@@ -45,7 +45,7 @@ def test_rank_weight_model_matches_the_loaded_slices(monkeypatch):
     from dsa_runtime.distributed.sharding import SCALE_SUFFIX
 
     config = plan.model_config("tiny", 3, 1)
-    for topo in plan.topologies(2, "tp,dp"):
+    for topo in plan.topologies(2, "tp,dp,ep,dpep"):
         info = topo.parallel(60.0).rank_info(1)
         model = plan.rank_weight_bytes(config, info)
         drawn = rank_random_state(config, info, "cpu", seed=0, fp8=True)

@@ -1,4 +1,4 @@
-"""Train the NextN (MTP) layer of a trained tiny-chat checkpoint (issue 22): the draft model of speculative decoding.
+"""Train the NextN (MTP) layer of a trained tiny-chat checkpoint: the draft model of speculative decoding.
 
 The main model is frozen (its FP8 tensors are copied unchanged into the output); one MTP layer
 (``model.layers.{num_hidden_layers}``: ``enorm``, ``hnorm``, ``eh_proj``, a MoE decoder layer with its

@@ -1,4 +1,4 @@
-"""Train the embedded tiny-chat model (issue 13) from scratch on generated conversations.
+"""Train the embedded tiny-chat model from scratch on generated conversations.
 
 Stages (DeepSeek-V3.2's recipe, preceded by the dense training a from-scratch model needs):
 

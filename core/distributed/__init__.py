@@ -1,4 +1,4 @@
-"""Tensor parallelism and partial DP attention (issue 12), with ``torch.distributed`` (gloo on CPU, NCCL on GPU).
+"""Tensor parallelism and partial DP attention, with ``torch.distributed`` (gloo on CPU, NCCL on GPU).
 
 Files: ``parallel.py`` (ParallelConfig: tp / dp / dp attention / nodes, and each rank's place), ``sharding.py``
 (the one table of how every weight is split, and the slicing both loaders use), ``load.py`` (each rank reads

@@ -2,7 +2,8 @@
 
 :class:`TPContext` is what the model sees: its :class:`RankInfo`, and ``all_reduce_attn`` (after the
 row-parallel ``o_proj`` and the vocab-parallel embedding), ``all_gather_attn`` (vocab-parallel logits),
-``all_reduce_world`` (after the FFN / MoE down projections). Every collective runs under the process
+``all_reduce_world`` (after the FFN / MoE down projections), and under expert parallelism ``ep_group`` (the
+process group the ``moe_comm`` dispatch / combine run on). Every collective runs under the process
 group's timeout (``ParallelConfig.timeout_s``), so a dead or stuck peer raises instead of hanging.
 A ``ctrl`` gloo group carries the step's batch (Python objects) from rank 0, also on NCCL runs.
 """
@@ -21,13 +22,15 @@ from dsa_runtime.distributed.parallel import ParallelConfig, RankInfo
 
 @dataclass
 class TPContext:
-    """One rank's groups. ``attn_group`` None when the attention group is one rank (nothing to reduce)."""
+    """One rank's groups. ``attn_group`` None when the attention group is one rank (nothing to reduce);
+    ``ep_group`` None without expert parallelism."""
 
     info: RankInfo
     world_group: Any = None
     attn_group: Any = None
     ctrl_group: Any = None
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    ep_group: Any = None
     # Per step under DP attention: every group's row count as run (null-padded to one count: the FFN gather's),
     # and, on rank 0, how many of those rows are real (metrics: which rows of the gathered FFN input count).
     group_tokens: list[int] | None = None
@@ -95,8 +98,16 @@ def init_groups(parallel: ParallelConfig, rank: int, device: torch.device, init_
         group = dist.new_group(ranks, timeout=timeout, backend=backend) if parallel.attn_size > 1 else None
         if rank in ranks:
             attn_group = group
+    # EP groups: consecutive ranks; one group of every rank is the world group itself (no new communicator).
+    ep_group = dist.group.WORLD if parallel.ep == parallel.tp > 1 else None
+    for g in range(parallel.tp // parallel.ep if 1 < parallel.ep < parallel.tp else 0):
+        ranks = list(range(g * parallel.ep, (g + 1) * parallel.ep))
+        group = dist.new_group(ranks, timeout=timeout, backend=backend)
+        if rank in ranks:
+            ep_group = group
     # The step's batch travels as pickled objects: a CPU (gloo) group even when the math runs on NCCL. Idle
     # workers wait on it between steps, so its timeout is long; liveness is the watchdog's job.
     ctrl = dist.new_group(list(range(parallel.tp)), backend="gloo", timeout=datetime.timedelta(days=7))
     world_group = dist.group.WORLD
-    return TPContext(info, world_group, attn_group, ctrl, device, reduce_dtype=parallel.reduce_dtype)
+    return TPContext(info, world_group, attn_group, ctrl, device, reduce_dtype=parallel.reduce_dtype,
+                     ep_group=ep_group)

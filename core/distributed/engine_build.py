@@ -54,7 +54,8 @@ def _kernels(config: Any, model_config: Any) -> Any:
     parallel = config.parallel()
     try:
         parallel.check_model(model_config.num_attention_heads, model_config.intermediate_size,
-                             model_config.moe_intermediate_size if model_config.n_routed_experts else None)
+                             model_config.moe_intermediate_size if model_config.n_routed_experts else None,
+                             model_config.n_routed_experts or 0)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     needs = kernel_needs(model_config, config.page_size or 1, attn_tp=parallel.attn_size)
@@ -113,14 +114,19 @@ def build_distributed_parts(config: Any, path: Path, extra_eos: set[int]) -> Any
     parallel = config.parallel()
     max_context = _max_context(config, model_config)
     spec = _spec(config, path, kernels, num_pages, page_size, model_config.hidden_size, max_context)
-    logger.info("tensor parallel: tp %d, dp %d (%d ranks per attention group), %d node(s); KV %d pages x %d",
-                parallel.tp, parallel.dp, parallel.attn_size, parallel.nnodes, num_pages, page_size)
+    logger.info("tensor parallel: tp %d, dp %d (%d ranks per attention group), ep %d, %d node(s); KV %d pages x %d",
+                parallel.tp, parallel.dp, parallel.attn_size, parallel.ep, parallel.nnodes, num_pages, page_size)
     runner = DistributedRunner(parallel, spec)
+    extras: dict[str, Any] = {"kernels": runner.kernels, "cache": runner.cache, "path": path, "parallel": parallel}
+    if parallel.ep > 1:
+        from dsa_runtime.distributed.ep_load import EPLoad
+
+        extras["ep_load"] = EPLoad(runner)
     tokenizer = load_tokenizer(layout.folder) if (layout.folder / "tokenizer.json").is_file() else None
     eos = {model_config.eos_token_id, getattr(tokenizer, "eos_id", model_config.eos_token_id)} | extra_eos
     return EngineParts(
         runner=runner, tokenizer=tokenizer, allocator=PageAllocator(num_pages), page_size=page_size,
         max_model_len=max_context, vocab_size=model_config.vocab_size,
         eos_token_ids=frozenset(e for e in eos if e is not None), model_config=model_config,
-        extras={"kernels": runner.kernels, "cache": runner.cache, "path": path, "parallel": parallel},
+        extras=extras,
     )

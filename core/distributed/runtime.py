@@ -138,6 +138,10 @@ def build_rank_runner(spec: RankSpec, tp: Any) -> Any:
     del tensors
     # Every rank captures the same buckets in the same order: the collectives inside the graphs pair up.
     runner.capture_graphs(spec.graph_batch_sizes, spec.chain_batch_sizes, progress=info.rank == 0)
+    with torch.inference_mode():  # the load figures start after the capture's dummy batches
+        for layer in runner.model.layers:
+            if layer.ffn.ep is not None:
+                layer.ffn.tokens_received.zero_()
     for hook in spec.hooks:
         load_object(hook)(runner)  # type: ignore[operator]
     return runner
@@ -282,6 +286,11 @@ class DistributedRunner:
     def nextn(self) -> bool:
         return self.spec.nextn
 
+    @property
+    def closed(self) -> bool:
+        """Shut down, or stopped after a failure: no rank answers any more."""
+        return self._closed
+
     def check_workers(self) -> None:
         """Raise :class:`WorkerDiedError` when a worker of this node has exited."""
         for local, p in enumerate(self.procs, start=1):
@@ -366,6 +375,14 @@ class DistributedRunner:
                 parts.append(buf)
         return torch.cat(parts).index_select(0, index.to(out.device))
 
+    def ep_tokens(self) -> list[int]:
+        """Token rows received per EP rank so far (summed over the EP groups and MoE layers); [] without EP."""
+        ep = self.parallel.ep
+        if ep == 1:
+            return []
+        counts = self.collect("dsa_runtime.distributed.runtime:ep_tokens")
+        return [sum(counts[q::ep]) for q in range(ep)]
+
     def collect(self, fn: str) -> list[Any]:
         """``fn(runner)`` (a ``"module:function"`` name) on every rank, in rank order (tests, diagnostics)."""
         import torch.distributed as dist
@@ -430,6 +447,12 @@ def serve_worker_node(parallel: ParallelConfig, spec: RankSpec) -> int:
 def loaded_bytes(runner: Any) -> int:
     """Bytes of weights this rank loaded (for ``DistributedRunner.collect``)."""
     return int(getattr(runner, "bytes_loaded", 0))
+
+
+def ep_tokens(runner: Any) -> int:
+    """Token rows this rank's experts received so far, over its MoE layers (for ``DistributedRunner.collect``)."""
+    counts = [layer.ffn.tokens_received for layer in runner.model.layers if layer.ffn.ep is not None]
+    return int(torch.stack(counts).sum()) if counts else 0
 
 
 def memory_stats(runner: Any) -> dict[str, int]:

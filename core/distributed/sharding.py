@@ -15,7 +15,9 @@ model.embed_tokens.weight, lm_head.weight [V, D]       0 rows  attn   vocab-para
 norms                                                  -       -      replicated
 =====================================================  =======  =====  =========================================
 
-``attn`` = the rank's attention group (all ranks without DP attention), ``world`` = every rank. The MTP
+``attn`` = the rank's attention group (all ranks without DP attention), ``world`` = every rank. Under expert
+parallelism (``RankInfo.ep`` > 1) the routed experts leave this table: a rank reads only its experts
+(``RankInfo.expert_range``), each whole, FP8 with its scales as stored, and the shared expert is replicated. The MTP
 layer is not run under TP and not loaded. FP8 weights are sliced with their ``weight_scale_inv`` block
 scales when the slice starts and ends on 128-row/column block edges (they stay FP8); otherwise the slice is
 dequantised to bf16 on load (the scales of a partial block cannot be split).
@@ -52,6 +54,16 @@ _RULES: list[tuple[re.Pattern[str], ShardRule | None]] = [
     (re.compile(r"\.mlp\.(experts\.\d+\.|shared_experts\.)?down_proj\.weight$"), ShardRule(1, "world")),
     (re.compile(r"^(model\.embed_tokens|lm_head)\.weight$"), ShardRule(0, "attn")),
 ]
+
+
+_EXPERT = re.compile(r"\.mlp\.experts\.(\d+)\.")
+_SHARED = re.compile(r"\.mlp\.shared_experts\.")
+
+
+def expert_index(name: str) -> int | None:
+    """The routed expert a tensor belongs to (``...mlp.experts.J....``), or None."""
+    m = _EXPERT.search(name)
+    return int(m.group(1)) if m else None
 
 
 def shard_rule(name: str) -> ShardRule | None:
@@ -129,11 +141,21 @@ def shard_state(reader: Reader, info: RankInfo, num_hidden_layers: int, *, mtp: 
     are replicated, and their copies of the embedding and head are dropped (the main ones serve)."""
     out: dict[str, Tensor] = {}
     names = set(reader.names)
+    experts = _expert_count(reader.names) if info.ep > 1 else 0
     for name in reader.names:
         if name.endswith(SCALE_SUFFIX) or (is_mtp(name, num_hidden_layers) and (
                 not mtp or name.endswith((".embed_tokens.weight", ".shared_head.head.weight")))):
             continue
         rule = shard_rule(name)
+        if experts:  # expert parallelism: this rank's experts whole, the others never read; shared replicated
+            j = expert_index(name)
+            if j is not None:
+                start, end = info.expert_range(experts)
+                if not start <= j < end:
+                    continue
+                rule = None
+            elif _SHARED.search(name):
+                rule = None
         scale_name = f"{name}{SCALE_SUFFIX}"
         has_scale = scale_name in names and reader.is_fp8(name)
         if rule is None:
@@ -147,6 +169,12 @@ def shard_state(reader: Reader, info: RankInfo, num_hidden_layers: int, *, mtp: 
         else:
             out[name] = reader.read(name, rule.dim, start, end)
     return out
+
+
+def _expert_count(names: list[str]) -> int:
+    """Routed experts per MoE layer: one more than the largest expert index named."""
+    top = max((j for j in map(expert_index, names) if j is not None), default=-1)
+    return top + 1
 
 
 def shard_tensors(tensors: dict[str, Tensor], info: RankInfo, num_hidden_layers: int, *,

@@ -154,6 +154,17 @@ class EngineConfig:
         metadata=_opt("--enable-dp-attention", "split the --tp ranks into --dp attention groups, each with its "
                       "own requests and KV cache; tokens of all groups meet in the FFN / MoE"),
     )
+    ep_size: int = field(
+        default=1,
+        metadata=_opt("--ep-size", "expert-parallel ranks: each holds n_routed_experts / N whole experts and tokens "
+                      "travel to their experts' ranks (all-to-all); must divide --tp and the routed expert count",
+                      aliases=["--expert-parallel-size", "--ep"]),
+    )
+    moe_a2a_backend: str = field(
+        default=AUTO,
+        metadata=_opt("--moe-a2a-backend", "expert-parallel dispatch / combine backend (the moe_comm kernel family): "
+                      "auto, reference, torch (CPU), nccl (fixed-capacity, CUDA-graph safe), deepep (needs DeepEP)"),
+    )
     nnodes: int = field(default=1, metadata=_opt("--nnodes", "nodes of a multi-node --tp run"))
     node_rank: int = field(
         default=0, metadata=_opt("--node-rank", "this node's index (0 runs the scheduler; others only ranks)")
@@ -296,7 +307,7 @@ class EngineConfig:
 
         return ParallelConfig(tp=self.tp, dp=self.dp, enable_dp_attention=self.enable_dp_attention,
                               nnodes=self.nnodes, node_rank=self.node_rank, dist_init_addr=self.dist_init_addr,
-                              timeout_s=self.dist_timeout, reduce_dtype=self.tp_reduce_dtype)
+                              timeout_s=self.dist_timeout, reduce_dtype=self.tp_reduce_dtype, ep=self.ep_size)
 
     def graph_batch_sizes(self) -> list[int]:
         """The decode batch sizes to capture (empty with --disable-cuda-graph)."""
@@ -339,6 +350,7 @@ class EngineConfig:
             topk=self.dsa_topk_backend,
             kv_quant=self.kv_quant_backend,
             moe=self.moe_backend,
+            moe_comm=self.moe_a2a_backend,
             sparse_attn_prefill=self.dsa_prefill_backend,
             sparse_attn_decode=self.dsa_decode_backend,
         )

@@ -419,6 +419,8 @@ class Engine:
     # --- introspection --------------------------------------------------------------------------
     def stats(self) -> EngineStats:
         cache = self.prefix_cache
+        ep_load = self.parts.extras.get("ep_load")
+        ep_tokens, ep_imbalance = ep_load.read(self._counters["steps"]) if ep_load is not None else ((), 0.0)
         cached = cache.evictable if cache is not None else 0
         used = self.pages_total - int(self.allocator.num_free) - cached  # cached pages nobody uses count as free
         return EngineStats(
@@ -440,4 +442,6 @@ class Engine:
             spec_draft_tokens_total=self._spec.counters.drafted if self._spec is not None else 0,
             spec_accepted_tokens_total=self._spec.counters.accepted if self._spec is not None else 0,
             spec_emitted_tokens_total=self._spec.counters.emitted if self._spec is not None else 0,
+            ep_rank_tokens_total=ep_tokens,
+            ep_load_imbalance=ep_imbalance,
         )

@@ -82,6 +82,8 @@ class EngineStats:
     spec_draft_tokens_total: int = 0  # draft tokens verified
     spec_accepted_tokens_total: int = 0  # of them, accepted
     spec_emitted_tokens_total: int = 0  # tokens those verifies produced (accepted + the target's own)
+    ep_rank_tokens_total: tuple[int, ...] = ()  # --ep-size: token rows each EP rank's experts received
+    ep_load_imbalance: float = 0.0  # --ep-size: max / mean of those rows per step, over the last second or so
 
     @property
     def spec_accept_length(self) -> float:

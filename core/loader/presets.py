@@ -109,10 +109,9 @@ _TINY_V3: dict[str, Any] = {
     },
 }
 
-# The trained embedded chat model (issue 13, docs/tiny-model.md): the tiny-v32 widths with 5 layers, larger
-# experts, a 3072-id tokenizer and index_topk 128, well below the 1024-token training context, and one MTP layer
-# (issue 22: trained after the main model by train/train_nextn.py; it ships without the MTP copies of the
-# embedding and head).
+# The trained embedded chat model (docs/tiny-model.md): the tiny-v32 widths with 5 layers, larger experts, a
+# 3072-id tokenizer and index_topk 128, well below the 1024-token training context, and one MTP layer (trained
+# after the main model by train/train_nextn.py; it ships without the MTP copies of the embedding and head).
 _TINY_CHAT: dict[str, Any] = {
     **_TINY_V32,
     "num_hidden_layers": 5,

@@ -33,7 +33,7 @@ class DecoderLayer:
         self.ffn_norm = ws.norm(f"{p}.post_attention_layernorm.weight")
         self.attn = MLA(ws, f"{p}.self_attn", config, tp)
         self.attn.reuse_topk = config.reuses_topk(layer)  # IndexCache "S" layer (never the MTP layer's)
-        self.ffn = (MoE(ws, f"{p}.mlp", config, moe_fp32_sum) if config.is_moe_layer(layer)
+        self.ffn = (MoE(ws, f"{p}.mlp", config, moe_fp32_sum, tp) if config.is_moe_layer(layer)
                     else DenseFFN(ws, f"{p}.mlp"))
 
     def __call__(self, h: Tensor, turn: Tensor, ctx: AttnContext, kv_cache: Tensor,

@@ -2,7 +2,9 @@
 
 MoE: router logits ``x_fp32 @ Wg_fp32.T``, grouped ``noaux_tc`` selection through
 ``kernels.moe.route`` and the routed + shared experts through ``kernels.moe.experts`` (experts stay FP8 with
-their block scales when the checkpoint is FP8).
+their block scales when the checkpoint is FP8). Under expert parallelism a rank holds its EP rank's experts
+whole and :meth:`MoE.forward_ep` sends its tokens to their experts' ranks and back through
+``kernels.moe_comm``.
 """
 
 from __future__ import annotations
@@ -12,12 +14,15 @@ import inspect
 import torch
 from torch import Tensor
 
+from dsa_runtime.families import EPGroup
 from dsa_runtime.model.config import ModelConfig
 from dsa_runtime.model.ops import swiglu_mlp
 from dsa_runtime.model.weights import WeightSource
 
 
 class DenseFFN:
+    ep: EPGroup | None = None  # never expert-parallel
+
     def __init__(self, ws: WeightSource, prefix: str):
         self.w1 = ws.linear(f"{prefix}.gate_proj")
         self.w3 = ws.linear(f"{prefix}.up_proj")
@@ -45,9 +50,13 @@ def takes_out_dtype(fn) -> bool:
 
 
 class MoE:
-    """gate ``[E, D]`` fp32, correction bias ``[E]`` fp32, routed ExpertWeights ``[E, ...]``, shared (E=1)."""
+    """gate ``[E, D]`` fp32, correction bias ``[E]`` fp32, routed ExpertWeights ``[E, ...]``, shared (E=1).
 
-    def __init__(self, ws: WeightSource, prefix: str, config: ModelConfig, fp32_sum: bool = False):
+    ``tp`` (a :class:`~dsa_runtime.distributed.comm.TPContext`) with ``info.ep`` > 1: ``experts`` holds only this
+    rank's ``E / ep`` experts (``ep`` is their :class:`EPGroup`) and the layer runs through :meth:`forward_ep`.
+    """
+
+    def __init__(self, ws: WeightSource, prefix: str, config: ModelConfig, fp32_sum: bool = False, tp=None):
         self.cfg = config
         # One process: round the experts' fp32 sum once (no bf16 rounding of each expert's output), as TP
         # ranks do with their fp32 partial sums; off by default (CPU: an fp32 down-projection GEMM).
@@ -58,7 +67,15 @@ class MoE:
             ws.plain(bias_name, torch.float32) if ws.has(bias_name)
             else torch.zeros(config.n_routed_experts, dtype=torch.float32, device=ws.device)
         )
-        self.experts = ws.experts([f"{prefix}.experts.{j}" for j in range(config.n_routed_experts)])
+        n = config.n_routed_experts
+        self.ep: EPGroup | None = None
+        start, end = 0, n
+        if tp is not None and tp.info.ep > 1:
+            start, end = tp.info.expert_range(n)
+            self.ep = EPGroup(tp.info.ep_rank, tp.info.ep, n, tp.ep_group)
+        # Token rows this rank's experts received (EP load figures); a device counter, so captured graphs add too.
+        self.tokens_received = torch.zeros((), dtype=torch.int64, device=ws.device)
+        self.experts = ws.experts([f"{prefix}.experts.{j}" for j in range(start, end)])
         self.shared = ws.experts([f"{prefix}.shared_experts"]) if config.n_shared_experts > 0 else None
 
     def __call__(self, x: Tensor, kernels, out_dtype: torch.dtype | None = None) -> Tensor:
@@ -76,3 +93,33 @@ class MoE:
         if out_dtype == torch.float32 and takes_out_dtype(fn):
             return fn(x, weights, ids, self.experts, self.shared, out_dtype=torch.float32)
         return fn(x, weights, ids, self.experts, self.shared).to(out_dtype or x.dtype)
+
+    def forward_ep(self, x: Tensor, kernels, out_dtype: torch.dtype) -> Tensor:
+        """Expert parallelism: x ``[T, D]`` (this rank's share of the tokens; every rank of the EP group calls
+        with the same T) -> ``[T, D]`` in ``out_dtype``: the routed experts' weighted sum over every EP rank
+        plus the shared expert, summed in ``out_dtype`` (fp32: rounded once by the caller)."""
+        cfg, ep = self.cfg, self.ep
+        assert ep is not None
+        weights, ids = kernels.moe.route(
+            x.float() @ self.gate.T, self.bias, top_k=cfg.num_experts_per_tok, n_group=cfg.n_group,
+            topk_group=cfg.topk_group, routed_scaling_factor=cfg.routed_scaling_factor, renormalize=cfg.norm_topk_prob,
+        )
+        sent = kernels.moe_comm.dispatch(x, ids, weights, ep)
+        self.tokens_received += (sent.src_rank >= 0).sum()
+        if sent.x.shape[0]:
+            y = self._experts(sent.x, sent.topk_weights, sent.topk_ids, self.experts, kernels, out_dtype)
+        else:  # no token routed here this step
+            y = sent.x.new_zeros(sent.x.shape, dtype=out_dtype)
+        out = kernels.moe_comm.combine(y, sent, ep)
+        if self.shared is not None:
+            ones = torch.ones(x.shape[0], 1, dtype=torch.float32, device=x.device)
+            zero = torch.zeros(x.shape[0], 1, dtype=torch.int32, device=x.device)
+            out = out + self._experts(x, ones, zero, self.shared, kernels, out_dtype)
+        return out
+
+    @staticmethod
+    def _experts(x: Tensor, weights: Tensor, ids: Tensor, experts, kernels, out_dtype: torch.dtype) -> Tensor:
+        fn = kernels.moe.experts
+        if out_dtype == torch.float32 and takes_out_dtype(fn):
+            return fn(x, weights, ids, experts, None, out_dtype=torch.float32)
+        return fn(x, weights, ids, experts, None).to(out_dtype)

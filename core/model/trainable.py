@@ -1,4 +1,4 @@
-"""A differentiable training forward of the DeepSeek V3.2 decoder (issue 13), on HF-named weights.
+"""A differentiable training forward of the DeepSeek V3.2 decoder, on HF-named weights.
 
 Same math as the inference stack (``deepseek.py``, ``mla.py``, ``indexer.py``, ``moe.py``), reusing its
 RMSNorm / LayerNorm / rope helpers, but in the non-absorbed MHA form over packed ``[B, T]`` batches with

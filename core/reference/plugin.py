@@ -16,6 +16,7 @@ KERNELS = {
     "sparse_attn": "dsa_runtime.reference.sparse_attn:ReferenceSparseAttn",
     "kv_quant": "dsa_runtime.reference.kv_quant:ReferenceKVQuant",
     "moe": "dsa_runtime.reference.moe:ReferenceMoE",
+    "moe_comm": "dsa_runtime.reference.moe_comm:ReferenceMoEComm",
 }
 
 

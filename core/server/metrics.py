@@ -73,6 +73,10 @@ class ServerMetrics:
         gauge("dsa:spec_accepted_tokens_total", "Draft tokens accepted.", lambda s: s.spec_accepted_tokens_total)
         gauge("dsa:spec_accept_length", "Mean tokens per speculative verify (accepted drafts + 1).",
               lambda s: s.spec_accept_length)
+        # Expert parallelism (--ep-size; 0 / no series without it).
+        gauge("dsa:ep_load_imbalance", "Max / mean token rows per EP rank per step, over the last second or so.",
+              lambda s: s.ep_load_imbalance)
+        r.register(_EPRankTokens(model_name, stats))
 
     def finished(self, reason: str) -> None:
         self._success.labels(self._model_name, reason).inc()
@@ -81,6 +85,29 @@ class ServerMetrics:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class _EPRankTokens:
+    """``dsa:ep_rank_tokens_total{ep_rank="i"}``: one series per EP rank, as many as the engine reports."""
+
+    def __init__(self, model_name: str, stats: Callable[[], Any]) -> None:
+        self.model_name, self.stats = model_name, stats
+
+    def describe(self) -> list[Any]:
+        return [self._family()]
+
+    def _family(self) -> Any:
+        from prometheus_client.core import GaugeMetricFamily
+
+        return GaugeMetricFamily("dsa:ep_rank_tokens_total", "Token rows each EP rank's experts received.",
+                                 labels=["model_name", "ep_rank"])
+
+    def collect(self) -> Any:
+        family = self._family()
+        snapshot = self.stats()
+        for rank, rows in enumerate(snapshot.ep_rank_tokens_total if snapshot is not None else ()):
+            family.add_metric([self.model_name, str(rank)], rows)
+        yield family
 
 
 def _read(stats: Callable[[], Any], read: Callable[[Any], float]) -> float:

@@ -166,7 +166,7 @@ def cases() -> list[Case]:
                 (64, 2, 16, 64, 2, 120, "partial_pages"),
                 (2, 1, 16, 32, 2, 80, "partial_pages"),  # per-rank heads under TP (tiny on tp 2, 128 on tp 4)
                 (32, 1, 64, 64, 2, 150, "partial_pages"),
-                # MTP verify with 3 draft tokens: 4 queries per request (issue 22), also at 8 heads (TP 16)
+                # MTP verify with 3 draft tokens: 4 queries per request, also at 8 heads (TP 16)
                 (16, 4, 64, 64, 3, 200, "partial_pages"),
                 (8, 4, 64, 64, 3, 200, "partial_pages"),
                 (128, 4, 64, 64, 2, 150, "short"),
@@ -179,7 +179,7 @@ def cases() -> list[Case]:
                 (64, 1, 64, 2048, 64, 16384, "partial_pages"),
                 (128, 1, 64, 2048, 16, 3000, "short"),
                 (20, 2, 64, 2048, 8, 8192, "empty_query"),
-                # V3.2 per rank under TP 16 / 8 / 4 at its k, with MTP verify queries (issue 24)
+                # V3.2 per rank under TP 16 / 8 / 4 at its k, with MTP verify queries
                 (8, 2, 64, 2048, 16, 16384, "partial_pages"),
                 (16, 4, 64, 2048, 16, 32768, "partial_pages"),
                 (32, 1, 64, 2048, 32, 32768, "partial_pages"),

@@ -91,6 +91,11 @@ TOLERANCES: dict[str, Tolerance] = {
         note="FP8 weights: per-token relative L2 error; per-128 FP8 activation quantization (as FP8 GEMMs do) "
         "alone gives ~0.047 median, ~0.09 worst on small shapes",
     ),
+    # --- MoE all-to-all ------------------------------------------------------------------------------
+    "moe_comm.rows": Tolerance(exact=True, note="dispatched rows: hidden bit for bit, local ids, weights, sources"),
+    "moe_comm.combine": Tolerance(
+        rtol=1e-5, atol=1e-6, note="fp32 sum over the receiving ranks of per-row outputs (summation order free)"
+    ),
 }
 
 

@@ -12,6 +12,7 @@ KERNELS = {
     "sparse_attn": "dsa_runtime.torch_kernels.sparse_attn:TorchSparseAttn",
     "kv_quant": "dsa_runtime.torch_kernels.kv_quant:TorchKVQuant",
     "moe": "dsa_runtime.torch_kernels.moe:TorchMoE",
+    "moe_comm": "dsa_runtime.torch_kernels.moe_comm:TorchMoEComm",
 }
 
 
@@ -22,5 +23,6 @@ def torch_backend() -> Backend:
         capabilities=Capabilities(families=frozenset(FAMILIES), devices=frozenset({"cpu"})),
         kernels=KERNELS,
         platform="cpu",
-        description="plain PyTorch tuned for CPU (batched GEMMs, torch.topk, bf16 MoE GEMMs); certified by the kit",
+        description="plain PyTorch tuned for CPU (batched GEMMs, torch.topk, bf16 MoE GEMMs, fixed-capacity EP "
+        "all-to-all); certified by the kit",
     )

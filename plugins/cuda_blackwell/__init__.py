@@ -38,6 +38,7 @@ def defaults(_: Detection) -> PlatformDefaults:
             "sparse_attn": ("flashmla_kv", "trtllm", "triton"),
             "kv_quant": ("triton",),
             "moe": ("deepgemm", "triton"),
+            "moe_comm": ("nccl",),
         },
         methods={
             "sparse_attn.prefill": ("flashmla_sparse", "flashmla_kv", "triton"),

@@ -60,6 +60,7 @@ def defaults(_: Detection) -> PlatformDefaults:
             "sparse_attn": ("flashmla_sparse", "flashmla_kv", "tilelang", "triton"),
             "kv_quant": ("triton",),
             "moe": ("deepgemm", "triton"),
+            "moe_comm": ("nccl",),
         },
         methods={
             "sparse_attn.prefill": ("flashmla_sparse", "tilelang", "triton"),
@@ -85,6 +86,7 @@ def defaults(_: Detection) -> PlatformDefaults:
             "(2026-11-27, CUDA graphs, 32K, k 2048): batch 64 96.0 against 99.3 us, 2 queries 183.7 against 189.4; "
             "flashmla_kv stays ahead at batch 1 (22.2 against 23.3 us) and at 64 heads (80.5 against 90.1 at batch 64)",
             "moe": "Triton fused grouped routing + FP8 block-scaled grouped GEMMs (DeepGEMM first when registered)",
+            "moe_comm": "fixed-capacity NCCL all-to-all: stays inside captured decode graphs (deepep when asked for)",
             **NVIDIA_REASONS,
         },
     )
@@ -180,9 +182,12 @@ def dsa_register_platforms(register):
 def dsa_register_backends(register):
     from dsa_runtime.plugins.cuda_hopper.deepgemm import deepgemm_backend
     from dsa_runtime.plugins.cuda_hopper.flashmla import flashmla_backends
+    from dsa_runtime.plugins.cuda_hopper.moe_comm import moe_comm_backends
 
     register(triton_backend())
     for backend in flashmla_backends():
         register(backend)
     register(tilelang_backend())
     register(deepgemm_backend())
+    for backend in moe_comm_backends():
+        register(backend)

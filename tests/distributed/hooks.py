@@ -48,3 +48,32 @@ def bytes_loaded(runner) -> int:
 
 def sparse_reasons(runner) -> str:
     return runner.kernels.choices["sparse_attn.prefill"].reason + " | " + runner.kernels.choices["sparse_attn.decode"].reason
+
+
+def count_ep_calls(runner) -> None:
+    """Count this rank's world all-reduces and expert-parallel MoE layer calls from now on."""
+    tp = runner.tp
+    runner.ep_counts = {"world_reduces": 0, "ep_moe": 0}
+    reduce = tp.all_reduce_world
+
+    def counted_reduce(x):
+        runner.ep_counts["world_reduces"] += 1
+        return reduce(x)
+
+    tp.all_reduce_world = counted_reduce
+    for layer in runner.model.layers:
+        if layer.ffn.ep is not None:
+            forward = layer.ffn.forward_ep
+
+            def counted(*args, _fn=forward, **kwargs):
+                runner.ep_counts["ep_moe"] += 1
+                return _fn(*args, **kwargs)
+
+            layer.ffn.forward_ep = counted
+
+
+def ep_report(runner) -> dict:
+    """This rank's expert placement and the counts of :func:`count_ep_calls`."""
+    moe = [layer.ffn for layer in runner.model.layers if layer.ffn.ep is not None]
+    return {"experts": [m.experts.w13.shape[0] for m in moe], "ep_rank": moe[0].ep.rank if moe else None,
+            "backend": runner.kernels.backend_of("moe_comm.dispatch"), **runner.ep_counts}

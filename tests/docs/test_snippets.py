@@ -1,4 +1,4 @@
-"""Every command and snippet in README.md and docs/*.md runs as written (issue 19, section 4: README drift).
+"""Every command and snippet in README.md and docs/*.md runs as written: the docs cannot drift from the code.
 
 What is extracted: fenced code blocks (any indentation, so those inside list items too) and indented code
 blocks (4 spaces past the enclosing list item, after a blank line), plus inline `dsa-runtime ...` spans.
@@ -81,14 +81,19 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("docs/eval.md", "dsa-runtime eval --base-url http://127.0.0.1:30000/v1 --data gsm8k --num-shots 5 --parallel 128 "
                      "--min-accuracy 0.95"):
         "downloads gsm8k (network) and needs the DeepSeek-V3.2 server above",
-    ("docs/benchmarks.md", ".venv/bin/pip install transformers==5.23.0"):
-        "installs from PyPI (network, changes the environment)",
-    ("docs/benchmarks.md", "python bench/sparse_attn_triton.py --sweep"): "GPU benchmark (CUDA, ~4 min on an H100)",
-    ("docs/benchmarks.md", "python bench/prefill_real_gpu.py --json bench/results/prefill_real_gpu.json"):
+    ("docs/running-benchmarks.md", "python bench/sparse_attn_triton.py --sweep"): "GPU benchmark (CUDA, ~4 min on an H100)",
+    ("docs/running-benchmarks.md", "python bench/serve_vs_engine.py --client openai --servers process --concurrency 64 1 64 "
+                                   "128"): "GPU benchmark (the embedded model on one CUDA device, a few minutes)",
+    ("docs/running-benchmarks.md", "python bench/prefill_real_gpu.py --json bench/results/prefill_real_gpu.json"):
         "GPU benchmark (CUDA, under 7 minutes on an H100 with --budget-s 420)",
     ("docs/distributed.md", "dsa-runtime serve --model /ckpt/DeepSeek-V3.2 --tp 8"):
         "8 GPUs and the DeepSeek-V3.2 checkpoint at /ckpt",
     ("docs/distributed.md", "dsa-runtime serve --model /ckpt/DeepSeek-V3.2 --tp 8 --dp 4 --enable-dp-attention"):
+        "8 GPUs and the DeepSeek-V3.2 checkpoint at /ckpt",
+    ("docs/distributed.md",
+     "dsa-runtime serve --model /ckpt/DeepSeek-V3.2 --tp 8 --dp 8 --enable-dp-attention --ep-size 8"):
+        "8 GPUs and the DeepSeek-V3.2 checkpoint at /ckpt",
+    ("docs/distributed.md", "dsa-runtime serve --model /ckpt/DeepSeek-V3.2 --tp 8 --ep-size 8"):
         "8 GPUs and the DeepSeek-V3.2 checkpoint at /ckpt",
     ("docs/distributed.md",
      "dsa-runtime serve --model M --tp 16 --nnodes 2 --node-rank 0 --dist-init-addr 10.0.0.1:5000"):
@@ -137,34 +142,38 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("docs/tiny-model.md", "cp nextn1/checkpoint/{config.json,model-0000*-of-00002.safetensors,"
                            "model.safetensors.index.json} core/loader/data/tiny-chat/"):
         "installs nextn1, the output of the training above",
-    ("docs/benchmarks.md", "python bench/full_size.py --gpus 2 --layers auto --headroom-gib 6 --output-len 2000 "
+    ("docs/running-benchmarks.md", "python bench/full_size.py --gpus 2 --layers auto --headroom-gib 6 --output-len 2000 "
                            "--batch1-output 128 --out docs/bench/full_size_h200x2_2026-11-26_tp2_load.json"):
         "GPU benchmark: 2 H200s, about 9 minutes",
-    ("docs/benchmarks.md", "python bench/full_size.py --gpus 2 --layers auto --headroom-gib 6 --output-len 64 "
+    ("docs/running-benchmarks.md", "python bench/full_size.py --gpus 2 --layers auto --headroom-gib 6 --output-len 64 "
                            "--batch1-output 16 --profile-steps 8 --out docs/bench/full_size_h200x2_2026-11-26_profile.json"):
         "GPU benchmark: 2 H200s, about 5 minutes",
-    ("docs/benchmarks.md", "python bench/full_size.py --gpus 8 --layers 61 --topologies tp --mem-fraction-static 0.95 "
+    ("docs/running-benchmarks.md", "python bench/full_size.py --gpus 8 --layers 61 --topologies tp --mem-fraction-static 0.95 "
                            "--chunked-prefill-size 4096 --headroom-gib 5 --profile-steps 8 "
                            "--out docs/bench/full_size_h200x8_tp8.json"):
-        "GPU benchmark: 8 H200s (issue 25's run, when that machine is lent)",
-    ("docs/benchmarks.md", "python bench/full_size.py --gpus 8 --layers 61 --topologies dp --mem-fraction-static 0.95 "
+        "GPU benchmark: 8 H200s, 61 layers (run when that machine is lent)",
+    ("docs/running-benchmarks.md", "python bench/full_size.py --gpus 8 --layers 61 --topologies dp --mem-fraction-static 0.95 "
                            "--chunked-prefill-size 4096 --headroom-gib 5 --profile-steps 8 "
                            "--out docs/bench/full_size_h200x8_tp8_dp8.json"):
-        "GPU benchmark: 8 H200s (issue 25's run, when that machine is lent)",
+        "GPU benchmark: 8 H200s, 61 layers (run when that machine is lent)",
 }
 
 # (file, command) -> module it needs: run when importable, else skipped with that reason (CI installs triton).
 NEEDS: dict[tuple[str, str], str] = {
-    ("docs/benchmarks.md", "TRITON_INTERPRET=1 python bench/sparse_attn_triton.py --sweep --dry-run"): "triton",
+    ("docs/running-benchmarks.md", "TRITON_INTERPRET=1 python bench/sparse_attn_triton.py --sweep --dry-run"): "triton",
 }
 
 # (file, command) -> measured time on the 2-core development machine: marked slow (CI runs slow tests too).
 SLOW: dict[tuple[str, str], str] = {
-    ("docs/benchmarks.md", ".venv/bin/python bench/serve_load.py"): "about 30 s",
-    ("docs/benchmarks.md", ".venv/bin/python bench/prefill_real_gpu.py --dry-run"): "about 30 s",
-    ("docs/benchmarks.md", "python bench/full_size.py --plan-only --gpus 8 --layers 61 --gpu-memory-gib 139.8 "
-                           "--mem-fraction-static 0.95 --chunked-prefill-size 4096 --headroom-gib 5"): "about 17 s",
-    ("docs/benchmarks.md", "TRITON_INTERPRET=1 python bench/sparse_attn_triton.py --sweep --dry-run"): "about 20 s",
+    ("docs/running-benchmarks.md", ".venv/bin/python bench/serve_load.py --concurrency 1 4 --requests-per-client 1 "
+                           "--max-tokens 16"): "about 15 s",
+    ("docs/running-benchmarks.md", ".venv/bin/python bench/frontend_capacity.py --clients 1 8 --requests-per-client 1 "
+                           "--max-tokens 16 --warmup 0"): "about 10 s",
+    ("docs/running-benchmarks.md", ".venv/bin/python bench/prefill_real_gpu.py --dry-run"): "about 30 s",
+    ("docs/running-benchmarks.md", "python bench/full_size.py --plan-only --gpus 8 --layers 61 --gpu-memory-gib 139.8 "
+                           "--mem-fraction-static 0.95 --chunked-prefill-size 4096 --headroom-gib 5 --topologies tp,dp,ep,dpep"):
+        "about 60 s",
+    ("docs/running-benchmarks.md", "TRITON_INTERPRET=1 python bench/sparse_attn_triton.py --sweep --dry-run"): "about 20 s",
     ("README.md", "dsa-runtime eval --in-process --data tinychat-tools --num-questions 8"): "about 25 s",
     ("docs/eval.md", "dsa-runtime eval --in-process --data tinychat-arith --num-questions 40 --min-accuracy 0.8"):
         "about 15 s",

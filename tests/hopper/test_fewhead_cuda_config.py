@@ -21,7 +21,7 @@ def test_default_options_and_shared_memory():
     assert CudaFewHeadConfig(splits=3).label.endswith("_x3_l2p128")
     assert CudaFewHeadConfig(l2_prefetch=0, pdl_merge=False).label == "cuda_s2_b2_r8_16_l2p0_nopdl"
     assert CudaFewHeadConfig(pdl_main=False).label == "cuda_s2_b2_r8_16_l2p128_nopdlmain"
-    fp32 = CudaFewHeadConfig(stages=3, partial_fp16=False)  # the default before session 10
+    fp32 = CudaFewHeadConfig(stages=3, partial_fp16=False)  # a former default
     assert fp32.label == "cuda_s3_b2_r8_16_l2p128_pf32" and fp32.options[-1] == "-DPARTIAL_F16=0"
 
 

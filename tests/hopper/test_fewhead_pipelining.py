@@ -1,8 +1,8 @@
 """The few-head decode kernel's row gathers stay asynchronous (``cp.async``) when compiled for sm_90.
 
-Triton 3.6 left a gather synchronous when its tile fed two dots, and the FP8 kernel ran 20% slower for it
-(docs/benchmarks.md, issue 24); ``bench/fewhead_compile.py`` compiles the default configurations on this machine
-(no GPU needed) and counts the gathers in the TTGIR.
+Triton 3.6 left a gather synchronous when its tile fed two dots, and the FP8 kernel ran 20% slower for it (the
+dated benchmark record, ``git show fb68c47:docs/benchmarks.md``); ``bench/fewhead_compile.py`` compiles the
+default configurations on this machine (no GPU needed) and counts the gathers in the TTGIR.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Client mistakes that used to get a 500 or a wrong 200 (issue 19, section 3) get an OpenAI error object instead.
+"""Client mistakes get an OpenAI error object, never a 500 or a wrong 200.
 
-Each test sends the mistake as the issue describes it, checks the status and the error object, then checks that
+Each test sends the mistake as a client would, checks the status and the error object, then checks that
 an ordinary request right after is answered as usual and promptly.
 """
 

@@ -1,4 +1,4 @@
-"""End to end (issue 13): ``dsa-runtime serve`` on the embedded trained model, driven by the openai client.
+"""End to end: ``dsa-runtime serve`` on the embedded trained model, driven by the openai client.
 
 A weather question with a ``get_weather`` tool comes back as ``tool_calls`` naming the city, streamed and
 not streamed; a thinking-mode arithmetic question returns ``reasoning_content`` and the right answer.

@@ -22,7 +22,7 @@ def test_partial_claims_are_listed_with_reasons():
     by_id = {c.id: c for c in report.cases}
     assert report.ok
     assert len(by_id) == len(report.cases) and {c.family for c in report.cases} == {
-        "indexer", "topk", "sparse_attn", "kv_quant", "moe"}
+        "indexer", "topk", "sparse_attn", "kv_quant", "moe", "moe_comm"}
     assert by_id["moe/route/e256/g8x4/k8/t33/renorm/s2.5/random"].message == (
         "experts run on the vendor's GEMM library, not certified yet")
     assert by_id["indexer/quantize_k/n37/ue8m0/bf16/random"].message == "family 'indexer' not provided"

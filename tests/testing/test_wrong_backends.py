@@ -23,7 +23,7 @@ WRONG = [
     (W.IndexerIgnoresMTPCausal, "indexer", ["indexer/logits_paged/h64/q2/p64/b3/l150", "indexer/logits_paged/h1/q2/p1/b3/l9"]),
 ]
 
-# Issue 6: the peers' bugs and one backend per gap of item 7 (each passed the kit before the edge cases).
+# The peers' bugs and one backend per former gap of the kit (each passed the kit before the edge cases).
 WRONG_EDGES = [
     (W.TopKPadsWithZero, "topk", ["topk/topk/r12/l100/k64/short/randn", "topk/topk/r32/l96/k64/short/randn"]),
     (W.SparseAttnPrefillMinusOneIsRowZero, "sparse_attn",

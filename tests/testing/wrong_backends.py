@@ -197,7 +197,7 @@ class IndexerIgnoresMTPCausal(ReferenceIndexer):
         return torch.stack(rows, dim=1).reshape(batch * n_q, -1)
 
 
-# --- the gaps of issue 6 item 7 and the peers' bugs (kept in their own module) -----------------------------
+# --- the kit's former gaps and the peers' bugs (kept in their own module) ----------------------------------
 from tests.testing.wrong_backends_edges import (  # noqa: E402, F401
     IndexerBf16Rotation,
     IndexerScaleTwiceTooCoarse,

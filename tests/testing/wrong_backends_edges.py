@@ -1,5 +1,5 @@
-"""Deliberately wrong kernels for the gaps of issue 6 (item 7) and the peers' bugs: each passed the kit before
-the edge cases and the stricter FP8 rules were added, and each must fail now. Re-exported by
+"""Deliberately wrong kernels for the kit's former gaps and the peers' bugs: each passed the kit before the
+edge cases and the stricter FP8 rules were added, and each must fail now. Re-exported by
 ``tests/testing/wrong_backends.py``.
 """
 

@@ -1,4 +1,4 @@
-"""Few-head sparse MLA decode over an ``fp8_656`` cache in CUDA C++ (``fewhead_fp8.cu``; issue 24).
+"""Few-head sparse MLA decode over an ``fp8_656`` cache in CUDA C++ (``fewhead_fp8.cu``).
 
 At 16 heads per rank (V3.2 under TP 8) the Triton kernel (:mod:`..triton.sparse_mla_decode_fewhead`) spends about
 190 warp instructions per selected row: Triton converts each gathered e4m3 tile once per product through layout

@@ -1,4 +1,4 @@
-"""The scan step of the sampled-bound top-k in CUDA C++ (``topk_scan.cu``; issue 24).
+"""The scan step of the sampled-bound top-k in CUDA C++ (``topk_scan.cu``).
 
 :mod:`..triton.topk_sample` finds a lower bound of each row's k-th key from a sample, scans the row once for the
 keys that reach it (in column order) and searches those candidates. At 64 x 128K the Triton scan took 27 of the

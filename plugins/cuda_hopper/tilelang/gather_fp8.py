@@ -199,8 +199,8 @@ def fp8_half_gather_macros(n_kv: Any, n_chunks: int) -> Any:
     ``c + 1`` and the mask index (``g < 64``) of chunk ``c``. So chunk ``c``'s loads wait on no index read; while
     they are in flight the gather reads chunk ``c + 2``'s row indices and chunk ``c + 1``'s mask index, and one
     thread of the eight that share a row prefetches chunk ``c + 1``'s row into L2 (:data:`GATHER_SRC`). Reading
-    each chunk's index just before its loads put two memory latencies in a row on the gather's path (session 15:
-    0.1061 ms against 0.1158 at batch 64 x 32K with the read-ahead and the prefetch, H200)."""
+    each chunk's index just before its loads put two memory latencies in a row on the gather's path (0.1061 ms
+    against 0.1158 at batch 64 x 32K with the read-ahead and the prefetch, H200, 2026-11-27)."""
     import tilelang.language as T
 
     from dsa_runtime.plugins.cuda_hopper.tilelang.cluster_push import PEER_BYTES

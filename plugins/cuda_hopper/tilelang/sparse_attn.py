@@ -1,4 +1,4 @@
-"""The ``sparse_attn`` family of the ``tilelang`` backend: our own TileLang sparse MLA kernel (issue 9).
+"""The ``sparse_attn`` family of the ``tilelang`` backend: our own TileLang sparse MLA kernel.
 
 * :meth:`TileLangSparseAttn.prefill`: :func:`.sparse_mla.compiled` over the flat bf16 KV buffer.
 * :meth:`TileLangSparseAttn.decode`: the flat view of the paged cache is exactly the prefill problem with

@@ -67,10 +67,10 @@ DECODE_CONFIG = TLConfig(block_i=64, num_stages=2, threads=512, variant="ws4")
 # 2026-11-23 08:20 UTC, 128 heads, k 2048, 32K, batch 64 (do_bench): wsf8c (the two head blocks of a row share
 # the gather as a cluster, fp16 operands) 122.9 us, wsf8h (fp16 operands) 142.0 us, wsf8 (bf16) 148.8-149.1 us,
 # Triton 206.8 us; bench/attention.py the same run: wsf8c 0.122 ms = 43% of the bf16 matmul. wsf8c pairs the two
-# blocks of 128 heads; 64 heads (TP 2, or padded TP 8 ranks) run wsf8h. Since 2026-11-27 wsf8c's gather keeps a
-# whole half chunk in flight with its indices read a chunk ahead and stores each converted piece into both CTAs
-# (.gather_fp8.fp8_half_gather_macros), and its outputs leave by TMA: H200, one run, batch 64 x 32K 95.5 us and
-# batch 128 183.5 us, FlashMLA 100.6 / 190.7 (docs/benchmarks.md, session 16).
+# blocks of 128 heads; 64 heads (TP 2, or padded TP 8 ranks) run wsf8h. wsf8c's gather keeps a whole half
+# chunk in flight with its indices read a chunk ahead and stores each converted piece into both CTAs
+# (.gather_fp8.fp8_half_gather_macros), and its outputs leave by TMA: H200, 2026-11-27, batch 64 x 32K 95.9 us
+# and batch 128 182.8 us, FlashMLA 100.9 / 189.9 in the same run (docs/benchmarks.md).
 FP8_DECODE_CONFIG = TLConfig(block_i=64, num_stages=2, threads=384, variant="wsf8c")
 FP8_DECODE_CONFIG_64 = TLConfig(block_i=64, num_stages=2, threads=384, variant="wsf8h")
 # What bench/tilelang_compile.py compiles and bench/sparse_attn_tilelang.py times.

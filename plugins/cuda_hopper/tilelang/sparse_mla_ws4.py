@@ -9,7 +9,7 @@
   previous one at once (in ``ws`` the score warpgroup also did half of ``P . V``, serially after its softmax);
 * ``value`` (threads 128-383, two warpgroups in one branch): ``O[:, 0:512] += P . V`` as two GEMMs of 256
   columns, TileLang splitting each over the two warpgroups (every warpgroup holds 2 x ``[64, 128]`` fp32, 128
-  registers a thread, and issues 64 x 128 wgmma), after rescaling ``O`` by the published factors;
+  registers a thread, and runs 64 x 128 wgmma), after rescaling ``O`` by the published factors;
 * ``gather`` (threads 384-511): the ``ws`` gather (cp.async, 16 bytes a copy, zero-filling for an index of
   ``-1`` or ``>= S``) into a two-stage ring, each stage's arrival an mbarrier completed by
   ``cp.async.mbarrier.arrive``.

@@ -1,5 +1,5 @@
 """FP8 (``fp8_656``) sparse MLA decode, pipelined variant ("pipe"): the contract, arguments and outputs of
-``_decode_kernel`` in :mod:`.mla_fp8_decode`, restructured for SM90 (issue 9).
+``_decode_kernel`` in :mod:`.mla_fp8_decode`, restructured for SM90.
 
 * **Index prefetch**: the slots of block ``i + 1`` are loaded (loop-carried) before block ``i`` is gathered, so
   the 656-byte row gathers never wait on an index load inside the iteration.

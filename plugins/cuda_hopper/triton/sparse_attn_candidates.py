@@ -1,4 +1,4 @@
-"""Launch-shape defaults and GPU-sweep candidates of the Triton sparse MLA kernels, in one place (issue 9).
+"""Launch-shape defaults and GPU-sweep candidates of the Triton sparse MLA kernels, in one place.
 
 :data:`BF16_DEFAULTS` (bf16 prefill and paged decode, by head tile) and :data:`FP8_DEFAULTS` (fp8_656 decode,
 by head tile) are what ``default_config`` returns on the GPU; ``bench/sparse_attn_triton.py --sweep`` times

@@ -1,4 +1,4 @@
-"""Sparse MLA decode for few heads per rank (8 / 16 / 32: V3.2 under TP 16 / 8 / 4), both cache layouts (issue 24).
+"""Sparse MLA decode for few heads per rank (8 / 16 / 32: V3.2 under TP 16 / 8 / 4), both cache layouts.
 
 At 16 heads a decode query does ``16 x 2048 x 1088 x 2`` FLOPs against 2048 gathered rows, about 50 FLOPs per
 byte of an ``fp8_656`` row: a gather problem. The head-blocked kernels (:mod:`.mla_fp8_decode`,

@@ -1,5 +1,5 @@
 """Sparse MLA forward, pipelined variant ("pipe"): same contract and outputs as ``_sparse_mla_kernel`` of
-:mod:`.sparse_mla_prefill`, restructured for SM90 latency hiding (issue 9).
+:mod:`.sparse_mla_prefill`, restructured for SM90 latency hiding.
 
 Differences from the plain kernel, and why:
 
