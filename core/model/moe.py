@@ -81,12 +81,7 @@ class MoE:
     def __call__(self, x: Tensor, kernels, out_dtype: torch.dtype | None = None) -> Tensor:
         """x ``[T, D]`` -> ``[T, D]`` in x's dtype; with ``out_dtype`` float32 the experts' fp32 sum unrounded
         (a TP rank's partial sum) when the backend takes ``out_dtype``, else its bf16 output as fp32."""
-        cfg = self.cfg
-        logits = x.float() @ self.gate.T
-        weights, ids = kernels.moe.route(
-            logits, self.bias, top_k=cfg.num_experts_per_tok, n_group=cfg.n_group, topk_group=cfg.topk_group,
-            routed_scaling_factor=cfg.routed_scaling_factor, renormalize=cfg.norm_topk_prob,
-        )
+        weights, ids = self._route(x, kernels)
         fn = kernels.moe.experts
         if out_dtype is None and self.fp32_sum and x.dtype != torch.float32 and takes_out_dtype(fn):
             return fn(x, weights, ids, self.experts, self.shared, out_dtype=torch.float32).to(x.dtype)
@@ -98,12 +93,9 @@ class MoE:
         """Expert parallelism: x ``[T, D]`` (this rank's share of the tokens; every rank of the EP group calls
         with the same T) -> ``[T, D]`` in ``out_dtype``: the routed experts' weighted sum over every EP rank
         plus the shared expert, summed in ``out_dtype`` (fp32: rounded once by the caller)."""
-        cfg, ep = self.cfg, self.ep
+        ep = self.ep
         assert ep is not None
-        weights, ids = kernels.moe.route(
-            x.float() @ self.gate.T, self.bias, top_k=cfg.num_experts_per_tok, n_group=cfg.n_group,
-            topk_group=cfg.topk_group, routed_scaling_factor=cfg.routed_scaling_factor, renormalize=cfg.norm_topk_prob,
-        )
+        weights, ids = self._route(x, kernels)
         sent = kernels.moe_comm.dispatch(x, ids, weights, ep)
         self.tokens_received += (sent.src_rank >= 0).sum()
         if sent.x.shape[0]:
@@ -116,6 +108,14 @@ class MoE:
             zero = torch.zeros(x.shape[0], 1, dtype=torch.int32, device=x.device)
             out = out + self._experts(x, ones, zero, self.shared, kernels, out_dtype)
         return out
+
+    def _route(self, x: Tensor, kernels) -> tuple[Tensor, Tensor]:
+        """Router logits ``x_fp32 @ Wg_fp32.T`` through ``kernels.moe.route``: weights and expert ids ``[T, top_k]``."""
+        cfg = self.cfg
+        return kernels.moe.route(
+            x.float() @ self.gate.T, self.bias, top_k=cfg.num_experts_per_tok, n_group=cfg.n_group,
+            topk_group=cfg.topk_group, routed_scaling_factor=cfg.routed_scaling_factor, renormalize=cfg.norm_topk_prob,
+        )
 
     @staticmethod
     def _experts(x: Tensor, weights: Tensor, ids: Tensor, experts, kernels, out_dtype: torch.dtype) -> Tensor:
