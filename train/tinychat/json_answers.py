@@ -65,6 +65,15 @@ EXTRACT_KEYS = {"person": (("name", "full_name", "person"), ("individual",)), "i
                 "city": (("city", "lives_in", "home_city"), ("residence",)),
                 "word": (("color", "favorite_color"), ("favourite_colour",))}
 LIST_KEYS = (("list", "items", "names"), ("picks", "selection"))
+# Suffixes of made-up keys, by kind (see _key).
+SUFFIXES = {"person": ("name", "owner", "contact"), "city": ("city", "town", "place"),
+            "word": ("type", "kind", "mode", "status"), "text": ("note", "text", "info"), "date": ("date", "day"),
+            "int": ("count", "total", "num", "year"), "number": ("score", "rate", "amount", "value"),
+            "bool": ("ok", "flag", "enabled"), "words": ("list", "tags", "names"),
+            "numbers": ("values", "scores", "series"), "object": ("info", "data", "details"),
+            "objects": ("entries", "items", "records")}
+HELDOUT_KEYS = frozenset(k for pools in (*KEYS.values(), *FACT_KEYS.values(), *EXTRACT_KEYS.values(), RESULT_KEYS,
+                                         LIST_KEYS) for k in pools[1])
 
 _WORDS = ("red", "blue", "green", "small", "large", "new", "old", "fast", "quiet", "bright", "open", "closed",
           "high", "low", "medium", "round", "square", "happy", "calm", "busy", "sunny", "cloudy", "gold", "silver")
@@ -91,8 +100,27 @@ PLAIN = (("{q} Reply as JSON.", "{q} Answer in JSON.", "{q} Respond with a JSON 
          ("{q} Please reply in JSON format.", "{q} Output JSON."))
 
 
-def _keys(p: Pick, kind: str) -> tuple[str, ...]:
-    return KEYS[kind][p.heldout]
+def _key(p: Pick, pools: tuple[tuple[str, ...], tuple[str, ...]], suffixes: tuple[str, ...]) -> str:
+    """A key from the training or held-out pool or, in training with ``invent`` > 0, sometimes a made-up one
+    (a word, or a word and one of ``suffixes``: ``lamp_count``, ``zorbRate``): the model must then take the
+    keys from the schema, and write a short value for a key it has never seen, as for every held-out key."""
+    if p.invent > 0 and p.rng.random() < 0.6 * p.invent:
+        while True:
+            stem = p.word(1, 2) if p.bool() else p.choice(_NOUNS + _WORDS)
+            suffix = p.choice(suffixes)
+            key = p.choice((stem, f"{stem}_{suffix}", f"{stem}_{suffix}", f"{stem}{suffix.capitalize()}"))
+            if key not in HELDOUT_KEYS:
+                return key
+    return p.choice(pools[p.heldout])
+
+
+def _new_key(p: Pick, used: dict[str, Any], pools: tuple[tuple[str, ...], tuple[str, ...]],
+             suffixes: tuple[str, ...]) -> str:
+    """:func:`_key`, drawn again while it is one of ``used``."""
+    while True:
+        key = _key(p, pools, suffixes)
+        if key not in used:
+            return key
 
 
 def _phrase(p: Pick) -> str:
@@ -152,39 +180,30 @@ def _leaf(p: Pick, kind: str, plain: bool = False) -> tuple[Schema, Any]:
     return schema, value
 
 
-def _object(p: Pick, n_fields: int, depth: int, plain: bool = False) -> tuple[Schema, dict[str, Any]]:
-    """A random object of ``n_fields`` fields with distinct keys; nests one level below the top (``plain``:
-    unbounded leaves without enums, the items of an array of objects)."""
+def _object(p: Pick, n_fields: int, depth: int, copies: int = 1) -> tuple[Schema, list[dict[str, Any]]]:
+    """A random object schema of ``n_fields`` fields with distinct keys and ``copies`` documents of it; nests
+    one level below the top. Copies (the items of an array of objects) have unbounded leaves, no enums."""
     kinds = list(LEAVES) + (["object", "objects"] if depth == 0 else [])
     props: dict[str, Schema] = {}
-    doc: dict[str, Any] = {}
+    docs: list[dict[str, Any]] = [{} for _ in range(copies)]
     while len(props) < n_fields:
         kind = p.choice(kinds)
-        key = p.choice(_keys(p, kind))
-        if key in props:
-            continue
+        key = _new_key(p, props, KEYS[kind], SUFFIXES[kind])
         if kind == "object":
-            props[key], doc[key] = _object(p, p.int(2, 3), depth + 1)
+            props[key], values = _object(p, p.int(2, 3), depth + 1)
         elif kind == "objects":
-            item, first = _object(p, 2, depth + 1, plain=True)
-            docs = [first] + [_refill(p, item) for _ in range(p.int(0, 2))]
-            props[key], doc[key] = {"type": "array", "items": item}, docs
+            item, values = _object(p, 2, depth + 1, copies=p.int(1, 3))
+            props[key], values = {"type": "array", "items": item}, [values]
         else:
-            props[key], doc[key] = _leaf(p, kind, plain)
-    return _closed(p, props), doc
-
-
-def _refill(p: Pick, schema: Schema) -> dict[str, Any]:
-    """Another document of a ``plain`` object schema of :func:`_object` (same keys, new values)."""
-    out = {}
-    for key, sub in schema["properties"].items():
-        kind = next(k for k in LEAVES if key in KEYS[k][p.heldout])
-        while True:  # the numbers kinds draw number or integer items: draw until the shape is the schema's
-            s, v = _leaf(p, kind, plain=True)
-            if s == sub:
-                out[key] = v
-                break
-    return out
+            props[key], first = _leaf(p, kind, plain=copies > 1)
+            values = [first]
+            while len(values) < copies:  # number arrays draw number or integer items: keep the schema's
+                sub, v = _leaf(p, kind, plain=True)
+                if sub == props[key]:
+                    values.append(v)
+        for doc, v in zip(docs, values, strict=True):
+            doc[key] = v
+    return _closed(p, props), docs
 
 
 def _closed(p: Pick, props: dict[str, Schema]) -> Schema:
@@ -197,11 +216,12 @@ def _closed(p: Pick, props: dict[str, Schema]) -> Schema:
 # ---------------------------------------------------------------------------------------------- questions
 def _record(p: Pick, mode: str) -> tuple[str, str, Schema, dict[str, Any]]:
     thing = p.choice(THINGS[p.heldout])
-    schema, doc = _object(p, p.int(1, 5), 0)
+    schema, (doc,) = _object(p, p.int(1, 5), 0)
     q = p.choice((f"Make up a sample {thing}.", f"Create an example {thing} record.", f"Give me a fake {thing} "
                   "for testing.", f"Describe a {thing}.", f"Generate test data for one {thing}.")
                  if not p.heldout else (f"Invent a {thing} for my demo.", f"I need a placeholder {thing}."))
-    return q, f"The user wants a made-up {thing}. I fill in each field with a short value.", schema, doc
+    thought = f"The user wants a made-up {thing}: {_spoken(list(doc))}. Each value is short."
+    return q, thought, schema, doc
 
 
 def _fact(p: Pick, mode: str) -> tuple[str, str, Schema, dict[str, Any]]:
@@ -212,7 +232,9 @@ def _fact(p: Pick, mode: str) -> tuple[str, str, Schema, dict[str, Any]]:
         fields.insert(0, "country")
     what = " and ".join(f for f in fields if f != "country")
     q = p.choice((f"What is the {what} of {row[0]}?", f"Tell me the {what} of {row[0]}.", f"{row[0]}: {what}?"))
-    doc = {p.choice(FACT_KEYS[f][p.heldout]): values[f] for f in fields}
+    doc: dict[str, Any] = {}
+    for f in fields:
+        doc[_new_key(p, doc, FACT_KEYS[f], ("name", "value"))] = values[f]
     schema = _closed(p, {k: {"type": "string"} for k in doc})
     thought = " ".join(f"The {f} of {row[0]} is {values[f]}." for f in fields if f != "country")
     return q, thought, schema, doc
@@ -221,7 +243,7 @@ def _fact(p: Pick, mode: str) -> tuple[str, str, Schema, dict[str, Any]]:
 def _math(p: Pick, mode: str) -> tuple[str, str, Schema, dict[str, Any]]:
     conv = p.choice((arith, convert))(p, mode)  # the held-out split draws held-out operand pairs
     answer = int(conv.expect["answer"])
-    key = p.choice(RESULT_KEYS[p.heldout])
+    key = _key(p, RESULT_KEYS, ("result", "value"))
     schema = _closed(p, {key: {"type": p.choice(("number", "integer"))}})
     thought = conv.messages[-1].get("reasoning_content", "I work it out.")
     return conv.messages[0]["content"], thought, schema, {key: answer}
@@ -239,7 +261,7 @@ def _extract(p: Pick, mode: str) -> tuple[str, str, Schema, dict[str, Any]]:
     p.rng.shuffle(fields)
     props, doc = {}, {}
     for kind, value in fields:
-        key = p.choice(EXTRACT_KEYS[kind][p.heldout])
+        key = _new_key(p, props, EXTRACT_KEYS[kind], SUFFIXES[kind])
         props[key] = {"type": "integer"} if kind == "int" else {"type": "string"}
         doc[key] = value
     q = p.choice((f'Extract the details from this text: "{said}"', f"Pull the facts out of: {said}",
@@ -251,7 +273,7 @@ def _list(p: Pick, mode: str) -> tuple[str, str, Schema, dict[str, Any]]:
     what, pool = p.choice(tuple(_LISTS.items()))
     n = p.int(2, 4)
     items = p.rng.sample(pool, n)
-    key = p.choice(LIST_KEYS[1]) if p.heldout else p.choice((what, *LIST_KEYS[0]))
+    key = _key(p, ((what, *LIST_KEYS[0]), LIST_KEYS[1]), SUFFIXES["words"])
     schema = _closed(p, {key: {"type": "array", "items": {"type": "string"}}})
     q = p.choice((f"Name {n} {what}.", f"List {n} {what}.", f"Give me {n} {what}, please."))
     return q, f"I list {n} {what}.", schema, {key: items}
