@@ -136,10 +136,13 @@ def _number(p: Pick) -> float | int:
     return x if decimals == 0 else round(x / 10**decimals, decimals)
 
 
-def _leaf(p: Pick, kind: str, plain: bool = False) -> tuple[Schema, Any]:
+def _leaf(p: Pick, kind: str, plain: bool = False, made_up: bool = False) -> tuple[Schema, Any]:
     """(schema, value) of one leaf field; most schemas leave the value unbounded, as users write them
-    (``plain``: always, and no enums)."""
+    (``plain``: always, and no enums). A ``made_up`` key's word or text is often made up too: whatever the
+    model writes for a key it does not know, the string ends after a word or two."""
     bound = not plain and p.rng.random() < 0.25
+    if made_up and kind in ("word", "text") and p.bool():
+        return {"type": "string"}, " ".join(p.word() for _ in range(p.int(1, 2)))
     if kind == "person":
         name = p.name() if p.bool() else f"{p.name()} {p.choice(W.LAST_NAMES)}"
         return {"type": "string"}, name
@@ -195,10 +198,11 @@ def _object(p: Pick, n_fields: int, depth: int, copies: int = 1) -> tuple[Schema
             item, values = _object(p, 2, depth + 1, copies=p.int(1, 3))
             props[key], values = {"type": "array", "items": item}, [values]
         else:
-            props[key], first = _leaf(p, kind, plain=copies > 1)
+            made_up = key not in KEYS[kind][p.heldout]
+            props[key], first = _leaf(p, kind, copies > 1, made_up)
             values = [first]
             while len(values) < copies:  # number arrays draw number or integer items: keep the schema's
-                sub, v = _leaf(p, kind, plain=True)
+                sub, v = _leaf(p, kind, True, made_up)
                 if sub == props[key]:
                     values.append(v)
         for doc, v in zip(docs, values, strict=True):
@@ -220,8 +224,7 @@ def _record(p: Pick, mode: str) -> tuple[str, str, Schema, dict[str, Any]]:
     q = p.choice((f"Make up a sample {thing}.", f"Create an example {thing} record.", f"Give me a fake {thing} "
                   "for testing.", f"Describe a {thing}.", f"Generate test data for one {thing}.")
                  if not p.heldout else (f"Invent a {thing} for my demo.", f"I need a placeholder {thing}."))
-    thought = f"The user wants a made-up {thing}: {_spoken(list(doc))}. Each value is short."
-    return q, thought, schema, doc
+    return q, "The user wants JSON. I keep each value short.", schema, doc
 
 
 def _fact(p: Pick, mode: str) -> tuple[str, str, Schema, dict[str, Any]]:
