@@ -70,7 +70,8 @@ def tally(items: list[Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
 
     groups: dict[str, list[int]] = {}
     for conv, row in zip(items, rows, strict=True):
-        keys = sorted(schema_features(conv.expect["schema"])) + [f"style={conv.expect['style']}", f"mode={conv.mode}"]
+        keys = [*sorted(schema_features(conv.expect["schema"])), f"style={conv.expect['style']}",
+                f"mode={conv.mode}"]
         for key in keys:
             groups.setdefault(key, []).append(int(row["ok"]))
     n = len(rows)
@@ -80,8 +81,9 @@ def tally(items: list[Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
             "tokens_median": statistics.median(r["tokens"] for r in rows),
             "tokens_max": max(r["tokens"] for r in rows),
             "groups": {k: {"ok": sum(v), "total": len(v)} for k, v in sorted(groups.items())},
-            "failures": [{"request": i, "finish": r["finish"], "tokens": r["tokens"], "content": (r["content"] or "")[:160],
-                          "reasoning": (r["reasoning"] or "")[:160]} for i, r in enumerate(rows) if not r["ok"]]}
+            "failures": [{"request": i, "finish": r["finish"], "tokens": r["tokens"],
+                          "content": (r["content"] or "")[:160], "reasoning": (r["reasoning"] or "")[:160]}
+                         for i, r in enumerate(rows) if not r["ok"]]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,8 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     for t, r in results.items():
         for f in r["failures"][:3]:
             print(f"temperature {t}, request {f['request']} ({f['finish']}, {f['tokens']} tokens): {f['content']!r}")
-    payload = {"device": device, "host": platform.node(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-               "torch": torch.__version__, "threads": torch.get_num_threads(), "model": str(model),
+    payload = {"device": device, "host": platform.node(),
+               "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "torch": torch.__version__,
+               "threads": torch.get_num_threads(), "model": str(model),
                "requests": len(items), "max_tokens": args.max_tokens, "results": results}
     write_json(args.out, payload)
     print(f"wrote {args.out}")

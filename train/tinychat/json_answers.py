@@ -49,7 +49,8 @@ KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
                 ("readings", "lap_times", "measurements")),
     "object": (("address", "details", "stats", "meta", "info", "dimensions", "profile", "settings"),
                ("specs", "venue", "coordinates", "extras")),
-    "objects": (("entries", "records", "rows", "products", "orders", "members_list"), ("tracks", "stops", "courses")),
+    "objects": (("entries", "records", "rows", "products", "orders", "members_list"),
+                ("tracks", "stops", "courses")),
 }
 LEAVES = ("person", "city", "word", "text", "date", "int", "number", "bool", "words", "numbers")
 
@@ -61,7 +62,8 @@ FACT_KEYS = {"capital": (("capital",), ("capital_city",)), "continent": (("conti
              "language": (("language",), ("spoken_language",)), "currency": (("currency",), ("money",)),
              "country": (("country",), ("nation_name",))}
 RESULT_KEYS = (("result", "answer", "value", "total"), ("solution", "outcome"))
-EXTRACT_KEYS = {"person": (("name", "full_name", "person"), ("individual",)), "int": (("age", "years"), ("age_in_years",)),
+EXTRACT_KEYS = {"person": (("name", "full_name", "person"), ("individual",)),
+                "int": (("age", "years"), ("age_in_years",)),
                 "city": (("city", "lives_in", "home_city"), ("residence",)),
                 "word": (("color", "favorite_color"), ("favourite_colour",))}
 LIST_KEYS = (("list", "items", "names"), ("picks", "selection"))
