@@ -31,6 +31,7 @@ from dsa_runtime.distributed.worker import (
 )
 from dsa_runtime.model.step import Step, StepKind
 
+
 class WorkerDiedError(RuntimeError):
     """A tensor-parallel worker process is gone; the service cannot go on."""
 
