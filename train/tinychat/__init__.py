@@ -8,6 +8,8 @@ from the word lists and templates in this package (no downloads):
 * :mod:`~train.tinychat.tools` -- a pool of ~30 tools with JSON schemas, argument samplers and results;
 * :mod:`~train.tinychat.dialogs` -- conversation builders (greetings, facts, arithmetic and unit
   conversions with reasoning, tool use);
+* :mod:`~train.tinychat.json_answers` -- requests for JSON (a schema in the prompt, its keys, or none) and
+  short valid documents, the share that teaches constrained JSON output to end;
 * :mod:`~train.tinychat.dataset` -- rendering in the V3.2 encoding of :mod:`dsa_runtime.parsers`,
   with the character spans of the assistant turns (the loss mask), and the train / held-out split;
 * :mod:`~train.tinychat.tokenizer` -- the 3072-id BPE tokenizer trained on those chats (the embedded model's).

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from train.tinychat.dialogs import Conversation, sample
+from train.tinychat.json_answers import sample_json
 
 TRAIN_SEED = 1234
 HELDOUT_SEED = 98765
@@ -42,12 +43,18 @@ def render(conv: Conversation) -> Rendered:
     return Rendered(full, spans)
 
 
-def conversations(n: int, *, heldout: bool, seed: int | None = None, invent: float = 0.0) -> Iterator[Conversation]:
+def conversations(n: int, *, heldout: bool, seed: int | None = None, invent: float = 0.0,
+                  json_share: float = 0.0) -> Iterator[Conversation]:
     """``n`` conversations of the training mixture (or of the held-out split), deterministic per seed;
-    ``invent``: share of entity slots filled with invented words (training only)."""
+    ``invent``: share of entity slots filled with invented words (training only); ``json_share``: share of
+    JSON-answer conversations (:mod:`~train.tinychat.json_answers`) in place of the mixture's. With
+    ``json_share`` 0 the stream is the mixture's alone (the tokenizer is trained on it)."""
     rng = random.Random(seed if seed is not None else (HELDOUT_SEED if heldout else TRAIN_SEED))
     for _ in range(n):
-        yield sample(rng, heldout, invent=invent)
+        if json_share > 0 and rng.random() < json_share:
+            yield sample_json(rng, heldout, invent=invent)
+        else:
+            yield sample(rng, heldout, invent=invent)
 
 
 def tokenize(tokenizer, rendered: Rendered) -> tuple[list[int], list[int]]:
