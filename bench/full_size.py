@@ -213,7 +213,8 @@ def profile_decode(engine: Any, prompts: list[list[int]], steps: int, tag: str, 
 def run_topology(config: Any, topo: Topology, args: argparse.Namespace, num_pages: int, page: int,
                  copy_gbs: float) -> dict[str, Any]:
     from dsa_runtime.cache import PageAllocator
-    from dsa_runtime.distributed.runtime import DistributedRunner, RankSpec
+    from dsa_runtime.distributed.runtime import DistributedRunner
+    from dsa_runtime.distributed.worker import RankSpec
     from dsa_runtime.engine import Engine, EngineConfig
     from dsa_runtime.engine.engine import EngineParts
     from dsa_runtime.resolve import KernelConfig
@@ -229,7 +230,7 @@ def run_topology(config: Any, topo: Topology, args: argparse.Namespace, num_page
         out["build_s"] = time.perf_counter() - t0
         log(f"{topo.name}: built in {out['build_s']:.0f} s")
         out["kernels"] = {m: c.backend for m, c in runner.kernels.choices.items()}
-        out["memory_per_rank"] = runner.collect("dsa_runtime.distributed.runtime:memory_stats")
+        out["memory_per_rank"] = runner.collect("dsa_runtime.distributed.worker:memory_stats")
         parts = EngineParts(runner=runner, tokenizer=NullTokenizer(), allocator=PageAllocator(num_pages),
                             page_size=page, max_model_len=args.input_len + args.output_len + 16,
                             vocab_size=config.vocab_size, eos_token_ids=frozenset(), model_config=config)
@@ -260,7 +261,7 @@ def run_topology(config: Any, topo: Topology, args: argparse.Namespace, num_page
                                             stacks=args.profile_stacks)
             log(f"{topo.name}: profiled step {out['profile']['wall_ms']:.1f} ms, GPU busy "
                 f"{out['profile']['gpu_busy_ms']:.1f} ms")
-        out["memory_per_rank_after"] = runner.collect("dsa_runtime.distributed.runtime:memory_stats")
+        out["memory_per_rank_after"] = runner.collect("dsa_runtime.distributed.worker:memory_stats")
         tokens_per_step = args.requests  # every rank's MoE sees every group's tokens
         counts = [int(torch.unique(ids).numel()) for ids in counter.calls if ids.shape[0] == tokens_per_step]
         if counter.installed and counts:

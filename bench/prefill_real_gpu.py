@@ -22,15 +22,15 @@ Backend sets, one model (``runner.kernels`` swapped between them), each resolved
   its backend is available (the rest stays ours and the set says which are missing); with none available
   the set is "not installed" and does not run. Top-k and the KV-cache kernels are ours in both.
 
-Per case (prompt length N, chunk size C, backend set), in the order chunk size, prompt, set: a warm-up once
-per set and chunk size (the first chunk, and the last chunk of the longest prompt: compiles and autotunes
-outside the timings), then the prompt's ``ceil(N / C)`` chunks, each one ``Step`` of the slot's rows at
-consecutive positions (the ragged prefill kernels; only the last chunk returns its last row's logits, as the
-engine runs a prefill), synchronised one by one: wall ms per chunk (host work included) and the peak of
-``torch.cuda.max_memory_allocated`` (reset per chunk; ``transient`` = peak - allocated before the chunk).
-Then the last chunk (the longest context) runs again under torch.profiler; its kernels are split by family
-(``kernel_families``: the resolved methods' scopes, the model's own kernels by name) and reported in ms per
-layer. Roofline: the chunks' matmul FLOPs (``prefill_flops``) at the bf16 ``torch.mm`` and FP8
+Per case (prompt length N, chunk size C, backend set), in the order chunk size, prompt, set: a warm-up once per set
+and chunk size (every chunk of the longest prompt: compiles and autotunes outside the timings; some kernels choose
+their configuration by the context length, so a middle chunk can compile too), then the prompt's ``ceil(N / C)``
+chunks, each one ``Step`` of the slot's rows at consecutive positions (the ragged prefill kernels; only the last
+chunk returns its last row's logits, as the engine runs a prefill), synchronised one by one: wall ms per chunk (host
+work included) and the peak of ``torch.cuda.max_memory_allocated`` (reset per chunk; ``transient`` = peak -
+allocated before the chunk). Then the last chunk (the longest context) runs again under torch.profiler; its kernels
+are split by family (``kernel_families``: the resolved methods' scopes, the model's own kernels by name) and
+reported in ms per layer. Roofline: the chunks' matmul FLOPs (``prefill_flops``) at the bf16 ``torch.mm`` and FP8
 ``torch._scaled_mm`` rates measured at 8192^3 in this run; ``% roofline`` = roofline / wall.
 
 Time: every case is estimated before it starts (its roofline times the largest wall / roofline its set has
@@ -280,11 +280,9 @@ def profile_step(runner, kernels, step, layers: int) -> tuple[dict, dict[str, fl
     with profile(activities=activities) as prof:
         runner.run(step)
         sync(runner.device)
-    items, total_us = profiled_items(prof, cuda)
+    items, unlinked = profiled_items(prof, cuda)  # kernels the profiler tied to no op are classified by name
     columns, unknown = classify(items)
-    unlinked = total_us - sum(columns.values()) if cuda else 0.0  # kernels the profiler tied to no op
-    if unlinked > 0:
-        columns["other"] += unlinked
+    total_us = sum(columns.values())
     calls = Counter(e.name[len(SCOPE_PREFIX):] for e in prof.events() if e.name.startswith(SCOPE_PREFIX))
     return {"ms_per_layer": {c: us / 1e3 / layers for c, us in columns.items()},
             "total_ms": total_us / 1e3, "unlinked_ms": unlinked / 1e3, "device": "cuda" if cuda else "cpu",
@@ -317,11 +315,12 @@ def run_case(runner, bset: BackendSet, profiled, slot: int, ids: list[int], prom
 
 # --- the run ----------------------------------------------------------------------------------------------------
 def warm_up(runner, bset: BackendSet, slot: int, ids: list[int], chunk: int) -> float:
-    """The first chunk and the longest prompt's last chunk with ``bset``'s kernels (compiles, autotunes); s."""
+    """Every chunk of the longest prompt with ``bset``'s kernels (compiles, autotunes); seconds. An H100 run
+    that warmed only the first and last chunks compiled for 4 s inside the timed second chunk (16K of context)."""
     runner.kernels = bset.kernels
     steps = chunk_steps(slot, ids, chunk)
     t0 = time.perf_counter()
-    for step in {id(s): s for s in (steps[0], steps[-1])}.values():
+    for step in steps:
         runner.run(step)
     sync(runner.device)
     return time.perf_counter() - t0
@@ -337,6 +336,7 @@ def run_all(runner, sets: list[BackendSet], slot: int, ids: list[int], rates: di
     profiled = {s.name: scoped(s.kernels) for s in running}
     warmed: set[tuple[str, int]] = set()
     for chunk in args.chunk_list:
+        _, warm_roof, warm_last = case_roofline(config, len(ids), chunk, rates)  # a warm-up runs all of ``ids``
         for prompt in args.prompt_list:
             if prompt > len(ids):
                 out["rows"].append({"prompt": prompt, "chunk": chunk, "skipped": "its KV cache does not fit"})
@@ -346,6 +346,7 @@ def run_all(runner, sets: list[BackendSet], slot: int, ids: list[int], rates: di
                 need = budget.estimate(bset.name, roof + last)
                 if (bset.name, chunk) not in warmed:
                     first = not any(name == bset.name for name, _ in warmed)
+                    need += budget.estimate(bset.name, warm_roof + warm_last)
                     need += COMPILE_ALLOWANCE_S * (first and runner.device.type == "cuda")
                 if need > budget.left():
                     why = f"estimated {need:.0f} s, {max(budget.left(), 0):.0f} s of --budget-s left"

@@ -162,7 +162,8 @@ def bench_model(name: str, args) -> dict:
     from dsa_runtime.cache import KVCache
     from dsa_runtime.distributed import ParallelConfig, RankInfo
     from dsa_runtime.distributed.random_weights import rank_random_state
-    from dsa_runtime.distributed.runtime import DistributedRunner, RankSpec
+    from dsa_runtime.distributed.runtime import DistributedRunner
+    from dsa_runtime.distributed.worker import RankSpec
     from dsa_runtime.model.runner import ModelRunner, kernel_needs
     from dsa_runtime.resolve import KernelConfig, resolve_kernels
 
@@ -205,7 +206,7 @@ def bench_model(name: str, args) -> dict:
     try:
         result["tp2_build_s"] = time.perf_counter() - t0
         log(f"{name}: tp 2 built in {result['tp2_build_s']:.1f} s")
-        result["tp2_rank_bytes"] = dist_runner.collect("dsa_runtime.distributed.runtime:loaded_bytes")
+        result["tp2_rank_bytes"] = dist_runner.collect("dsa_runtime.distributed.worker:loaded_bytes")
         result["tp2_kernels"] = {m: c.backend for m, c in dist_runner.kernels.choices.items()
                                  if m.startswith("sparse_attn")}
         tp2 = run(dist_runner, seqs, args.steps, page, args.profile)

@@ -88,7 +88,8 @@ def measure(args) -> dict:
     from dsa_runtime.distributed import ParallelConfig, RankInfo
     from dsa_runtime.distributed.dp import split_batch
     from dsa_runtime.distributed.random_weights import rank_random_state
-    from dsa_runtime.distributed.runtime import DistributedRunner, RankSpec
+    from dsa_runtime.distributed.runtime import DistributedRunner
+    from dsa_runtime.distributed.worker import RankSpec
     from dsa_runtime.loader.presets import preset_config
     from dsa_runtime.model.config import ModelConfig
     from dsa_runtime.model.runner import ModelRunner, kernel_needs

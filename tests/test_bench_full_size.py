@@ -35,7 +35,8 @@ def test_dry_run_serves_both_topologies(tmp_path):
 
 def test_rank_weight_model_matches_the_loaded_slices(monkeypatch):
     """``rank_weight_bytes`` (shapes only) counts exactly the bytes ``rank_random_state`` draws for a rank, with
-    non-expert FP8 linears counted at bf16 (they are dequantised at load) and their scales dropped."""
+    non-expert FP8 linears counted at bf16 (they are dequantised at load) and their scales dropped. Five layers
+    (one dense): the count is made from two shallow models and extended, which must still be exact."""
     import torch
 
     monkeypatch.syspath_prepend(str(BENCH))
@@ -44,7 +45,7 @@ def test_rank_weight_model_matches_the_loaded_slices(monkeypatch):
     from dsa_runtime.distributed.random_weights import rank_random_state
     from dsa_runtime.distributed.sharding import SCALE_SUFFIX
 
-    config = plan.model_config("tiny", 3, 1)
+    config = plan.model_config("tiny", 5, 1)
     for topo in plan.topologies(2, "tp,dp,ep,dpep"):
         info = topo.parallel(60.0).rank_info(1)
         model = plan.rank_weight_bytes(config, info)

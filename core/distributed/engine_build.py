@@ -19,7 +19,7 @@ DEFAULT_TOKENS = 32768
 
 def _spec(config: Any, path: Path, kernels: Any, num_pages: int, page_size: int, hidden: int,
           max_context: int) -> Any:
-    from dsa_runtime.distributed.runtime import RankSpec
+    from dsa_runtime.distributed.worker import RankSpec
 
     device_type = "cuda" if str(kernels.device).startswith("cuda") else "cpu"
     if device_type == "cuda":
@@ -66,7 +66,7 @@ def _kernels(config: Any, model_config: Any) -> Any:
 
 def run_worker_node(config: Any, path: Path) -> int:
     """``--node-rank`` > 0: run this node's ranks until node 0 stops them."""
-    from dsa_runtime.distributed.runtime import serve_worker_node
+    from dsa_runtime.distributed.worker import serve_worker_node
     from dsa_runtime.loader.overrides import override_config
     from dsa_runtime.loader.validate import inspect_layout
 

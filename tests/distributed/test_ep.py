@@ -144,7 +144,7 @@ def test_kit_moe_comm_passes_on_gloo_ranks(tmp_path, world):
 
     import torch.multiprocessing as mp
 
-    from dsa_runtime.distributed.runtime import free_port
+    from dsa_runtime.distributed.worker import free_port
 
     mp.start_processes(_kit_rank, args=(world, free_port(), str(tmp_path)), nprocs=world, start_method="spawn")
     for rank in range(world):

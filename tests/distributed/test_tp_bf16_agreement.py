@@ -16,7 +16,8 @@ import torch
 
 from dsa_runtime.distributed import ParallelConfig, RankInfo
 from dsa_runtime.distributed.random_weights import rank_random_state
-from dsa_runtime.distributed.runtime import DistributedRunner, RankSpec
+from dsa_runtime.distributed.runtime import DistributedRunner
+from dsa_runtime.distributed.worker import RankSpec
 from dsa_runtime.model.runner import ModelRunner, kernel_needs
 from dsa_runtime.model.seqs import ForwardBatch, ForwardSeq, forward
 

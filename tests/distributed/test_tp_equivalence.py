@@ -13,7 +13,8 @@ import torch
 
 from dsa_runtime.distributed import ParallelConfig
 from dsa_runtime.distributed.dp import group_of, padded_rows
-from dsa_runtime.distributed.runtime import DistributedRunner, RankSpec
+from dsa_runtime.distributed.runtime import DistributedRunner
+from dsa_runtime.distributed.worker import RankSpec
 from dsa_runtime.model.runner import ModelRunner
 from dsa_runtime.model.seqs import ForwardBatch, ForwardSeq, forward
 from tests.distributed.conftest import NUM_PAGES, PAGE, expected_rank_bytes, reference_runner

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from dsa_runtime.distributed import ParallelConfig
-from dsa_runtime.distributed.runtime import DistributedRunner, RankSpec, WorkerDiedError
+from dsa_runtime.distributed.runtime import DistributedRunner, WorkerDiedError
+from dsa_runtime.distributed.worker import RankSpec
 from dsa_runtime.model.seqs import ForwardBatch, ForwardSeq, forward
 from dsa_runtime.resolve import KernelConfig
 from tests.distributed.conftest import NUM_PAGES, PAGE, reference_runner
@@ -132,7 +133,7 @@ def test_random_weights_built_per_rank_equal_tp1():
         # bf16 random weights: the MoE router can flip a near-tied expert for one token between TP degrees
         # (seed 5 flips row 8: 2.16); a wrong slice would move every row.
         assert int((rows > ATOL).sum()) <= 1 and float(rows.median()) <= ATOL / 4, rows
-        assert sum(runner.collect("dsa_runtime.distributed.runtime:loaded_bytes")) > 0
+        assert sum(runner.collect("dsa_runtime.distributed.worker:loaded_bytes")) > 0
     finally:
         runner.shutdown()
 
@@ -140,7 +141,7 @@ def test_random_weights_built_per_rank_equal_tp1():
 _NODE1 = f"""
 import sys
 from dsa_runtime.distributed import ParallelConfig
-from dsa_runtime.distributed.runtime import RankSpec, serve_worker_node
+from dsa_runtime.distributed.worker import RankSpec, serve_worker_node
 path, addr = sys.argv[1], sys.argv[2]
 spec = RankSpec(model_path=path, dtype="float32", num_pages={NUM_PAGES}, page_size={PAGE})
 sys.exit(serve_worker_node(ParallelConfig(tp=2, nnodes=2, node_rank=1, dist_init_addr=addr, timeout_s=20), spec))
@@ -153,7 +154,7 @@ def test_two_nodes_on_localhost(tiny_checkpoint):
     import subprocess
     import sys
 
-    from dsa_runtime.distributed.runtime import free_port
+    from dsa_runtime.distributed.worker import free_port
 
     addr = f"127.0.0.1:{free_port()}"
     node1 = subprocess.Popen([sys.executable, "-c", _NODE1, str(tiny_checkpoint), addr])

@@ -216,16 +216,19 @@ def direct() -> int:
             cfg = TopKConfig(bisect=False, block=256, split=split, split_block=256, finish_block=128, cand_cap=cap, split_cand_cap=cap)
             got = TritonTopK(cfg).topk(binade, z, full, 300).sort(dim=1).values
             bad += _check(f"one-binade rows, cap {cap}, split {split}", torch.equal(got, want_b))
-    # Determinism: 20 runs identical (small tied rows: the interpreter runs programs one by one).
+    # Determinism: repeated runs identical (small tied rows). The interpreter runs programs one by one, so runs
+    # can only differ through the kernel's own state (an unwritten buffer, a merge that depends on leftovers):
+    # three runs show that as well as twenty did, at a seventh of the interpreter's time.
+    RUNS = 3
     small, zs, fs = ties[:, :256], z, torch.full((2,), 256, dtype=torch.int32)
-    runs = [TritonTopK(TopKConfig(bisect=False, block=256, split=2, split_block=128)).topk(small[:1], zs[:1], fs[:1], 100) for _ in range(20)]
-    bad += _check("20 runs identical (split 2)", all(torch.equal(r, runs[0]) for r in runs))
-    runs = [big.topk(small, zs, fs, 100) for _ in range(20)]
-    bad += _check("20 runs identical (one program)", all(torch.equal(r, runs[0]) for r in runs))
-    runs = [TritonTopK(DEFAULT).topk(small, zs, fs, 100) for _ in range(20)]
-    bad += _check("20 runs identical (bisection)", all(torch.equal(r, runs[0]) for r in runs))
-    runs = [TritonTopK(TopKConfig(bisect_split=2)).topk(small, zs, fs, 100) for _ in range(20)]
-    bad += _check("20 runs identical (bisection, split 2)", all(torch.equal(r, runs[0]) for r in runs))
+    runs = [TritonTopK(TopKConfig(bisect=False, block=256, split=2, split_block=128)).topk(small[:1], zs[:1], fs[:1], 100) for _ in range(RUNS)]
+    bad += _check(f"{RUNS} runs identical (split 2)", all(torch.equal(r, runs[0]) for r in runs))
+    runs = [big.topk(small, zs, fs, 100) for _ in range(RUNS)]
+    bad += _check(f"{RUNS} runs identical (one program)", all(torch.equal(r, runs[0]) for r in runs))
+    runs = [TritonTopK(DEFAULT).topk(small, zs, fs, 100) for _ in range(RUNS)]
+    bad += _check(f"{RUNS} runs identical (bisection)", all(torch.equal(r, runs[0]) for r in runs))
+    runs = [TritonTopK(TopKConfig(bisect_split=2)).topk(small, zs, fs, 100) for _ in range(RUNS)]
+    bad += _check(f"{RUNS} runs identical (bisection, split 2)", all(torch.equal(r, runs[0]) for r in runs))
     # Fused transform == topk then transform (both paths), and the stand-alone transform == reference.
     table = torch.randperm(64, generator=gen).to(torch.int32).reshape(2, 32)
     owner = torch.tensor([1, 0], dtype=torch.int32)

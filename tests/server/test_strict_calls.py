@@ -24,11 +24,14 @@ def engine() -> Engine:
     return Engine(EngineConfig(max_running_requests=32))
 
 
-def _complete(engine: Engine, choice, call_format: str, seeds: range, parallel: bool = True) -> list[str]:
-    spec = tool_call_constraint(choice, call_format, parallel)
-    assert spec is not None and spec.kind == "structural_tag"
-    prompt = engine.tokenizer.encode("<｜User｜>Call the tool.<｜Assistant｜></think>" + choice.forced)
-    for seed in seeds:
+def _complete(engine: Engine, choices: list, call_format: str, seeds: range, parallel: bool = True) -> list:
+    """One sampled completion per (choice, seed) pair, all in one batch; ``choices`` one per seed, or one for all."""
+    if len(choices) == 1:
+        choices = choices * len(seeds)
+    for choice, seed in zip(choices, seeds, strict=True):
+        spec = tool_call_constraint(choice, call_format, parallel)
+        assert spec is not None and spec.kind == "structural_tag"
+        prompt = engine.tokenizer.encode("<｜User｜>Call the tool.<｜Assistant｜></think>" + choice.forced)
         engine.add_request(f"c{seed}", prompt, SamplingParams(temperature=1.0, max_tokens=500, seed=seed,
                                                               structured=spec, skip_special_tokens=False))
     outs = run_all(engine)
@@ -40,9 +43,10 @@ def test_named_and_required_calls_parse_with_valid_arguments(engine, call_format
     schemas = random_object_schemas(10, seed=31)
     tools = [{"type": "function", "function": {"name": f"fn_{i}", "parameters": s}} for i, s in enumerate(schemas)]
     by_name = {f"fn_{i}": s for i, s in enumerate(schemas)}
-    for i in range(8):  # named: the chosen tool's arguments
-        choice = resolve_tool_choice(tools, {"type": "function", "function": {"name": f"fn_{i}"}}, call_format)
-        (out,) = _complete(engine, choice, call_format, range(i, i + 1))
+    # named: the chosen tool's arguments (eight requests, each naming another tool, in one batch)
+    choices = [resolve_tool_choice(tools, {"type": "function", "function": {"name": f"fn_{i}"}}, call_format)
+               for i in range(8)]
+    for i, (choice, out) in enumerate(zip(choices, _complete(engine, choices, call_format, range(8)), strict=True)):
         assert out.finish_reason == "stop", (call_format, out.text)
         parsed = OutputParser(call_format).parse(choice.forced + out.text)
         assert [c.name for c in parsed.tool_calls] == [f"fn_{i}"], (call_format, out.text)
@@ -52,7 +56,7 @@ def test_named_and_required_calls_parse_with_valid_arguments(engine, call_format
             raise AssertionError((call_format, out.text, parsed.tool_calls[0].arguments)) from exc
     # required, one call (parallel_tool_calls false: the sampled model would otherwise go on calling)
     choice = resolve_tool_choice(tools[:3], "required", call_format)
-    for out in _complete(engine, choice, call_format, range(4), parallel=False):
+    for out in _complete(engine, [choice], call_format, range(4), parallel=False):
         assert out.finish_reason == "stop", (call_format, out.text)
         parsed = OutputParser(call_format).parse(choice.forced + out.text)
         assert len(parsed.tool_calls) == 1 and parsed.finish_reason == "tool_calls", (call_format, out.text)
