@@ -11,7 +11,8 @@ from the main model's post-norm hidden state at ``q`` and the embedding of token
 * the indexer learns the KL to the layer's attention (inputs detached, as in ``train_tiny.py``); the last
   ``--sparse-share`` of the steps attend through the indexer's top-``index_topk`` keys.
 
-The decoder layer starts as a copy of the main model's last layer, ``eh_proj`` as ``[small noise | identity]``.
+The decoder layer starts as a copy of the main model's last layer, ``eh_proj`` as ``[small noise | identity]``,
+or (``--init-mtp DIR``) as the MTP layer of another checkpoint: a short fine-tune after the main model changed.
 
 Usage: ``python train/train_nextn.py --out OUT [--checkpoint DIR] [--time-budget 240] [--device cuda]``. Writes
 ``OUT/checkpoint`` (the input checkpoint plus the MTP layer, ``num_nextn_predict_layers`` 1; the MTP copies of
@@ -37,7 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from train_tiny import load_checkpoint_state, lr_at, make_data, pack  # noqa: E402
+from train_tiny import autocast_for, load_checkpoint_state, lr_at, make_data, pack  # noqa: E402
 
 from dsa_runtime.model.config_parse import parse_hf_config  # noqa: E402
 from dsa_runtime.model.trainable import TrainableDeepseek  # noqa: E402
@@ -53,6 +54,15 @@ def init_mtp(cfg, state: dict[str, torch.Tensor], seed: int) -> dict[str, torch.
     out[dst + "hnorm.weight"] = torch.ones(d)
     out[dst + "shared_head.norm.weight"] = state["model.norm.weight"].clone()
     out[dst + "eh_proj.weight"] = torch.cat([torch.randn(d, d, generator=gen) * 0.02, torch.eye(d)], dim=1)
+    return out
+
+
+def mtp_state(cfg, folder: str) -> dict[str, torch.Tensor]:
+    """The MTP layer of a released checkpoint (fp32), to fine-tune after its main model has changed."""
+    prefix = f"model.layers.{cfg.num_hidden_layers}."
+    out = {k: v for k, v in load_checkpoint_state(folder).items() if k.startswith(prefix)}
+    if not out:
+        raise SystemExit(f"--init-mtp {folder}: no MTP layer ({prefix}*) in that checkpoint")
     return out
 
 
@@ -79,7 +89,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chain", type=float, default=0.5, help="weight of the chained (pass 2) loss")
     ap.add_argument("--sparse-share", type=float, default=0.3, help="share of steps with sparse attention")
     ap.add_argument("--workers", type=int, default=max(1, (mp.cpu_count() or 2) - 2))
+    ap.add_argument("--json-share", type=float, default=0.0, help="share of JSON-answer conversations")
+    ap.add_argument("--init-mtp", default=None,
+                    help="checkpoint whose MTP layer to start from (default: a copy of the last main layer)")
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    ap.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,
+                    help="compute dtype (autocast): default bfloat16 on CUDA, float32 on the CPU")
     args = ap.parse_args(argv)
+    if not 0 <= args.json_share <= 1:
+        ap.error("--json-share is a share between 0 and 1")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from safetensors.torch import load_file
     from tqdm import tqdm
 
@@ -97,14 +117,14 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse_hf_config(raw)
     tok_json = (src / "tokenizer.json").read_text(encoding="utf-8")
     t0 = time.time()
-    docs = make_data(tok_json, args.conversations, args.seed + 7, args.workers, 0.35)
+    docs = make_data(tok_json, args.conversations, args.seed + 7, args.workers, 0.35, args.json_share)
     data = pack(docs, args.ctx, args.seed)
     n_rows = data["ids"].shape[0]
     held = max(2, n_rows // 50)
     print(f"data: {len(docs)} conversations, {n_rows} rows of {args.ctx} ({time.time() - t0:.0f}s)", flush=True)
 
     state = load_checkpoint_state(str(src))
-    state.update(init_mtp(cfg, state, args.seed))
+    state.update(init_mtp(cfg, state, args.seed) if args.init_mtp is None else mtp_state(cfg, args.init_mtp))
     dev = torch.device(args.device)
     model = TrainableDeepseek(cfg, state).to(dev)
     for p in model.parameters():
@@ -113,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     for p in params:
         p.requires_grad_(True)
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
-    autocast = torch.autocast(dev.type, dtype=torch.bfloat16)
+    autocast = autocast_for(dev, args.dtype)
     gen = torch.Generator().manual_seed(args.seed)
     mtp_layer = [cfg.num_hidden_layers]
 

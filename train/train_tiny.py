@@ -11,10 +11,11 @@ Stages (DeepSeek-V3.2's recipe, preceded by the dense training a from-scratch mo
    detached, so the two losses train disjoint weights).
 
 Usage: ``python train/train_tiny.py --out OUT [--time-budget 380] [--steps N] [--device cuda]``; go on from a
-run (``--resume RUN``) or from a released FP8 checkpoint (``--init-checkpoint DIR``); ``--invent`` is the share
-of request entities replaced by invented words (copying), ``--dense-every N`` makes every Nth sparse-stage step
-dense (sparse output = dense), ``--shares`` sets the stage lengths. The commands of the released weights are
-in docs/tiny-model.md.
+run (``--resume RUN``) or from a released FP8 checkpoint (``--init-checkpoint DIR``: its main model and
+tokenizer); ``--invent`` is the share of request entities replaced by invented words (copying), ``--json-share``
+the share of JSON-answer conversations, ``--dense-every N`` makes every Nth sparse-stage step dense (sparse
+output = dense), ``--shares`` sets the stage lengths, ``--stages sparse`` fine-tunes in the last stage alone.
+The commands of the released weights are in docs/tiny-model.md.
 Writes ``OUT/checkpoint`` (the FP8 release layout), ``OUT/state-*.safetensors`` (bf16 training state, for
 resuming with ``--resume``), ``OUT/loss.jsonl`` and prints a summary table last.
 """
@@ -46,20 +47,21 @@ PRESET = "tiny-chat"
 STAGE_SHARES = {"dense": 0.62, "warmup": 0.06, "sparse": 0.32}
 
 
-def _gen_chunk(args: tuple[int, int, str, float]) -> list[tuple[list[int], list[int]]]:
+def _gen_chunk(args: tuple[int, int, str, float, float]) -> list[tuple[list[int], list[int]]]:
     from tokenizers import Tokenizer
 
     from train.tinychat.dataset import conversations, render, tokenize
 
-    seed, n, tok_json, invent = args
+    seed, n, tok_json, invent, json_share = args
     tok = Tokenizer.from_str(tok_json)
-    return [tokenize(tok, render(c)) for c in conversations(n, heldout=False, seed=seed, invent=invent)]
+    return [tokenize(tok, render(c))
+            for c in conversations(n, heldout=False, seed=seed, invent=invent, json_share=json_share)]
 
 
-def make_data(tok_json: str, n_conv: int, seed: int, workers: int,
-              invent: float = 0.0) -> list[tuple[list[int], list[int]]]:
+def make_data(tok_json: str, n_conv: int, seed: int, workers: int, invent: float = 0.0,
+              json_share: float = 0.0) -> list[tuple[list[int], list[int]]]:
     chunk = 2000
-    jobs = [(seed * 1_000_003 + i, min(chunk, n_conv - i * chunk), tok_json, invent)
+    jobs = [(seed * 1_000_003 + i, min(chunk, n_conv - i * chunk), tok_json, invent, json_share)
             for i in range(-(-n_conv // chunk))]
     if workers <= 1:
         parts = [_gen_chunk(j) for j in jobs]
@@ -102,6 +104,13 @@ def pack(docs, ctx: int, seed: int) -> dict[str, torch.Tensor]:
     same = doc[:, 1:] == doc[:, :-1]
     return {"ids": ids[:, :-1], "pos": pos[:, :-1], "doc": doc[:, :-1], "tgt": ids[:, 1:],
             "mask": mask[:, 1:] & same}
+
+
+def autocast_for(dev: torch.device, dtype: str | None) -> torch.autocast:
+    """bf16 autocast, or none (fp32). Default: bf16 on CUDA; fp32 on the CPU, where bf16 without bf16
+    units was 5x slower per step (AVX2 EPYC, 2 threads)."""
+    dtype = dtype or ("bfloat16" if dev.type == "cuda" else "float32")
+    return torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dtype == "bfloat16")
 
 
 def lr_at(step: int, total: int, peak: float, warm: int) -> float:
@@ -161,8 +170,17 @@ def main(argv: list[str] | None = None) -> int:
                          "KL): keeps greedy sparse output equal to dense (0: never)")
     ap.add_argument("--invent", type=float, default=0.35,
                     help="share of entity slots filled with invented words (teaches copying)")
+    ap.add_argument("--json-share", type=float, default=0.0,
+                    help="share of JSON-answer conversations in the mixture (constrained JSON that ends)")
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    ap.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,
+                    help="compute dtype (autocast): default bfloat16 on CUDA, float32 on the CPU")
     ap.add_argument("--no-checkpoint", action="store_true", help="write only the bf16 state and tokenizer.json")
     args = ap.parse_args(argv)
+    if not 0 <= args.json_share <= 1 or not 0 <= args.invent <= 1:
+        ap.error("--json-share and --invent are shares between 0 and 1")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from tqdm import tqdm
 
     from dsa_runtime.loader.export import write_checkpoint
@@ -176,8 +194,12 @@ def main(argv: list[str] | None = None) -> int:
     raw["num_nextn_predict_layers"] = 0  # the main model only: train_nextn.py adds the MTP layer afterwards
     cfg = parse_hf_config(raw)
     t0 = time.time()
-    tok_json = train_chat_tokenizer(cfg.vocab_size).to_str(pretty=True) + "\n"
-    docs = make_data(tok_json, args.conversations, args.seed, args.workers, args.invent)
+    base = args.resume or args.init_checkpoint
+    if base:  # the tokenizer it goes on with (what train_chat_tokenizer rebuilds, byte for byte)
+        tok_json = (Path(base) / "tokenizer.json").read_text(encoding="utf-8")
+    else:
+        tok_json = train_chat_tokenizer(cfg.vocab_size).to_str(pretty=True) + "\n"
+    docs = make_data(tok_json, args.conversations, args.seed, args.workers, args.invent, args.json_share)
     data = pack(docs, args.ctx, args.seed)
     n_rows = data["ids"].shape[0]
     n_tokens = sum(len(d[0]) for d in docs)
@@ -190,8 +212,9 @@ def main(argv: list[str] | None = None) -> int:
         state = {}
         for f in sorted(Path(args.resume).glob("state-*.safetensors")):
             state.update({k: v.float() for k, v in load_file(str(f)).items()})
-    elif args.init_checkpoint:
-        state = load_checkpoint_state(args.init_checkpoint)
+    elif args.init_checkpoint:  # the main model only: an MTP layer, if any, is train_nextn.py's to redo
+        state = {k: v for k, v in load_checkpoint_state(args.init_checkpoint).items()
+                 if not k.startswith("model.layers.") or int(k.split(".")[2]) < cfg.num_hidden_layers}
     else:
         state = init_state(cfg, args.seed)
     dev = torch.device(args.device)
@@ -199,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     opt_main = torch.optim.AdamW(model.main_parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
     opt_idx = torch.optim.AdamW(model.indexer_parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     stages = [s for s in args.stages.split(",") if s]
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else torch.autocast("cpu", dtype=torch.bfloat16)
+    autocast = autocast_for(dev, args.dtype)
     gen = torch.Generator().manual_seed(args.seed)
 
     def batch():

@@ -142,6 +142,26 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("docs/tiny-model.md", "cp nextn1/checkpoint/{config.json,model-0000*-of-00002.safetensors,"
                            "model.safetensors.index.json} core/loader/data/tiny-chat/"):
         "installs nextn1, the output of the training above",
+    ("docs/tiny-model.md",
+     "python train/train_tiny.py --out run6 --init-checkpoint core/loader/data/tiny-chat --seed 4 --stages sparse "
+     "--dense-every 3 --time-budget 210 --batch 32 --lr 5e-4 --json-share 0.25 --invent 0.5 --conversations 100000"):
+        "training: about 4 minutes on a GPU (round 3, from the shipped weights)",
+    ("docs/tiny-model.md",
+     "python train/train_nextn.py --out nextn2 --checkpoint run6/checkpoint --init-mtp core/loader/data/tiny-chat "
+     "--json-share 0.25 --lr 1e-3 --time-budget 80 --conversations 40000"):
+        "training the NextN layer of run6, the output of the training above: minutes on a GPU",
+    ("docs/tiny-model.md", "cp nextn2/checkpoint/{config.json,model-0000*-of-00002.safetensors,"
+                           "model.safetensors.index.json} core/loader/data/tiny-chat/"):
+        "installs nextn2, the output of the training above",
+    ("docs/tiny-model.md",
+     "python bench/json_finish.py --model core/loader/data/tiny-chat --out bench/results/json_finish_h100.json"):
+        "evaluates round 3 on the GPU after the training above (on the CPU: about 3 minutes, see below)",
+    ("docs/tiny-model.md",
+     "python bench/tiny_eval.py --model core/loader/data/tiny-chat --n 40 --json bench/results/tiny_eval_h100.json"):
+        "evaluates round 3 on the GPU after the training above",
+    ("docs/tiny-model.md", "python bench/tiny_eval.py --model core/loader/data/tiny-chat --speculative-algorithm EAGLE "
+                           "--n 20 --no-dense --latency 0 --json bench/results/tiny_eval_spec_h100.json"):
+        "evaluates round 3's NextN layer on the GPU after the training above",
     ("docs/running-benchmarks.md", "python bench/full_size.py --gpus 2 --layers auto --headroom-gib 6 --output-len 2000 "
                            "--batch1-output 128 --out docs/bench/full_size_h200x2_2026-11-26_tp2_load.json"):
         "GPU benchmark: 2 H200s, about 9 minutes",
