@@ -86,6 +86,14 @@ def tally(items: list[Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
                          for i, r in enumerate(rows) if not r["ok"]]}
 
 
+def _shown(model: Path) -> str:
+    """The model folder as the JSON records it: relative to the checkout when inside it (no machine's path)."""
+    try:
+        return str(model.resolve().relative_to(ROOT))
+    except ValueError:
+        return model.name
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="checkpoint folder (default: the embedded tiny-chat)")
@@ -128,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"temperature {t}, request {f['request']} ({f['finish']}, {f['tokens']} tokens): {f['content']!r}")
     payload = {"device": device, "host": platform.node(),
                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "torch": torch.__version__,
-               "threads": torch.get_num_threads(), "model": str(model),
+               "threads": torch.get_num_threads(), "model": _shown(model),
                "requests": len(items), "max_tokens": args.max_tokens, "results": results}
     write_json(args.out, payload)
     print(f"wrote {args.out}")
