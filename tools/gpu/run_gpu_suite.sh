@@ -27,6 +27,10 @@ SUMMARY="$PY $ROOT/tools/gpu/suite_summary.py"
 mkdir -p "$LOGS"
 start=$(date +%s)
 note() { echo "[gpu-suite $(( $(date +%s) - start )) s] $*"; }
+# A suite stopped from outside (a time limit's SIGTERM) takes its background builds and certifications with it:
+# left running, they held the GPU through the timings that followed (2026-12-07, H100).
+stop_jobs() { trap - TERM INT; kill -TERM $(jobs -p) 2>/dev/null; wait; exit 143; }
+trap stop_jobs TERM INT
 
 # --- set-up ------------------------------------------------------------------------------------------------------
 if ls .gpu-deps/tilelang/*.tar.xz >/dev/null 2>&1; then
@@ -97,7 +101,8 @@ if [ "${SKIP_PYTEST:-0}" != 1 ]; then
   "$PY" -c "import xdist" 2>/dev/null && par=(-n "$workers")
   note "pytest -m gpu tests ${par[*]}"
   "$PY" -m pytest -m gpu tests -q -rfEs -p no:cacheprovider --durations=15 ${par[@]+"${par[@]}"} \
-    --junitxml="$LOGS/pytest-gpu.xml" "$@" > "$LOGS/pytest-gpu.txt" 2>&1
+    --junitxml="$LOGS/pytest-gpu.xml" "$@" > "$LOGS/pytest-gpu.txt" 2>&1 &
+  wait $!  # in the background: bash runs the TERM trap at once during `wait`, not after a foreground command ends
   rc=$?
   tail -n 60 "$LOGS/pytest-gpu.txt"
   pytest_summary=$($SUMMARY junit "$LOGS/pytest-gpu.xml")
