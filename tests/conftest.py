@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+
+def pytest_configure(config):
+    """Under pytest-xdist, each worker takes its share of the cores as torch threads: two workers of two threads
+    each on a 2-core machine spin against each other (torch's default is one thread per core per process)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,7 @@ ALLOWED: dict[tuple[str, str], str] = {
      "--temperature 0 && (.venv/bin/dsa-runtime serve & .venv/bin/python examples/tiny_chat_client.py; wait)"):
         "the set-up line: .ci/run runs its venv + pip part on a clean clone, and it ends by leaving the server "
         "in the foreground; test_readme_first_line runs its other parts",
-    ("README.md", ".venv/bin/python -m pytest"): "the whole suite: CI runs it (.ci/run); here it would recurse",
+    ("README.md", ".venv/bin/python -m pytest -n 2"): "the whole suite: CI runs it (.ci/run); here it would recurse",
     ("README.md", "pip install dsa-runtime"): "installs from PyPI (network, changes the environment)",
     ("README.md", 'pip install "dsa-runtime[hopper]"'): "installs from PyPI (network, changes the environment)",
     ("README.md", 'pip install "dsa-runtime[blackwell]"'): "installs from PyPI (network, changes the environment)",
