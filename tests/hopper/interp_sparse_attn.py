@@ -190,9 +190,10 @@ def fewhead_checks(gen: torch.Generator) -> int:
     caches = {"bf16": rows.clone(), "fp8_656": pack_mla_656(rows[:, :512], rows[:, 512:], "ue8m0")}
     caches["bf16"][0] = float("nan")  # slot 0 is never selected: a dereferenced -1 would read a poisoned row
     caches["fp8_656"][0, :512] = 0x7F  # e4m3 NaN
-    idx = torch.randint(1, pages * page, (3, 2, 200), generator=gen, dtype=torch.int32)
+    # Two rows of two (MTP) queries: the interpreter's time grows with the queries.
+    idx = torch.randint(1, pages * page, (2, 2, 200), generator=gen, dtype=torch.int32)
     idx[0, 1, 70:] = -1  # later slices of this query see nothing
-    idx[2, 0] = -1  # an empty query: every slice empty
+    idx[1, 0] = -1  # an empty query: every slice empty
     configs = (FewHeadConfig(splits=1), FewHeadConfig(splits=3), FewHeadConfig(splits=3, fused=True),
                FewHeadConfig(block_n=16, splits=5), FewHeadConfig(64, 4, 2, splits=3, fused=True),
                FewHeadConfig(variant="fold", splits=1), FewHeadConfig(variant="fold", block_n=16, splits=4, fused=True))
@@ -202,13 +203,13 @@ def fewhead_checks(gen: torch.Generator) -> int:
     runs = [(cfg, layout, (8, 32)[i % 2]) for i, cfg in enumerate(configs) for layout in caches]
     runs += [(cfg, tuple(caches)[j % 2], heads) for j, (cfg, heads) in
              enumerate((cfg, heads) for heads in (20, 64) for cfg in configs if cfg.splits == 3)]
-    qs = {heads: torch.randn(3, 2, heads, 576, generator=gen).bfloat16() for heads in (8, 20, 32, 64)}
+    qs = {heads: torch.randn(2, 2, heads, 576, generator=gen).bfloat16() for heads in (8, 20, 32, 64)}
     for cfg, layout, heads in runs:
         cache = caches[layout].view(pages, page, -1)
         want = REF.decode(qs[heads], cache, idx, SCALE, layout=layout)
         got = decode_fewhead(qs[heads], cache, idx, SCALE, layout=layout, config=cfg)
         bad += check(f"fewhead/{layout}/h{heads}/{cfg.label}", got, want)
-    q = torch.randn(3, 2, 16, 576, generator=gen).bfloat16()
+    q = torch.randn(2, 2, 16, 576, generator=gen).bfloat16()
     for layout, flat in caches.items():
         cache = flat.view(pages, page, -1)
         for variant in ("cols", "fold"):
