@@ -286,7 +286,7 @@ def sampled(gen: torch.Generator, ref: ReferenceTopK) -> int:
                     TopKConfig(sample=SamplePlan(cap=256, sample=512, block=256), sample_min_width=1000)):  # auto slices
             kern = TritonTopK(cfg)
             got = kern.topk(rows_x, s, e, k)
-            runs_same = all(torch.equal(kern.topk(rows_x, s, e, k), got) for _ in range(3))
+            runs_same = torch.equal(kern.topk(rows_x, s, e, k), got)  # the interpreter runs programs in order: one rerun
             bad += _check(f"sampled search + register fallback (split {cfg.bisect_split}, slices {cfg.sample.slices}, "
                           f"fused {cfg.sample.fused_sample}), {name} == oracle, repeatable",
                           torch.equal(got.sort(dim=1).values, want) and runs_same)
