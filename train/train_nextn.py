@@ -38,7 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from train_tiny import autocast_for, load_checkpoint_state, lr_at, make_data, pack  # noqa: E402
+from train_tiny import add_compute_args, autocast_for, load_checkpoint_state, lr_at, make_data, pack  # noqa: E402
 
 from dsa_runtime.model.config_parse import parse_hf_config  # noqa: E402
 from dsa_runtime.model.trainable import TrainableDeepseek  # noqa: E402
@@ -92,9 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json-share", type=float, default=0.0, help="share of JSON-answer conversations")
     ap.add_argument("--init-mtp", default=None,
                     help="checkpoint whose MTP layer to start from (default: a copy of the last main layer)")
-    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    ap.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,
-                    help="compute dtype (autocast): default bfloat16 on CUDA, float32 on the CPU")
+    add_compute_args(ap)
     args = ap.parse_args(argv)
     if not 0 <= args.json_share <= 1:
         ap.error("--json-share is a share between 0 and 1")

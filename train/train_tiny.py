@@ -106,6 +106,13 @@ def pack(docs, ctx: int, seed: int) -> dict[str, torch.Tensor]:
             "mask": mask[:, 1:] & same}
 
 
+def add_compute_args(ap: argparse.ArgumentParser) -> None:
+    """``--threads`` and ``--dtype``, as both training scripts take them (see :func:`autocast_for`)."""
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    ap.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,
+                    help="compute dtype (autocast): default bfloat16 on CUDA, float32 on the CPU")
+
+
 def autocast_for(dev: torch.device, dtype: str | None) -> torch.autocast:
     """bf16 autocast, or none (fp32). Default: bf16 on CUDA; fp32 on the CPU, where bf16 without bf16
     units was 5x slower per step (AVX2 EPYC, 2 threads)."""
@@ -172,9 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="share of entity slots filled with invented words (teaches copying)")
     ap.add_argument("--json-share", type=float, default=0.0,
                     help="share of JSON-answer conversations in the mixture (constrained JSON that ends)")
-    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    ap.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,
-                    help="compute dtype (autocast): default bfloat16 on CUDA, float32 on the CPU")
+    add_compute_args(ap)
     ap.add_argument("--no-checkpoint", action="store_true", help="write only the bf16 state and tokenizer.json")
     args = ap.parse_args(argv)
     if not 0 <= args.json_share <= 1 or not 0 <= args.invent <= 1:
