@@ -96,13 +96,23 @@ class LiveServer:
         return total
 
     def wait_idle(self, timeout: float = 20.0) -> None:
-        """Until the engine has no running or waiting request and no pages in use (bounded)."""
+        """Until the engine has no running or waiting request and no pages in use (bounded).
+
+        The stats an engine process reports lag its commands (the last snapshot may predate an add still on
+        the pipe), so idle also means the engine holds no unfinished request (an engine process: none whose
+        finish has not come back, with the stats taken after it) and it held for two polls in a row.
+        """
         deadline = time.monotonic() + timeout
+        settled = 0
         while time.monotonic() < deadline:
-            s = self.state.engine.stats()
-            if s.num_running == 0 and s.num_waiting == 0 and s.pages_used == 0 and self.state.engine.num_streams == 0:
+            front = self.state.engine
+            s = front.stats()
+            idle = (s.num_running == 0 and s.num_waiting == 0 and s.pages_used == 0 and front.num_streams == 0
+                    and not front.engine.has_unfinished())
+            settled = settled + 1 if idle else 0
+            if settled >= 2:
                 return
-            time.sleep(0.02)
+            time.sleep(0.05)
         raise AssertionError(f"engine not idle after {timeout}s: {self.state.engine.stats()}")
 
 
