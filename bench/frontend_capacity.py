@@ -19,7 +19,6 @@ under cProfile (its event-loop thread) and prints the top functions by own time.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import socket
@@ -32,8 +31,9 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from load_clients import Load, level_processes, processes_arg, run_clients  # noqa: E402
 
-PROMPT = "Explain in a few paragraphs how sparse attention keeps long contexts cheap."
+MODEL = "tiny-chat"  # the name the fake engine's server answers to
 
 
 # --- the server side (a subprocess) --------------------------------------------------------------------------
@@ -97,76 +97,7 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-# --- the client side ---------------------------------------------------------------------------------------------
-class _Request:
-    """One streamed request's timings: start, content-chunk arrival times, and the usage's token count."""
-
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-        self.chunks: list[float] = []
-        self.tokens = 0
-
-
-async def _httpx_request(client: Any, url: str, body: dict[str, Any]) -> _Request:
-    rec = _Request()
-    async with client.stream("POST", url + "/v1/chat/completions", json=body) as resp:
-        resp.raise_for_status()
-        async for line in resp.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                raise RuntimeError(f"stream error: {chunk['error']}")
-            if chunk.get("usage"):
-                rec.tokens = chunk["usage"]["completion_tokens"]
-            if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
-                rec.chunks.append(time.perf_counter())
-    return rec
-
-
-async def _openai_request(client: Any, body: dict[str, Any]) -> _Request:
-    rec = _Request()
-    stream = await client.chat.completions.create(**body)
-    async for chunk in stream:
-        if chunk.usage is not None:
-            rec.tokens = chunk.usage.completion_tokens
-        if chunk.choices and chunk.choices[0].delta.content:
-            rec.chunks.append(time.perf_counter())
-    return rec
-
-
-async def _level(url: str, clients: int, args: argparse.Namespace) -> list[_Request]:
-    body = {"model": "tiny-chat", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": args.max_tokens,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
-    if args.client == "openai":
-        import httpx
-        from openai import AsyncOpenAI
-
-        limits = httpx.Limits(max_connections=clients + 8, max_keepalive_connections=clients + 8)
-        client: Any = AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
-                                  http_client=httpx.AsyncClient(limits=limits, timeout=300.0))
-
-        def one() -> Any:
-            return _openai_request(client, body)
-    else:
-        import httpx
-
-        limits = httpx.Limits(max_connections=clients + 8, max_keepalive_connections=clients + 8)
-        client = httpx.AsyncClient(limits=limits, timeout=300.0)
-
-        def one() -> Any:
-            return _httpx_request(client, url, body)
-
-    async def worker() -> list[_Request]:
-        return [await one() for _ in range(args.requests_per_client)]
-
-    try:
-        done = await asyncio.gather(*(worker() for _ in range(clients)))
-    finally:
-        await client.close() if args.client == "openai" else await client.aclose()
-    return [r for rs in done for r in rs]
-
-
+# --- the client side (bench/load_clients.py) ------------------------------------------------------------------
 def _pick(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -181,21 +112,23 @@ def _children(pid: int) -> list[int]:
 def _measure(url: str, pid: int, clients: int, args: argparse.Namespace) -> dict[str, Any]:
     engine_pids = _children(pid)  # the engine process (none with --no-engine-process)
     engine0 = sum(_cpu_seconds(p) for p in engine_pids)
-    cpu0, client0, t0 = _cpu_seconds(pid), time.process_time(), time.perf_counter()
-    records = asyncio.run(_level(url, clients, args))
-    wall, cpu = time.perf_counter() - t0, _cpu_seconds(pid) - cpu0
-    client_cpu = time.process_time() - client0
+    cpu0 = _cpu_seconds(pid)
+    load = Load(url, MODEL, args.max_tokens, None, args.client)
+    run = run_clients(load, clients, clients * args.requests_per_client, level_processes(args.client_processes, clients))
+    wall, cpu = run.wall_s, _cpu_seconds(pid) - cpu0
     engine_cpu = sum(_cpu_seconds(p) for p in engine_pids) - engine0
-    tokens = sum(r.tokens for r in records)
-    chunks = sum(len(r.chunks) for r in records)
-    gaps = [b - a for r in records for a, b in zip(r.chunks, r.chunks[1:], strict=False)]
-    ttft = [r.chunks[0] - r.start for r in records if r.chunks]
+    records = run.results
+    tokens = sum(r["tokens"] for r in records)
+    chunks = sum(r["chunks"] for r in records)
+    gaps = [g for r in records for g in r["itl"]]
+    ttft = [r["ttft"] for r in records if r["chunks"]]
     emitted = min(clients, max(args.clients)) * 1000.0 / args.step_ms
     return {
-        "clients": clients, "requests": len(records), "tokens": tokens, "wall_s": wall,
-        "tokens_per_s": tokens / wall, "engine_tokens_per_s": emitted,
+        "clients": clients, "client_processes": run.processes, "requests": len(records), "tokens": tokens,
+        "wall_s": wall, "tokens_per_s": tokens / wall, "engine_tokens_per_s": emitted,
         "server_cpu_ms_per_1k_tokens": 1e6 * cpu / max(tokens, 1), "server_cpu_util": cpu / wall,
-        "engine_cpu_util": engine_cpu / wall, "client_cpu_util": client_cpu / wall,
+        "engine_cpu_util": engine_cpu / wall, "client_cpu_util": run.cpu_s / wall,
+        "client_cpu_ms_per_1k_tokens": 1e6 * run.cpu_s / max(tokens, 1),
         "tokens_per_chunk": tokens / max(chunks, 1),
         "gap_ms": {"p50": 1e3 * _pick(gaps, 0.5), "p99": 1e3 * _pick(gaps, 0.99)},
         "ttft_ms": {"p50": 1e3 * _pick(ttft, 0.5), "p99": 1e3 * _pick(ttft, 0.99)},
@@ -217,6 +150,8 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--requests-per-client", type=int, default=2)
     ap.add_argument("--client", choices=("httpx", "openai"), default="httpx")
+    ap.add_argument("--client-processes", type=processes_arg, default="auto", metavar="N|auto",
+                    help="client processes per level (auto: one per 16 clients, at most half the cores)")
     ap.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
                     help="the fake engine in a process of its own (as serve runs on one GPU)")
     ap.add_argument("--warmup", type=int, default=8, help="clients of an unreported first level (0: none)")
@@ -237,7 +172,8 @@ def main() -> int:
             print(f"clients {clients:4d}: {lv['tokens_per_s']:9,.0f} tok/s ({lv['tokens_per_s'] / lv['engine_tokens_per_s']:.2f}x "
                   f"the engine's {lv['engine_tokens_per_s']:,.0f}), server CPU {lv['server_cpu_ms_per_1k_tokens']:.1f} ms"
                   f"/1k tok ({lv['server_cpu_util']:.2f} cores; engine {lv['engine_cpu_util']:.2f}, clients "
-                  f"{lv['client_cpu_util']:.2f}), {lv['tokens_per_chunk']:.2f} tok/chunk, gap p50/p99 "
+                  f"{lv['client_cpu_util']:.2f} in {lv['client_processes']} process(es), "
+                  f"{lv['client_cpu_ms_per_1k_tokens']:.1f} ms/1k tok), {lv['tokens_per_chunk']:.2f} tok/chunk, gap p50/p99 "
                   f"{lv['gap_ms']['p50']:.2f}/{lv['gap_ms']['p99']:.2f} ms, TTFT p50/p99 {lv['ttft_ms']['p50']:.1f}/"
                   f"{lv['ttft_ms']['p99']:.1f} ms", flush=True)
     finally:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import statistics
@@ -39,6 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_json  # noqa: E402
+from load_clients import Load, level_processes, processes_arg, prompt, run_clients  # noqa: E402
 
 
 def _percentiles(values: list[float]) -> dict[str, float]:
@@ -71,68 +71,6 @@ def shared_prefix_text(tokens: int, encode: Any = None) -> str:
     return " ".join(words[:lo])
 
 
-class _Timeline:
-    """One streamed request's clock: its start, the gaps between content chunks, the usage's token count."""
-
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-        self.first: float | None = None
-        self.last = self.start
-        self.gaps: list[float] = []
-        self.tokens = 0
-
-    def content(self) -> None:
-        now = time.perf_counter()
-        if self.first is None:
-            self.first = now
-        else:
-            self.gaps.append(now - self.last)
-        self.last = now
-
-    def result(self) -> dict[str, Any]:
-        end = time.perf_counter()
-        return {"ttft": (self.first or end) - self.start, "itl": self.gaps, "e2e": end - self.start,
-                "tokens": self.tokens}
-
-
-def _messages(prompt: str, system: str | None) -> list[dict[str, str]]:
-    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-
-
-async def _one(client: Any, model: str, prompt: str, max_tokens: int, system: str | None = None) -> dict[str, Any]:
-    body = {"model": model, "messages": _messages(prompt, system), "max_tokens": max_tokens,
-            "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-    clock = _Timeline()
-    async with client.stream("POST", "/v1/chat/completions", json=body) as r:
-        if r.status_code != 200:
-            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread()).decode()[:200]}")
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                raise RuntimeError(chunk["error"]["message"])
-            if chunk.get("usage"):
-                clock.tokens = chunk["usage"]["completion_tokens"]
-            if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
-                clock.content()
-    return clock.result()
-
-
-async def _one_openai(client: Any, model: str, prompt: str, max_tokens: int, system: str | None = None) -> dict[str, Any]:
-    """:func:`_one` through the official ``openai`` client (``AsyncOpenAI``), as a user would stream."""
-    clock = _Timeline()
-    stream = await client.chat.completions.create(
-        model=model, messages=_messages(prompt, system), max_tokens=max_tokens, temperature=0, stream=True,
-        stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
-    async for chunk in stream:
-        if chunk.usage is not None:
-            clock.tokens = chunk.usage.completion_tokens
-        if chunk.choices and chunk.choices[0].delta.content:
-            clock.content()
-    return clock.result()
-
-
 _COUNTERS = ("dsa:engine_steps_total", "dsa:prefix_cache_queries_total", "dsa:prefix_cache_hits_total")
 
 
@@ -151,36 +89,17 @@ async def _counters(client: Any) -> dict[str, float]:
 
 
 async def run_level(url: str, model: str, concurrency: int, requests: int, max_tokens: int,
-                    system: str | None = None, client_kind: str = "httpx") -> dict[str, Any]:
+                    system: str | None = None, client_kind: str = "httpx", processes: int = 1) -> dict[str, Any]:
     """One level: ``concurrency`` clients stream ``requests`` chat requests in all, with raw ``httpx`` SSE
-    parsing or (``client_kind="openai"``) the official ``openai`` client over the same connection pool."""
+    parsing or (``client_kind="openai"``) the official ``openai`` client, from ``processes`` client processes
+    (:mod:`load_clients`)."""
     import httpx
 
-    queue: asyncio.Queue[int] = asyncio.Queue()
-    for i in range(requests):
-        queue.put_nowait(i)
-    results: list[dict[str, Any]] = []
-
-    async def worker(client: Any) -> None:
-        while True:
-            try:
-                i = queue.get_nowait()
-            except asyncio.QueueEmpty:
-                return
-            results.append(await one(client, model, _prompt(i), max_tokens, system))
-
-    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
-        one, requester = _one, client
-        if client_kind == "openai":
-            from openai import AsyncOpenAI
-
-            one = _one_openai
-            requester = AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, http_client=client)
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
         before = await _counters(client)
-        start = time.perf_counter()
-        await asyncio.gather(*[worker(requester) for _ in range(concurrency)])
-        wall = time.perf_counter() - start
+        load = Load(url, model, max_tokens, system, client_kind)
+        run = await asyncio.to_thread(run_clients, load, concurrency, requests, processes)
+        results, wall = run.results, run.wall_s
         after = await _counters(client)
     delta = {k: after[k] - before[k] for k in after if k in before}
     tokens = sum(r["tokens"] for r in results)
@@ -189,6 +108,7 @@ async def run_level(url: str, model: str, concurrency: int, requests: int, max_t
         "concurrency": concurrency,
         "requests": len(results),
         "max_tokens": max_tokens,
+        "client_processes": run.processes,
         "wall_s": wall,
         "output_tokens": tokens,
         "throughput_tok_s": tokens / wall,
@@ -201,10 +121,6 @@ async def run_level(url: str, model: str, concurrency: int, requests: int, max_t
         "itl_s": _percentiles([g for r in results for g in r["itl"]]),
         "e2e_s": _percentiles([r["e2e"] for r in results]),
     }
-
-
-def _prompt(i: int) -> str:
-    return f"Request {i}: tell me a story about number {i}."
 
 
 def _max_running(args: argparse.Namespace) -> int:
@@ -231,7 +147,7 @@ def run_engine_level(engine: Any, encode: Any, concurrency: int, requests: int, 
     while added < requests or engine.has_unfinished():
         while len(live) < concurrency and added < requests:
             rid = f"e{concurrency}-{added}"
-            engine.add_request(rid, encode(_prompt(added)), params)
+            engine.add_request(rid, encode(prompt(added)), params)
             live[rid] = {"start": time.perf_counter(), "first": None, "last": 0.0, "itl": []}
             added += 1
         for out in engine.step():
@@ -337,6 +253,10 @@ def _start_embedded(args: argparse.Namespace) -> tuple[str, str, Any]:
     return f"http://127.0.0.1:{port}", state.model_name, stop
 
 
+def _level_processes(args: argparse.Namespace, clients: int) -> int:
+    return level_processes(args.client_processes, clients)
+
+
 def _table(levels: list[dict[str, Any]]) -> str:
     head = (f"{'clients':>7} {'reqs':>5} {'tok/s':>9} {'req/s':>7} {'TTFT p50':>9} {'TTFT p99':>9} "
             f"{'ITL p50':>8} {'ITL p90':>8} {'ITL p99':>8} {'E2E p50':>8} {'steps/s':>8}")
@@ -365,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--client", choices=("httpx", "openai"), default="httpx",
                         help="stream with raw httpx SSE parsing or the official openai client")
+    parser.add_argument("--client-processes", type=processes_arg, default=1, metavar="N|auto",
+                        help="spread each level's clients over N processes (auto: one per 16 clients, at most half "
+                             "the cores), so that one Python process's CPU does not cap what is measured")
     parser.add_argument("--out", type=Path, default=Path("bench/results/serve_load.json"))
     parser.add_argument("--shared-prefix", type=int, default=0, metavar="TOKENS",
                         help="every request starts with the same system prompt of about this many tokens")
@@ -389,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--engine-only runs its own engine; it cannot load --url")
         if args.serve_process:
             parser.error("--engine-only starts no server; drop --serve-process")
+        if args.client_processes != 1:
+            parser.error("--engine-only has no clients to spread; drop --client-processes")
         if args.compare_radix_cache:
             return compare_radix_cache(args)
         model, levels = _engine_only(args)
@@ -416,13 +341,14 @@ def _serve_levels(args: argparse.Namespace) -> tuple[str, str, list[dict[str, An
         url, model, stop = _start_embedded(args)
     try:
         for c in args.concurrency if args.warmup else ():
-            asyncio.run(run_level(url, model, c, c * args.warmup, args.max_tokens, args.system, args.client))
+            asyncio.run(run_level(url, model, c, c * args.warmup, args.max_tokens, args.system, args.client,
+                                  _level_processes(args, c)))
         if args.warmup:
             print("  warm-up done", file=sys.stderr, flush=True)
         levels = []
         for c in args.concurrency:
             levels.append(asyncio.run(run_level(url, model, c, c * args.requests_per_client, args.max_tokens,
-                                                args.system, args.client)))
+                                                args.system, args.client, _level_processes(args, c))))
             print(f"  {c} clients done", file=sys.stderr, flush=True)
     finally:
         if stop is not None:

@@ -9,7 +9,9 @@ EOS ignored), each in a fresh process: ``--engine-only`` (the engine stepped dir
 --engine-process`` (the default on one CUDA device). The
 first level warms kernel caches and is left out of the table. Prints engine steps/s and tokens/s per level with
 each server's ratio to the engine alone, and writes the JSON files plus ``serve_vs_engine.json``. ``--servers``
-picks the server runs, ``--client openai`` streams them with the official client. Then, per server and level,
+picks the server runs, ``--client openai`` streams them with the official client, from one client process per
+16 clients (``--client-processes``: one Python process streaming 64 clients with the official client is itself
+the limit). Then, per server and level,
 the front-end targets: tokens/s at least 0.9x the engine alone's, the inter-chunk gap p99 at most 3x the
 engine's step time (one over its steps/s at that level), TTFT p99 at most 2x the engine alone's.
 """
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from load_clients import processes_arg  # noqa: E402
 from serve_process import serve_process  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -42,7 +45,7 @@ def _served(engine_process: bool, out: Path, args: argparse.Namespace) -> dict[s
     flags = ["--max-running-requests", str(max(args.concurrency)),
              "--engine-process" if engine_process else "--no-engine-process"]
     with serve_process(flags, args.start_timeout) as url:
-        return _load(["--url", url, "--client", args.client], out, args)
+        return _load(["--url", url, "--client", args.client, "--client-processes", str(args.client_processes)], out, args)
 
 
 def main() -> int:
@@ -54,6 +57,9 @@ def main() -> int:
     ap.add_argument("--start-timeout", type=float, default=600.0, help="seconds a server may take to start")
     ap.add_argument("--out-dir", type=Path, default=HERE / "results")
     ap.add_argument("--client", choices=("httpx", "openai"), default="httpx", help="how the servers are streamed")
+    ap.add_argument("--client-processes", type=processes_arg, default="auto", metavar="N|auto",
+                    help="client processes per level against the servers (bench/serve_load.py; auto: one per 16 "
+                         "clients, at most half the cores)")
     ap.add_argument("--servers", nargs="+", choices=("thread", "process"), default=["thread", "process"],
                     help="server runs: the engine on a thread of the server (--no-engine-process), in its own process")
     args = ap.parse_args()
