@@ -87,7 +87,7 @@ def build_rank_runner(spec: RankSpec, tp: Any) -> Any:
     from dsa_runtime.backend import load_object
     from dsa_runtime.cache import KVCache
     from dsa_runtime.distributed.load import load_rank_checkpoint
-    from dsa_runtime.distributed.sharding import shard_tensors, tensor_bytes
+    from dsa_runtime.distributed.sharding import shard_tensors
     from dsa_runtime.model.runner import ModelRunner, kernel_needs
     from dsa_runtime.resolve import KernelConfig, resolve_kernels
 
@@ -98,12 +98,11 @@ def build_rank_runner(spec: RankSpec, tp: Any) -> Any:
         from dsa_runtime.loader.overrides import override_checkpoint_config
 
         part = load_rank_checkpoint(spec.model_path, info, with_tokenizer=False, mtp=spec.nextn)
-        config, tensors, loaded = part.config, part.tensors, part.bytes_read
+        config, tensors = part.config, part.tensors
         config = override_checkpoint_config(spec.model_path, config, spec.config_overrides)
     elif spec.tensors is not None:
         config = spec.config
         tensors = shard_tensors(spec.tensors, info, config.num_hidden_layers, mtp=spec.nextn)
-        loaded = tensor_bytes(tensors)
     else:
         if spec.nextn:
             raise ValueError("random TP weights have no MTP layer: speculative decoding needs model_path or tensors")
@@ -111,7 +110,6 @@ def build_rank_runner(spec: RankSpec, tp: Any) -> Any:
 
         config = spec.config
         tensors = rank_random_state(config, info, tp.device, spec.random_seed or 0, fp8=spec.random_fp8)
-        loaded = tensor_bytes(tensors)
     kcfg = spec.kernel_config or KernelConfig(platform="cpu" if spec.device_type == "cpu" else "auto")
     needs = kernel_needs(config, spec.page_size, attn_tp=info.attn_size)
     kernels = resolve_kernels(kcfg, needs=needs)
@@ -123,7 +121,6 @@ def build_rank_runner(spec: RankSpec, tp: Any) -> Any:
                          mha_max_keys=spec.mha_max_keys, tp=tp, nextn=spec.nextn, release_tensors=True,
                          max_requests=spec.max_requests, max_model_len=spec.max_model_len,
                          draft_steps=spec.draft_steps)
-    runner.bytes_loaded = loaded  # type: ignore[attr-defined]
     del tensors
     # Every rank captures the same buckets in the same order: the collectives inside the graphs pair up.
     runner.capture_graphs(spec.graph_batch_sizes, spec.chain_batch_sizes, progress=info.rank == 0)
@@ -236,7 +233,7 @@ def serve_worker_node(parallel: ParallelConfig, spec: RankSpec) -> int:
 
 def loaded_bytes(runner: Any) -> int:
     """Bytes of weights this rank loaded (for ``DistributedRunner.collect``)."""
-    return int(getattr(runner, "bytes_loaded", 0))
+    return runner.bytes_loaded
 
 
 def ep_tokens(runner: Any) -> int:
@@ -248,7 +245,7 @@ def ep_tokens(runner: Any) -> int:
 def memory_stats(runner: Any) -> dict[str, int]:
     """This rank's device memory in bytes (for ``DistributedRunner.collect``): weights loaded, KV cache, and on
     CUDA the allocator's allocated / peak allocated / reserved bytes and the device's total."""
-    out = {"weights": loaded_bytes(runner), "kv_cache": int(getattr(runner.cache, "total_bytes", 0))}
+    out = {"weights": loaded_bytes(runner), "kv_cache": runner.cache.total_bytes}
     dev = torch.device(runner.device)
     if dev.type == "cuda":
         out.update(allocated=torch.cuda.memory_allocated(dev), peak=torch.cuda.max_memory_allocated(dev),

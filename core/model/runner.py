@@ -129,6 +129,7 @@ class ModelRunner:
         self.nextn = nextn
         if nextn and cache.draft_layers < 1:
             raise ValueError("a runner with a NextN draft layer needs a KV cache with draft_layers >= 1")
+        self.bytes_loaded = sum(t.numel() * t.element_size() for t in tensors.values())  # before release_tensors
         with torch.inference_mode():
             self.model = DeepseekModel(config, tensors, dtype=self.dtype, device=self.device, tp=tp,
                                        moe_fp32_sum=moe_fp32_sum, nextn=nextn, release_tensors=release_tensors)
@@ -137,12 +138,11 @@ class ModelRunner:
     @classmethod
     def from_checkpoint(cls, checkpoint, **kwargs) -> ModelRunner:
         """Build from a loader ``Checkpoint`` (``.config``, ``.tensors``, ``.mtp_tensors``)."""
-        tensors = dict(checkpoint.tensors)
-        tensors.update(getattr(checkpoint, "mtp_tensors", {}) or {})
-        return cls(checkpoint.config, tensors, **kwargs)
+        return cls(checkpoint.config, {**checkpoint.tensors, **checkpoint.mtp_tensors}, **kwargs)
 
     def load_weights(self, tensors: dict[str, Tensor]) -> None:
         """Replace every weight from a new HF-named tensor dict (same config); the cache is kept."""
+        self.bytes_loaded = sum(t.numel() * t.element_size() for t in tensors.values())
         with torch.inference_mode():
             self.model = DeepseekModel(self.config, tensors, dtype=self.dtype, device=self.device, tp=self.tp,
                                        moe_fp32_sum=self.moe_fp32_sum, nextn=self.nextn)
