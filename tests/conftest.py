@@ -9,12 +9,18 @@ import pytest
 
 def pytest_configure(config):
     """Under pytest-xdist, each worker takes its share of the cores as torch threads: two workers of two threads
-    each on a 2-core machine spin against each other (torch's default is one thread per core per process)."""
+    each on a 2-core machine spin against each other (torch's default is one thread per core per process).
+
+    Without a GPU, child processes (TP ranks, engine processes, kit workers: hundreds in the suite) fork from a
+    server that imported torch once instead of importing it again each, 2-3 s of CPU apiece
+    (``dsa_runtime.processes``); a GPU host keeps the runtime's default, spawn, which is what users run."""
+    import torch
+
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers > 1:
-        import torch
-
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DSA_WORKER_MULTIPROC_METHOD", "forkserver")
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,6 @@ other ranks run is :mod:`dsa_runtime.distributed.worker`.
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
@@ -49,20 +48,19 @@ class DistributedRunner:
     """
 
     def __init__(self, parallel: ParallelConfig, spec: RankSpec) -> None:
-        import torch.multiprocessing as mp
-
         from dsa_runtime.distributed.comm import init_groups
+        from dsa_runtime.processes import context, start
 
         if parallel.node_rank != 0:
             raise ValueError("the scheduler runs on node 0; other nodes run serve_worker_node()")
         self.parallel, self.spec = parallel, spec
         method = init_method(parallel)
-        ctx = mp.get_context("spawn")
-        self.procs = []
-        for local in range(1, parallel.ranks_per_node):
-            p = ctx.Process(target=worker_main, args=(local, parallel, spec, method, os.getpid()), daemon=True)
-            p.start()
-            self.procs.append(p)
+        ctx = context()
+        # The workers' lifeline: this end stays open while this process lives; a worker exits when it closes.
+        watched, self._lifeline = ctx.Pipe(duplex=False)
+        self.procs = [start(worker_main, local, parallel, spec, method, watched, ctx=ctx)
+                      for local in range(1, parallel.ranks_per_node)]
+        watched.close()
         self._closed = False
         self.runner: Any = None
         self._slot_group = torch.zeros(spec.max_requests + 1, dtype=torch.int64)  # DP: each slot's group
@@ -231,5 +229,6 @@ class DistributedRunner:
                 p.join(timeout=10)
         finally:
             self._kill()
+            self._lifeline.close()
             if dist.is_initialized():
                 dist.destroy_process_group()

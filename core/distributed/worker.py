@@ -8,11 +8,11 @@ the end are what ``DistributedRunner.collect`` calls on every rank.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
 import threading
-import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any
@@ -174,21 +174,23 @@ def execute(runner: Any, tp: Any, msg: Message, tokens: torch.Tensor | None = No
     return out
 
 
-def _watch_parent(parent: int) -> None:
-    """Exit when the process that spawned this worker is gone (no orphan waiting forever)."""
-    while True:
-        time.sleep(0.5)
-        if os.getppid() != parent:
-            os._exit(3)
+def _watch_parent(lifeline: Any) -> None:
+    """Exit when the process that started this worker is gone (no orphan waiting forever): it holds the other
+    end of ``lifeline`` and never writes, so a read returns only when that end closes. (Not the parent pid: under
+    a fork server the parent is the server, not the process that asked for the worker.)"""
+    with contextlib.suppress(EOFError, OSError):
+        lifeline.recv()
+    os._exit(3)
 
 
-def worker_main(local_rank: int, parallel: ParallelConfig, spec: RankSpec, method: str, parent: int) -> None:
-    """Entry of a spawned worker: init the groups, build the runner, then serve steps until ``stop``."""
+def worker_main(local_rank: int, parallel: ParallelConfig, spec: RankSpec, method: str, lifeline: Any) -> None:
+    """Entry of a worker process: init the groups, build the runner, then serve steps until ``stop``; exits when
+    the process that started it closes ``lifeline`` (its receiving end here)."""
     import torch.distributed as dist
 
     from dsa_runtime.distributed.comm import init_groups
 
-    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    threading.Thread(target=_watch_parent, args=(lifeline,), daemon=True).start()
     rank = parallel.node_rank * parallel.ranks_per_node + local_rank
     if spec.cpu_threads:
         torch.set_num_threads(spec.cpu_threads)
@@ -217,17 +219,18 @@ def worker_main(local_rank: int, parallel: ParallelConfig, spec: RankSpec, metho
 
 def serve_worker_node(parallel: ParallelConfig, spec: RankSpec) -> int:
     """Multi-node: run this node's ranks (``--node-rank`` > 0) until node 0 stops them; exit code."""
-    import torch.multiprocessing as mp
+    from dsa_runtime.processes import context, start
 
     method = init_method(parallel)
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=worker_main, args=(local, parallel, spec, method, os.getpid()))
+    ctx = context()
+    watched, lifeline = ctx.Pipe(duplex=False)
+    procs = [start(worker_main, local, parallel, spec, method, watched, ctx=ctx, daemon=False)
              for local in range(parallel.ranks_per_node)]
-    for p in procs:
-        p.start()
+    watched.close()
     for p in procs:
         p.join()
     bad = [p.exitcode for p in procs if p.exitcode]
+    lifeline.close()
     return 1 if bad else 0
 
 

@@ -1,6 +1,6 @@
 """The engine in its own process, so the HTTP server never competes with the step loop for the GIL.
 
-:class:`EngineProcess` starts a child process (``spawn``: CUDA initialises there only) that builds the
+:class:`EngineProcess` starts a child process (:mod:`dsa_runtime.processes`: CUDA initialises there only) that builds the
 :class:`~dsa_runtime.engine.Engine` from an :class:`EngineConfig` and steps it whenever it has work, as SGLang's
 scheduler process does. The parent holds a proxy with the Engine interface :class:`AsyncEngine` drives
 (``add_request``, ``abort``, ``step``, ``has_unfinished``, ``stats``, plus ``tokenizer``, ``model_config``,
@@ -19,7 +19,6 @@ closes, so it never outlives the server.
 from __future__ import annotations
 
 import contextlib
-import multiprocessing as mp
 import queue
 import signal
 import threading
@@ -28,6 +27,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from dsa_runtime.engine.outputs import RequestMetrics, RequestOutput
+from dsa_runtime.processes import context, start
 
 READY_TIMEOUT_S = 1800.0  # model load + kernel compiles + graph capture on a cold machine
 IDLE_POLL_S = 0.05
@@ -128,10 +128,9 @@ class EngineProcess:
     """
 
     def __init__(self, config: Any, *, ready_timeout_s: float = READY_TIMEOUT_S, build: Any = None) -> None:
-        ctx = mp.get_context("spawn")
+        ctx = context()
         self._conn, child_conn = ctx.Pipe()
-        self._proc = ctx.Process(target=_child, args=(child_conn, config, build), name="dsa-engine", daemon=True)
-        self._proc.start()
+        self._proc = start(_child, child_conn, config, build, ctx=ctx, name="dsa-engine")
         child_conn.close()
         deadline = time.monotonic() + ready_timeout_s
         while not self._conn.poll(1.0):

@@ -2,7 +2,7 @@
 
 A kernel that segfaults, hits an illegal memory access or trips a device-side assert kills (or poisons) the
 process it runs in. With isolation the parent process only schedules: each claimed case is sent by id to a
-worker process (``multiprocessing`` *spawn*, so no CUDA state is inherited), which runs it exactly as
+worker process (started as :mod:`dsa_runtime.processes` starts children, so no CUDA state is inherited), which runs it exactly as
 :func:`~dsa_runtime.testing.runner.run_case` does and sends the :class:`CaseResult` back. When the worker
 dies, the case is ``crashed`` with the signal (``SIGSEGV``) or exit code; when a case leaves the device
 context unusable, the worker reports the case ``crashed`` with the CUDA error and exits. Either way the next
@@ -21,7 +21,6 @@ The worker must find the same backend. :func:`backend_ref` describes it as one o
 from __future__ import annotations
 
 import contextlib
-import multiprocessing as mp
 import pickle
 import signal
 import time
@@ -29,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dsa_runtime.errors import ConfigError
+from dsa_runtime.processes import context, start
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -152,13 +152,10 @@ class IsolatedRunner:
         self.close()
 
     def _start(self) -> None:
-        ctx = mp.get_context("spawn")
+        ctx = context()
         parent, child = ctx.Pipe()
-        self.proc = ctx.Process(
-            target=_worker, args=(child, self.ref, self.device, self.oracle_device), daemon=True,
-            name="dsa-conformance-worker",
-        )
-        self.proc.start()
+        self.proc = start(_worker, child, self.ref, self.device, self.oracle_device, ctx=ctx,
+                          name="dsa-conformance-worker")
         child.close()
         self.conn = parent
         self.started += 1
