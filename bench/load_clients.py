@@ -1,9 +1,10 @@
 """Streaming chat clients spread over processes, so that the clients are never what limits a load test.
 
-One Python process streaming with the official ``openai`` client spends tens of microseconds of its own CPU per
-chunk (pydantic models, SSE decoding): at 64 clients and tens of thousands of tokens per second it is the
-bottleneck, not the server it measures. :func:`run_clients` gives each of ``processes`` spawned processes its
-own event loop and its share of the clients and of the requests; the shares start together.
+A Python process that streams spends more CPU per chunk than the server spends sending it (SSE decoding, and
+with the official ``openai`` client a pydantic model per chunk; ``bench/frontend_capacity.py`` reports both): at
+64 clients and tens of thousands of tokens per second one such process is the bottleneck, not the server.
+:func:`run_clients` gives each of ``processes`` spawned processes its own event loop and its share of the
+clients and of the requests; the shares start together.
 
 A request's result is a dict: ``ttft`` (start to the first content chunk), ``itl`` (the gaps between content
 chunks), ``e2e`` (seconds), ``tokens`` (the usage chunk's completion tokens) and ``chunks`` (content chunks).
