@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from dsa_runtime.distributed.sharding import tensor_bytes
 from dsa_runtime.model.attention import AttnContext, DecodeTables
 from dsa_runtime.model.batch import SeqMeta, StepMeta
 from dsa_runtime.model.config import ModelConfig
@@ -129,7 +130,7 @@ class ModelRunner:
         self.nextn = nextn
         if nextn and cache.draft_layers < 1:
             raise ValueError("a runner with a NextN draft layer needs a KV cache with draft_layers >= 1")
-        self.bytes_loaded = sum(t.numel() * t.element_size() for t in tensors.values())  # before release_tensors
+        self.bytes_loaded = tensor_bytes(tensors)  # before release_tensors empties the dict
         with torch.inference_mode():
             self.model = DeepseekModel(config, tensors, dtype=self.dtype, device=self.device, tp=tp,
                                        moe_fp32_sum=moe_fp32_sum, nextn=nextn, release_tensors=release_tensors)
@@ -142,7 +143,7 @@ class ModelRunner:
 
     def load_weights(self, tensors: dict[str, Tensor]) -> None:
         """Replace every weight from a new HF-named tensor dict (same config); the cache is kept."""
-        self.bytes_loaded = sum(t.numel() * t.element_size() for t in tensors.values())
+        self.bytes_loaded = tensor_bytes(tensors)
         with torch.inference_mode():
             self.model = DeepseekModel(self.config, tensors, dtype=self.dtype, device=self.device, tp=self.tp,
                                        moe_fp32_sum=self.moe_fp32_sum, nextn=self.nextn)
