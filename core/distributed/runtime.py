@@ -26,7 +26,7 @@ from dsa_runtime.distributed.worker import (
     execute,
     init_method,
     send,
-    worker_main,
+    start_workers,
 )
 from dsa_runtime.model.step import Step, StepKind
 
@@ -49,18 +49,12 @@ class DistributedRunner:
 
     def __init__(self, parallel: ParallelConfig, spec: RankSpec) -> None:
         from dsa_runtime.distributed.comm import init_groups
-        from dsa_runtime.processes import context, start
 
         if parallel.node_rank != 0:
             raise ValueError("the scheduler runs on node 0; other nodes run serve_worker_node()")
         self.parallel, self.spec = parallel, spec
         method = init_method(parallel)
-        ctx = context()
-        # The workers' lifeline: this end stays open while this process lives; a worker exits when it closes.
-        watched, self._lifeline = ctx.Pipe(duplex=False)
-        self.procs = [start(worker_main, local, parallel, spec, method, watched, ctx=ctx)
-                      for local in range(1, parallel.ranks_per_node)]
-        watched.close()
+        self.procs, self._lifeline = start_workers(range(1, parallel.ranks_per_node), parallel, spec, method)
         self._closed = False
         self.runner: Any = None
         self._slot_group = torch.zeros(spec.max_requests + 1, dtype=torch.int64)  # DP: each slot's group

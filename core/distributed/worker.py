@@ -217,16 +217,24 @@ def worker_main(local_rank: int, parallel: ParallelConfig, spec: RankSpec, metho
         os._exit(1)
 
 
-def serve_worker_node(parallel: ParallelConfig, spec: RankSpec) -> int:
-    """Multi-node: run this node's ranks (``--node-rank`` > 0) until node 0 stops them; exit code."""
+def start_workers(local_ranks: Any, parallel: ParallelConfig, spec: RankSpec, method: str, *,
+                  daemon: bool = True) -> tuple[list[Any], Any]:
+    """Start :func:`worker_main` for each of ``local_ranks``; returns the processes and the lifeline's write end,
+    which the caller keeps open while it lives (closing it, or dying, stops every worker it started)."""
     from dsa_runtime.processes import context, start
 
-    method = init_method(parallel)
     ctx = context()
     watched, lifeline = ctx.Pipe(duplex=False)
-    procs = [start(worker_main, local, parallel, spec, method, watched, ctx=ctx, daemon=False)
-             for local in range(parallel.ranks_per_node)]
+    procs = [start(worker_main, local, parallel, spec, method, watched, ctx=ctx, daemon=daemon)
+             for local in local_ranks]
     watched.close()
+    return procs, lifeline
+
+
+def serve_worker_node(parallel: ParallelConfig, spec: RankSpec) -> int:
+    """Multi-node: run this node's ranks (``--node-rank`` > 0) until node 0 stops them; exit code."""
+    procs, lifeline = start_workers(range(parallel.ranks_per_node), parallel, spec, init_method(parallel),
+                                    daemon=False)
     for p in procs:
         p.join()
     bad = [p.exitcode for p in procs if p.exitcode]
