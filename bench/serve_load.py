@@ -26,7 +26,6 @@ on two engines). ``--warmup N`` first runs every level once, unreported, with N 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import platform
 import statistics
@@ -74,10 +73,12 @@ def shared_prefix_text(tokens: int, encode: Any = None) -> str:
 _COUNTERS = ("dsa:engine_steps_total", "dsa:prefix_cache_queries_total", "dsa:prefix_cache_hits_total")
 
 
-async def _counters(client: Any) -> dict[str, float]:
+def _counters(url: str) -> dict[str, float]:
     """The engine counters of the server's /metrics that it has (none for a server without metrics)."""
+    import httpx
+
     try:
-        text = (await client.get("/metrics")).text
+        text = httpx.get(url + "/metrics", timeout=60).text
     except Exception:  # noqa: BLE001 - a server without metrics: no step rate, no hit rate
         return {}
     out = {}
@@ -88,19 +89,15 @@ async def _counters(client: Any) -> dict[str, float]:
     return out
 
 
-async def run_level(url: str, model: str, concurrency: int, requests: int, max_tokens: int,
-                    system: str | None = None, client_kind: str = "httpx", processes: int = 1) -> dict[str, Any]:
+def run_level(url: str, model: str, concurrency: int, requests: int, max_tokens: int,
+              system: str | None = None, client_kind: str = "httpx", processes: int = 1) -> dict[str, Any]:
     """One level: ``concurrency`` clients stream ``requests`` chat requests in all, with raw ``httpx`` SSE
     parsing or (``client_kind="openai"``) the official ``openai`` client, from ``processes`` client processes
     (:mod:`load_clients`)."""
-    import httpx
-
-    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
-        before = await _counters(client)
-        load = Load(url, model, max_tokens, system, client_kind)
-        run = await asyncio.to_thread(run_clients, load, concurrency, requests, processes)
-        results, wall = run.results, run.wall_s
-        after = await _counters(client)
+    before = _counters(url)
+    run = run_clients(Load(url, model, max_tokens, system, client_kind), concurrency, requests, processes)
+    results, wall = run.results, run.wall_s
+    after = _counters(url)
     delta = {k: after[k] - before[k] for k in after if k in before}
     tokens = sum(r["tokens"] for r in results)
     queries = delta.get("dsa:prefix_cache_queries_total")
@@ -253,10 +250,6 @@ def _start_embedded(args: argparse.Namespace) -> tuple[str, str, Any]:
     return f"http://127.0.0.1:{port}", state.model_name, stop
 
 
-def _level_processes(args: argparse.Namespace, clients: int) -> int:
-    return level_processes(args.client_processes, clients)
-
-
 def _table(levels: list[dict[str, Any]]) -> str:
     head = (f"{'clients':>7} {'reqs':>5} {'tok/s':>9} {'req/s':>7} {'TTFT p50':>9} {'TTFT p99':>9} "
             f"{'ITL p50':>8} {'ITL p90':>8} {'ITL p99':>8} {'E2E p50':>8} {'steps/s':>8}")
@@ -341,14 +334,14 @@ def _serve_levels(args: argparse.Namespace) -> tuple[str, str, list[dict[str, An
         url, model, stop = _start_embedded(args)
     try:
         for c in args.concurrency if args.warmup else ():
-            asyncio.run(run_level(url, model, c, c * args.warmup, args.max_tokens, args.system, args.client,
-                                  _level_processes(args, c)))
+            run_level(url, model, c, c * args.warmup, args.max_tokens, args.system, args.client,
+                      level_processes(args.client_processes, c))
         if args.warmup:
             print("  warm-up done", file=sys.stderr, flush=True)
         levels = []
         for c in args.concurrency:
-            levels.append(asyncio.run(run_level(url, model, c, c * args.requests_per_client, args.max_tokens,
-                                                args.system, args.client, _level_processes(args, c))))
+            levels.append(run_level(url, model, c, c * args.requests_per_client, args.max_tokens, args.system,
+                                    args.client, level_processes(args.client_processes, c)))
             print(f"  {c} clients done", file=sys.stderr, flush=True)
     finally:
         if stop is not None:
