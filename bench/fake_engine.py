@@ -56,7 +56,8 @@ class FakeEngine:
         self.tokenizer = load_tokenizer(path)
         self.max_model_len = config.max_model_len
         self.model_config = SimpleNamespace(is_dsa=True)  # V3.2: the V3.2 encoder and parsers, as for tiny-chat
-        self.parts = SimpleNamespace(extras={"path": str(path)})
+        self.model_path: str | None = str(path)
+        self.kernel_log: tuple[str, ...] = ()
         self._ids = self.tokenizer.encode(REPLY, add_special_tokens=False)
         self._pieces = [self.tokenizer.decode([t], skip_special_tokens=False) for t in self._ids]
         self._waiting: list[_Running] = []

@@ -186,7 +186,7 @@ def _engine_only(args: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
     engine_config = EngineConfig(model=args.model_dir, dtype=args.dtype, max_running_requests=_max_running(args),
                                  disable_radix_cache=args.disable_radix_cache)
     engine = Engine(engine_config)
-    path = engine.parts.extras.get("path")
+    path = engine.model_path
     prompts = PromptBuilder(detect_flavor(engine.model_config, str(path or "")), engine.tokenizer,
                             str(path) if path else None)
 

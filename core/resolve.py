@@ -141,6 +141,11 @@ class ResolvedKernels:
         """Name of the backend running ``"family.method"``."""
         return self.choices[method].backend
 
+    def log_lines(self) -> tuple[str, ...]:
+        """The start-up report: platform, device and KV layout, then each method's backend with its reason."""
+        head = f"platform {self.platform}, device {self.device}, KV layout {self.kv_layout}"
+        return (head, *(f"kernel {method}: {c.backend} ({c.reason})" for method, c in self.choices.items()))
+
 
 def _choose_platform(manager: DSAPluginManager, name: str) -> tuple[Platform, Detection]:
     if name != AUTO:

@@ -30,7 +30,13 @@ logger = logging.getLogger(__name__)
 
 
 class EngineLike(Protocol):
-    """The part of ``dsa_runtime.engine.Engine`` (docs/server.md, "The engine interface") that the async wrapper uses."""
+    """``dsa_runtime.engine.Engine``'s interface as the server sees it (docs/server.md, "The engine interface")."""
+
+    tokenizer: Any
+    max_model_len: int
+    model_config: Any  # None when unknown
+    model_path: str | None  # the checkpoint folder, None when there is none
+    kernel_log: tuple[str, ...]  # start-up lines: the resolved platform and each kernel's backend
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: Any) -> None: ...
     def step(self) -> list[Any]: ...
@@ -58,9 +64,7 @@ class AsyncEngine:
     """Wraps a synchronous engine in one background stepping thread (see the module docstring).
 
     Args:
-        engine: an object with the Engine interface (``add_request``, ``step``, ``abort``,
-            ``has_unfinished``, ``stats``), also exposing ``tokenizer``, ``model_config`` and
-            ``max_model_len`` where the caller needs them (reachable as :attr:`engine`).
+        engine: an object with the Engine interface (:class:`EngineLike`), reachable as :attr:`engine`.
         idle_wait_s: how long the loop sleeps when there is nothing to do and no command arrives.
     """
 

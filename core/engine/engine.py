@@ -91,6 +91,10 @@ class Engine:
         self.runner = parts.runner
         self.tokenizer = parts.tokenizer
         self.model_config = parts.model_config
+        path = parts.extras.get("path")
+        self.model_path: str | None = str(path) if path else None
+        kernels = parts.extras.get("kernels")
+        self.kernel_log: tuple[str, ...] = kernels.log_lines() if kernels is not None else ()
         self.allocator = parts.allocator
         self.pages_total = int(parts.allocator.num_free)
         cap = self.pages_total * parts.page_size

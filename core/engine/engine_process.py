@@ -4,7 +4,7 @@
 :class:`~dsa_runtime.engine.Engine` from an :class:`EngineConfig` and steps it whenever it has work, as SGLang's
 scheduler process does. The parent holds a proxy with the Engine interface :class:`AsyncEngine` drives
 (``add_request``, ``abort``, ``step``, ``has_unfinished``, ``stats``, plus ``tokenizer``, ``model_config``,
-``max_model_len`` and ``parts.extras``): commands go down a pipe, and :meth:`EngineProcess.step` returns
+``max_model_len``, ``model_path`` and ``kernel_log``): commands go down a pipe, and :meth:`EngineProcess.step` returns
 whatever outputs the child has sent since the last call, waiting briefly when there are none. The child runs
 ahead on its own, so its step rate does not depend on how fast the server consumes the outputs.
 
@@ -23,7 +23,6 @@ import queue
 import signal
 import threading
 import time
-from types import SimpleNamespace
 from typing import Any
 
 from dsa_runtime.engine.outputs import RequestMetrics, RequestOutput
@@ -47,11 +46,10 @@ def _child(conn: Any, config: Any, build: Any) -> None:
             from dsa_runtime.engine import Engine as build
 
         engine = build(config)
-        extras = engine.parts.extras
         conn.send(("ready", {
             "tokenizer": engine.tokenizer, "model_config": engine.model_config,
-            "max_model_len": engine.max_model_len, "path": str(extras["path"]) if extras.get("path") else None,
-            "kernels": getattr(extras.get("kernels"), "choices", None), "stats": engine.stats(),
+            "max_model_len": engine.max_model_len, "model_path": engine.model_path,
+            "kernel_log": engine.kernel_log, "stats": engine.stats(),
         }))
     except BaseException as exc:  # noqa: BLE001 - the parent must hear why, whatever it was
         with contextlib.suppress(Exception):
@@ -146,8 +144,8 @@ class EngineProcess:
         self.tokenizer = info["tokenizer"]
         self.model_config = info["model_config"]
         self.max_model_len = info["max_model_len"]
-        self.kernel_choices = info["kernels"]
-        self.parts = SimpleNamespace(extras={"path": info["path"]} if info["path"] else {})
+        self.model_path: str | None = info["model_path"]
+        self.kernel_log: tuple[str, ...] = info["kernel_log"]
         self._stats = info["stats"]
         self._live: dict[str, tuple[list[int], list[int], list[str]]] = {}  # id -> prompt, ids, text deltas
 

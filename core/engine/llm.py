@@ -104,7 +104,7 @@ class LLM:
     @property
     def chat_format(self) -> ChatFormat:
         if self._chat_format is None:
-            path = self.engine.parts.extras.get("path")
+            path = self.engine.model_path
             self._chat_format = chat_format(self.engine.model_config, path)
         return self._chat_format
 

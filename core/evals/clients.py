@@ -119,7 +119,7 @@ class InProcessClient:
         from dsa_runtime.engine.engine import Engine
 
         engine = Engine(config)
-        path = engine.parts.extras.get("path")
+        path = engine.model_path
         self._format = chat_format(engine.model_config, path)
         self._tokenizer = engine.tokenizer
         self._engine = AsyncEngine(engine)

@@ -64,9 +64,9 @@ class ServerConfig:
         if self.engine_process is not None:
             return self.engine_process
         engine = self.engine
-        if engine is None or getattr(engine, "tp", 1) * getattr(engine, "dp", 1) != 1:
+        if engine is None or engine.tp * engine.dp != 1:
             return False
-        device = str(getattr(engine, "device", "auto"))
+        device = str(engine.device)
         if device == "auto":
             import torch
 

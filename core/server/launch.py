@@ -32,13 +32,12 @@ def build_state(config: ServerConfig, engine: Any, *, model_dir: str | None = No
     """Server state around an engine with the interface of docs/server.md, "The engine interface" (started here)."""
     async_engine = async_engine_for(engine)  # an engine process is read on the event loop, others stepped on a thread
     core = async_engine.engine
-    extras = getattr(getattr(core, "parts", None), "extras", None) or {}
-    model_dir = model_dir or (str(extras["path"]) if extras.get("path") else None)
+    model_dir = model_dir or core.model_path
     model_dir = model_dir or (config.engine.model if config.engine is not None else None)
     # The embedded model's cache folder ends in a content hash; the served name leaves it out.
     default_name = re.sub(r"-[0-9a-f]{12}$", "", Path(model_dir).name) if model_dir else "dsa-runtime-default"
     name = config.served_model_name or default_name
-    flavor = detect_flavor(getattr(core, "model_config", None), f"{model_dir or ''} {name}")
+    flavor = detect_flavor(core.model_config, f"{model_dir or ''} {name}")
     tool = config.tool_call_parser if config.tool_call_parser is not None else flavor.tool_parser
     reasoning = config.reasoning_parser if config.reasoning_parser is not None else flavor.reasoning_parser
     tool = None if tool in ("", "none") else tool
@@ -168,8 +167,8 @@ def serve(config: ServerConfig, engine: Any = None) -> int:
             from dsa_runtime.engine import Engine
 
             engine = Engine(config.engine)
-    _log_kernels(engine)
     state = build_state(config, engine)
+    _log_kernels(state.engine.engine)
     app = build_app(state)
     sock = bind_socket(config.host, config.port)
     port = sock.getsockname()[1]
@@ -188,13 +187,5 @@ def serve(config: ServerConfig, engine: Any = None) -> int:
 
 def _log_kernels(engine: Any) -> None:
     """Start-up log of the backend each kernel family resolved to, with the reason."""
-    extras = getattr(getattr(engine, "parts", None), "extras", None) or {}
-    kernels = extras.get("kernels")
-    if kernels is None:
-        for family, choice in (getattr(engine, "kernel_choices", None) or {}).items():  # an engine process
-            print(f"dsa-runtime: kernel {family}: {choice.backend} ({choice.reason})", flush=True)
-        return
-    print(f"dsa-runtime: platform {kernels.platform}, device {kernels.device}, KV layout {kernels.kv_layout}",
-          flush=True)
-    for family, choice in kernels.choices.items():
-        print(f"dsa-runtime: kernel {family}: {choice.backend} ({choice.reason})", flush=True)
+    for line in engine.kernel_log:
+        print(f"dsa-runtime: {line}", flush=True)

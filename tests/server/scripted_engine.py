@@ -13,7 +13,6 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 from dsa_runtime.engine import EngineStats, RequestMetrics, RequestOutput, SamplingParams, TokenLogprob
 
@@ -112,7 +111,8 @@ class ScriptedEngine:
         self.script = script
         self.max_model_len = max_model_len
         self.model_config = None
-        self.parts = SimpleNamespace(extras={})  # what an engine process reports of its checkpoint: nothing
+        self.model_path: str | None = None  # no checkpoint behind the script
+        self.kernel_log: tuple[str, ...] = ()
         self.page_size, self.num_pages, self.max_running = page_size, num_pages, max_running
         self.step_delay_s = step_delay_s
         self.pages_used = 0
