@@ -158,8 +158,8 @@ def build_app(state: ServerState) -> FastAPI:
         check_api_key(request, state.config.api_key)
         req = parse_body(DetokenizeRequest, await read_json(request, limit))
         state.check_model(req.model)
-        vocab = getattr(state.tokenizer, "vocab_size", None)
-        if vocab is not None and any(not 0 <= t < vocab for t in req.tokens):
+        vocab = state.tokenizer.vocab_size
+        if any(not 0 <= t < vocab for t in req.tokens):
             raise bad_request(f"token ids must be in [0, {vocab})", param="tokens")
         return JSONResponse({"prompt": state.tokenizer.decode(req.tokens, skip_special_tokens=False)})
 

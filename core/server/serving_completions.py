@@ -69,7 +69,7 @@ class CompletionRun:
 
     def _prompts(self, prompt: Any) -> list[list[int]]:
         state = self.state
-        vocab = getattr(state.tokenizer, "vocab_size", None)
+        vocab = state.tokenizer.vocab_size
         if isinstance(prompt, str):
             prompt = [prompt]
         if prompt and all(isinstance(p, int) for p in prompt):
@@ -79,7 +79,7 @@ class CompletionRun:
             ids = state.prompts.encode(p, max_len=state.max_model_len, param="prompt") if isinstance(p, str) else list(p)
             if not ids:
                 raise bad_request("prompt must not be empty", param="prompt")
-            if vocab is not None and any(not 0 <= t < vocab for t in ids):
+            if any(not 0 <= t < vocab for t in ids):
                 raise bad_request(f"prompt token ids must be in [0, {vocab})", param="prompt")
             out.append(ids)
         if not out:
