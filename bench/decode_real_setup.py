@@ -132,7 +132,6 @@ def fill_cache(cache, kernels, config: ModelConfig, *, chunk: int = 1 << 16, see
     ``k_pe`` ``[n, 64]`` bf16 through ``kv_quant.store_mla``; index keys ~N(0, 1) ``[n, 128]`` bf16 through
     ``indexer.quantize_k`` + ``kv_quant.store_index_k``), in chunks of ``chunk`` slots, then copied into every
     other layer's pools (each layer keeps its own pool; equal contents cost nothing in a bandwidth benchmark)."""
-    from dsa_runtime.model.mla import store_mla
 
     dev = cache.device
     gen = torch.Generator(device=dev).manual_seed(seed)
@@ -143,7 +142,7 @@ def fill_cache(cache, kernels, config: ModelConfig, *, chunk: int = 1 << 16, see
         n = slots.shape[0]
         c = torch.randn(n, lora, generator=gen, device=dev, dtype=torch.bfloat16)
         k_pe = torch.randn(n, rope, generator=gen, device=dev, dtype=torch.bfloat16)
-        store_mla(kernels, cache.mla[0], slots, c, k_pe, cache.kv_layout)
+        kernels.kv_quant.store_mla(cache.mla[0], slots, c, k_pe, layout=cache.kv_layout)
         if cache.index_k:
             k = torch.randn(n, config.index_head_dim, generator=gen, device=dev, dtype=torch.bfloat16)
             k8, k_scale = kernels.indexer.quantize_k(k, scale_fmt=scale_fmt)

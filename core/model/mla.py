@@ -6,8 +6,6 @@ are written to the cache first, then attention reads them back per sequence (see
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 from torch import Tensor
 
@@ -24,29 +22,6 @@ from dsa_runtime.model.indexer import Indexer
 from dsa_runtime.model.ops import FEW_ROWS, fp32_copy, linear, rms_norm
 from dsa_runtime.model.rope import apply_interleaved
 from dsa_runtime.model.weights import WeightSource
-
-_TAKES_SCALE_FMT: dict[object, bool] = {}
-
-
-def store_mla(kernels, kv_cache: Tensor, locs: Tensor, c: Tensor, k_pe: Tensor, layout: str) -> None:
-    """``kernels.kv_quant.store_mla``; the fp8_656 cache always uses ue8m0 scales, which make the bf16
-    dequantisation exact (prefill reads bf16 rows, decode reads FP8 rows: both see the same values).
-
-    Contracts that no longer take ``scale_fmt`` (the rule fixed to ue8m0 there) are called without it.
-    """
-    fn = kernels.kv_quant.store_mla
-    key = getattr(fn, "__func__", fn)  # the backend's function, whatever view object holds it
-    takes = _TAKES_SCALE_FMT.get(key)
-    if takes is None:
-        try:
-            takes = "scale_fmt" in inspect.signature(fn).parameters
-        except (TypeError, ValueError):
-            takes = False
-        _TAKES_SCALE_FMT[key] = takes
-    if takes:
-        fn(kv_cache, locs, c, k_pe, layout=layout, scale_fmt="ue8m0")
-    else:
-        fn(kv_cache, locs, c, k_pe, layout=layout)
 
 
 def _absorbed_rows(ctx: AttnContext, seqs: list[SeqMeta], device) -> Tensor:
@@ -85,6 +60,7 @@ class MLA:
         self.w_uk = kv_b[:, : self.nope].contiguous()
         self.w_uv = kv_b[:, self.nope:].contiguous()
         self.wo = ws.linear(f"{prefix}.o_proj")
+        self._kv_t: Tensor | None = None  # kv_b_proj for the MHA prefill, built on first use (see _w_kv)
         self.indexer: Indexer | None = None
         # IndexCache: this layer skips its indexer queries and top-k and reuses the last Full layer's indices
         # (its index keys are still written: cheap, and any layer's cache stays complete).
@@ -111,7 +87,8 @@ class MLA:
         c = rms_norm(kv[:, : self.lora], self.kv_norm, self.eps)  # only the latent is normalised
         k_pe = apply_interleaved(kv[:, self.lora:], turn)
         locs = ctx.step.locs
-        store_mla(ctx.kernels, kv_cache, locs, c, k_pe, ctx.kv_layout)
+        # fp8_656 rows always carry ue8m0 scales, so the bf16 rows prefill reads back equal what decode reads.
+        ctx.kernels.kv_quant.store_mla(kv_cache, locs, c, k_pe, layout=ctx.kv_layout)
         iq = None
         ctx.reuse_topk = self.reuse_topk
         if self.indexer is not None:
@@ -159,7 +136,7 @@ class MLA:
 
     def _w_kv(self) -> Tensor:
         """kv_b_proj as ``[512, H * (nope + v)]`` (model dtype) for the MHA prefill, built on first use."""
-        w = getattr(self, "_kv_t", None)
+        w = self._kv_t
         if w is None:
             w = self._kv_t = torch.cat([self.w_uk, self.w_uv], dim=1).reshape(-1, self.lora).T.contiguous()
         return w
