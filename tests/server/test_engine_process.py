@@ -57,6 +57,21 @@ def test_outputs_match_the_in_process_engine(proxy):
     assert stamps.arrival <= stamps.first_token <= stamps.last_token <= stamps.finished
 
 
+def test_the_proxy_reports_the_engines_checkpoint_and_kernels(proxy):
+    from dsa_runtime.engine import Engine
+    from dsa_runtime.families import METHODS
+    from dsa_runtime.loader.default_model import embedded_model_path
+
+    local = Engine(EngineConfig(max_running_requests=4))
+    assert local.model_path == str(embedded_model_path()) == proxy.model_path
+    assert proxy.kernel_log == local.kernel_log
+    head, *kernels = local.kernel_log
+    assert head.startswith("platform ") and ", KV layout " in head
+    # One line per method of every family, in contract order, each naming its backend and why.
+    assert [line.split(":")[0] for line in kernels] == [f"kernel {m}" for m in METHODS]
+    assert all(line.endswith(")") and " (" in line for line in kernels)
+
+
 def test_a_late_read_gets_one_merged_output_per_request(proxy):
     """Steps that queued while nobody read come back as one output per request: the deltas, logprobs and text of
     every step joined in order, totals and finish state of the last, and a refusal still as its error."""
