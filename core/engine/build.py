@@ -41,16 +41,10 @@ def build_parts(config: EngineConfig) -> EngineParts:
     checkpoint = load_checkpoint(path, device="cpu", progress=True)
     model_config = override_config(checkpoint.config, checkpoint.raw_config, config.model_overrides())
     parts = build_parts_from_weights(
-        config, model_config, _all_tensors(checkpoint), checkpoint.tokenizer, _eos_ids(path)
+        config, model_config, checkpoint.all_tensors(), checkpoint.tokenizer, _eos_ids(path)
     )
     parts.extras["path"] = path
     return parts
-
-
-def _all_tensors(checkpoint: Any) -> dict[str, Any]:
-    tensors = dict(checkpoint.tensors)
-    tensors.update(getattr(checkpoint, "mtp_tensors", None) or {})
-    return tensors
 
 
 def _eos_ids(path: Path) -> set[int]:

@@ -57,6 +57,10 @@ class Checkpoint:
     path: Path
     raw_config: dict[str, Any] = field(default_factory=dict, repr=False)
 
+    def all_tensors(self) -> dict[str, Tensor]:
+        """The main stack's tensors and the MTP layers' in one dict (what a runner with its draft layer loads)."""
+        return {**self.tensors, **self.mtp_tensors}
+
     def dequantized(self, name: str) -> Tensor:
         """fp32 value of weight ``name`` (``W[i, j] = W8[i, j] * S[i // 128, j // 128]`` when FP8)."""
         import torch

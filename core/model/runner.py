@@ -139,7 +139,7 @@ class ModelRunner:
     @classmethod
     def from_checkpoint(cls, checkpoint, **kwargs) -> ModelRunner:
         """Build from a loader ``Checkpoint`` (``.config``, ``.tensors``, ``.mtp_tensors``)."""
-        return cls(checkpoint.config, {**checkpoint.tensors, **checkpoint.mtp_tensors}, **kwargs)
+        return cls(checkpoint.config, checkpoint.all_tensors(), **kwargs)
 
     def load_weights(self, tensors: dict[str, Tensor]) -> None:
         """Replace every weight from a new HF-named tensor dict (same config); the cache is kept."""

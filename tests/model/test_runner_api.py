@@ -3,11 +3,12 @@ validation before anything is written, weight loading (FP8 experts kept FP8, MTP
 
 from __future__ import annotations
 
-import types
+from pathlib import Path
 
 import pytest
 import torch
 
+from dsa_runtime.loader.checkpoint import Checkpoint
 from dsa_runtime.model.runner import ModelRunner
 from dsa_runtime.model.seqs import ForwardBatch, ForwardSeq, forward
 from dsa_runtime.reference.kv_quant import ReferenceKVQuant
@@ -82,7 +83,7 @@ def test_weights_fp8_experts_stay_fp8_and_mtp_is_kept_aside():
     assert moe.shared is not None and moe.shared.w2.shape == (1, cfg.hidden_size, cfg.moe_intermediate_size)
     assert runner.mtp_tensors and all(k.startswith("model.layers.3.") for k in runner.mtp_tensors)
     main_only = {k: v for k, v in weights("tiny-v32").items() if not k.startswith("model.layers.3.")}
-    ckpt = types.SimpleNamespace(config=cfg, tensors=main_only, mtp_tensors={})
+    ckpt = Checkpoint(config=cfg, tensors=main_only, mtp_tensors={}, tokenizer=None, path=Path("."))
     again = ModelRunner.from_checkpoint(ckpt, kernels=kernels(), cache=runner.cache, dtype="float32")
     assert again.mtp_tensors == {}
 
