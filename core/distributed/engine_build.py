@@ -117,16 +117,16 @@ def build_distributed_parts(config: Any, path: Path, extra_eos: set[int]) -> Any
     logger.info("tensor parallel: tp %d, dp %d (%d ranks per attention group), ep %d, %d node(s); KV %d pages x %d",
                 parallel.tp, parallel.dp, parallel.attn_size, parallel.ep, parallel.nnodes, num_pages, page_size)
     runner = DistributedRunner(parallel, spec)
-    extras: dict[str, Any] = {"kernels": runner.kernels, "cache": runner.cache, "path": path, "parallel": parallel}
+    ep_load = None
     if parallel.ep > 1:
         from dsa_runtime.distributed.ep_load import EPLoad
 
-        extras["ep_load"] = EPLoad(runner)
+        ep_load = EPLoad(runner)
     tokenizer = load_tokenizer(layout.folder) if (layout.folder / "tokenizer.json").is_file() else None
     eos = {model_config.eos_token_id, getattr(tokenizer, "eos_id", model_config.eos_token_id)} | extra_eos
     return EngineParts(
         runner=runner, tokenizer=tokenizer, allocator=PageAllocator(num_pages), page_size=page_size,
         max_model_len=max_context, vocab_size=model_config.vocab_size,
         eos_token_ids=frozenset(e for e in eos if e is not None), model_config=model_config,
-        extras=extras,
+        model_path=str(path), kernels=runner.kernels, ep_load=ep_load,
     )

@@ -43,7 +43,7 @@ def build_parts(config: EngineConfig) -> EngineParts:
     parts = build_parts_from_weights(
         config, model_config, checkpoint.all_tensors(), checkpoint.tokenizer, _eos_ids(path)
     )
-    parts.extras["path"] = path
+    parts.model_path = str(path)
     return parts
 
 
@@ -145,7 +145,7 @@ def build_parts_from_weights(
         vocab_size=model_config.vocab_size,
         eos_token_ids=frozenset(e for e in eos if e is not None),
         model_config=model_config,
-        extras={"plan": plan, "kernels": kernels, "cache": runner.cache},
+        kernels=kernels,
     )
 
 

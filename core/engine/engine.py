@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -62,7 +62,9 @@ class EngineParts:
     vocab_size: int
     eos_token_ids: frozenset[int] = frozenset()
     model_config: Any = None
-    extras: dict[str, Any] = field(default_factory=dict)
+    model_path: str | None = None  # the checkpoint folder (chat template, served name); None without one
+    kernels: Any = None  # the ResolvedKernels the runner uses (the start-up log); None for a stand-in runner
+    ep_load: Any = None  # --ep-size: the EPLoad counters read by stats(); None otherwise
 
 
 def _groups(scheduled: list, graph_rows: int) -> list[list]:
@@ -91,10 +93,8 @@ class Engine:
         self.runner = parts.runner
         self.tokenizer = parts.tokenizer
         self.model_config = parts.model_config
-        path = parts.extras.get("path")
-        self.model_path: str | None = str(path) if path else None
-        kernels = parts.extras.get("kernels")
-        self.kernel_log: tuple[str, ...] = kernels.log_lines() if kernels is not None else ()
+        self.model_path = parts.model_path
+        self.kernel_log: tuple[str, ...] = parts.kernels.log_lines() if parts.kernels is not None else ()
         self.allocator = parts.allocator
         self.pages_total = int(parts.allocator.num_free)
         cap = self.pages_total * parts.page_size
@@ -423,7 +423,7 @@ class Engine:
     # --- introspection --------------------------------------------------------------------------
     def stats(self) -> EngineStats:
         cache = self.prefix_cache
-        ep_load = self.parts.extras.get("ep_load")
+        ep_load = self.parts.ep_load
         ep_tokens, ep_imbalance = ep_load.read(self._counters["steps"]) if ep_load is not None else ((), 0.0)
         cached = cache.evictable if cache is not None else 0
         used = self.pages_total - int(self.allocator.num_free) - cached  # cached pages nobody uses count as free
