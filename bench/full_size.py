@@ -216,7 +216,7 @@ def run_topology(config: Any, topo: Topology, args: argparse.Namespace, num_page
     from dsa_runtime.distributed.runtime import DistributedRunner
     from dsa_runtime.distributed.worker import RankSpec
     from dsa_runtime.engine import Engine, EngineConfig
-    from dsa_runtime.engine.engine import EngineParts
+    from dsa_runtime.engine.parts import EngineParts
     from dsa_runtime.resolve import KernelConfig
 
     kcfg = KernelConfig() if args.device == "cuda" else KernelConfig(platform="cpu")

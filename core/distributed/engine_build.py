@@ -100,7 +100,7 @@ def build_distributed_parts(config: Any, path: Path, extra_eos: set[int]) -> Any
     """EngineParts whose runner is a :class:`~dsa_runtime.distributed.runtime.DistributedRunner`."""
     from dsa_runtime.cache import PageAllocator
     from dsa_runtime.distributed.runtime import DistributedRunner
-    from dsa_runtime.engine.engine import EngineParts
+    from dsa_runtime.engine.parts import EngineParts
     from dsa_runtime.loader.overrides import override_config
     from dsa_runtime.loader.tokenizer import load_tokenizer
     from dsa_runtime.loader.validate import inspect_layout

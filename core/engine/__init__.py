@@ -10,7 +10,7 @@ from typing import Any
 
 _EXPORTS = {
     "Engine": "dsa_runtime.engine.engine",
-    "EngineParts": "dsa_runtime.engine.engine",
+    "EngineParts": "dsa_runtime.engine.parts",
     "EngineConfig": "dsa_runtime.engine.config",
     "SamplingParams": "dsa_runtime.engine.params",
     "RequestOutput": "dsa_runtime.engine.outputs",

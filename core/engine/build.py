@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dsa_runtime.engine.config import EngineConfig
-from dsa_runtime.engine.engine import EngineParts
+from dsa_runtime.engine.parts import EngineParts
 
 logger = logging.getLogger(__name__)
 CPU_DEFAULT_TOKENS = 32768

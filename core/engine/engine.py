@@ -25,6 +25,7 @@ from dsa_runtime.engine.config import EngineConfig
 from dsa_runtime.engine.detokenizer import make_detokenizer
 from dsa_runtime.engine.outputs import EngineStats, RequestMetrics, RequestOutput, TokenLogprob
 from dsa_runtime.engine.params import SamplingParams
+from dsa_runtime.engine.parts import EngineParts
 from dsa_runtime.engine.request import Request, Status
 from dsa_runtime.engine.sampler import PendingSample, sample_async
 from dsa_runtime.engine.scheduler import Scheduler
@@ -33,7 +34,7 @@ from dsa_runtime.engine.stop import find_stop
 from dsa_runtime.engine.structured import GrammarBackend, GrammarState
 from dsa_runtime.model.batch import pack_in_order
 from dsa_runtime.model.slots import SlotTable
-from dsa_runtime.model.step import Runner, Step, StepKind
+from dsa_runtime.model.step import Step, StepKind
 
 
 @dataclass
@@ -43,28 +44,6 @@ class _Launched:
     requests: list[Request]
     pending: PendingSample
     decode_only: bool
-
-
-@dataclass
-class EngineParts:
-    """What an engine runs on; :func:`dsa_runtime.engine.build.build_parts` makes them from a config.
-
-    ``runner``: a :class:`~dsa_runtime.model.step.Runner`; ``tokenizer.decode(ids, skip_special_tokens)``;
-    ``allocator``: ``num_free``, ``alloc(n)``, ``free(pages)``, ``num_used``. ``max_model_len`` is capped by the
-    cache capacity here, so the config need not know it.
-    """
-
-    runner: Runner
-    tokenizer: Any
-    allocator: Any
-    page_size: int
-    max_model_len: int
-    vocab_size: int
-    eos_token_ids: frozenset[int] = frozenset()
-    model_config: Any = None
-    model_path: str | None = None  # the checkpoint folder (chat template, served name); None without one
-    kernels: Any = None  # the ResolvedKernels the runner uses (the start-up log); None for a stand-in runner
-    ep_load: Any = None  # --ep-size: the EPLoad counters read by stats(); None otherwise
 
 
 def _groups(scheduled: list, graph_rows: int) -> list[list]:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from dsa_runtime.engine.engine import EngineParts
+from dsa_runtime.engine.parts import EngineParts
 
 BOS, EOS, PAD = 0, 1, 2
 SPECIALS = {BOS: "<bos>", EOS: "<eos>", PAD: "<pad>"}
