@@ -350,6 +350,8 @@ class MoEKernels(Protocol):
         topk_ids: Tensor,
         experts: ExpertWeights,
         shared: ExpertWeights | None = None,
+        *,
+        out_dtype: torch.dtype | None = None,
     ) -> Tensor:
         """``out[t] = sum_j topk_weights[t, j] * E_{ids[t, j]}(x[t]) + shared(x[t])``.
 
@@ -357,8 +359,10 @@ class MoEKernels(Protocol):
             x: ``[T, D]`` bf16. topk_weights: ``[T, k]`` fp32. topk_ids: ``[T, k]`` int32, ``-1`` = skip
                 (an expert held by another rank).
             experts: ``E`` routed experts. shared: one expert (``E = 1``) always added with weight 1, or None.
+            out_dtype: ``torch.bfloat16`` (None means bfloat16), or ``torch.float32`` for the fp32 sum without
+                its final rounding (a tensor-parallel rank's partial sum, rounded once after the all-reduce).
         Returns:
-            ``[T, D]`` bf16 (accumulated in fp32).
+            ``[T, D]`` in ``out_dtype`` (accumulated in fp32).
         """
         ...
 

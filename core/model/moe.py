@@ -9,8 +9,6 @@ whole and :meth:`MoE.forward_ep` sends its tokens to their experts' ranks and ba
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 from torch import Tensor
 
@@ -31,22 +29,6 @@ class DenseFFN:
     def __call__(self, x: Tensor, kernels, out_dtype: torch.dtype | None = None) -> Tensor:
         """x ``[T, D]`` -> ``[T, D]`` in x's dtype, or fp32 with ``out_dtype`` (unrounded partial sums)."""
         return swiglu_mlp(x, self.w1, self.w3, self.w2, out_dtype)
-
-
-_TAKES_OUT_DTYPE: dict[object, bool] = {}
-
-
-def takes_out_dtype(fn) -> bool:
-    """Whether an ``experts`` implementation accepts ``out_dtype`` (older plugins return bf16 only)."""
-    key = getattr(fn, "__func__", fn)
-    got = _TAKES_OUT_DTYPE.get(key)
-    if got is None:
-        try:
-            got = "out_dtype" in inspect.signature(fn).parameters
-        except (TypeError, ValueError):
-            got = False
-        _TAKES_OUT_DTYPE[key] = got
-    return got
 
 
 class MoE:
@@ -80,14 +62,12 @@ class MoE:
 
     def __call__(self, x: Tensor, kernels, out_dtype: torch.dtype | None = None) -> Tensor:
         """x ``[T, D]`` -> ``[T, D]`` in x's dtype; with ``out_dtype`` float32 the experts' fp32 sum unrounded
-        (a TP rank's partial sum) when the backend takes ``out_dtype``, else its bf16 output as fp32."""
+        (a TP rank's partial sum)."""
         weights, ids = self._route(x, kernels)
-        fn = kernels.moe.experts
-        if out_dtype is None and self.fp32_sum and x.dtype != torch.float32 and takes_out_dtype(fn):
-            return fn(x, weights, ids, self.experts, self.shared, out_dtype=torch.float32).to(x.dtype)
-        if out_dtype == torch.float32 and takes_out_dtype(fn):
-            return fn(x, weights, ids, self.experts, self.shared, out_dtype=torch.float32)
-        return fn(x, weights, ids, self.experts, self.shared).to(out_dtype or x.dtype)
+        fp32 = out_dtype == torch.float32 or (out_dtype is None and self.fp32_sum and x.dtype != torch.float32)
+        y = kernels.moe.experts(x, weights, ids, self.experts, self.shared,
+                                out_dtype=torch.float32 if fp32 else torch.bfloat16)
+        return y.to(out_dtype or x.dtype)
 
     def forward_ep(self, x: Tensor, kernels, out_dtype: torch.dtype) -> Tensor:
         """Expert parallelism: x ``[T, D]`` (this rank's share of the tokens; every rank of the EP group calls
@@ -119,7 +99,6 @@ class MoE:
 
     @staticmethod
     def _experts(x: Tensor, weights: Tensor, ids: Tensor, experts, kernels, out_dtype: torch.dtype) -> Tensor:
-        fn = kernels.moe.experts
-        if out_dtype == torch.float32 and takes_out_dtype(fn):
-            return fn(x, weights, ids, experts, None, out_dtype=torch.float32)
-        return fn(x, weights, ids, experts, None).to(out_dtype)
+        fp32 = out_dtype == torch.float32
+        y = kernels.moe.experts(x, weights, ids, experts, None, out_dtype=torch.float32 if fp32 else torch.bfloat16)
+        return y.to(out_dtype)

@@ -89,7 +89,7 @@ class ReferenceMoE:
         experts: ExpertWeights,
         shared: ExpertWeights | None = None,
         *,
-        out_dtype: torch.dtype = torch.bfloat16,
+        out_dtype: torch.dtype | None = None,
     ) -> Tensor:
         """``out[t] = sum_j w[t, j] * E_{ids[t, j]}(x[t]) + shared(x[t])``: ``[T, D]`` bf16 (fp32 unrounded
         with ``out_dtype`` float32, a TP rank's partial sum), fp32 inside.

@@ -90,9 +90,12 @@ def _experts(gen: torch.Generator, dev: torch.device, n: int, dim: int, inter: i
 
 
 def _experts_case(
-    tokens: int, n_exp: int, top_k: int, dim: int, inter: int, dtype: str, shared: bool, ids: str, tier: str
+    tokens: int, n_exp: int, top_k: int, dim: int, inter: int, dtype: str, shared: bool, ids: str, tier: str,
+    out: str = "bf16",
 ) -> Case:
+    """``out`` ``fp32``: the unrounded fp32 sum a tensor-parallel rank asks for (``out_dtype=torch.float32``)."""
     fp8 = dtype == "fp8"
+    out_dtype = torch.float32 if out == "fp32" else torch.bfloat16
 
     def build(gen: torch.Generator, dev: torch.device) -> Inputs:
         x = data.randn(gen, (tokens, dim), dev).to(torch.bfloat16)
@@ -108,17 +111,21 @@ def _experts_case(
         }
 
     def run(kern: object, a: Inputs) -> Tensor:
+        if out == "fp32":
+            return kern.experts(a["x"], a["w"], a["ids"], a["experts"], a["shared"],  # type: ignore[attr-defined]
+                                out_dtype=torch.float32)
         return kern.experts(a["x"], a["w"], a["ids"], a["experts"], a["shared"])  # type: ignore[attr-defined]
 
     def check(ctx: CheckContext) -> str | None:
-        return expect_tensor("out", ctx.got, (tokens, dim), torch.bfloat16) or rel_l2(
+        return expect_tensor("out", ctx.got, (tokens, dim), out_dtype) or rel_l2(
             "out", ctx.got, ctx.want, tolerance("moe.out_fp8" if fp8 else "moe.out_bf16")
         )
 
     return Case(
-        f"moe/experts/{dtype}/e{n_exp}/k{top_k}/d{dim}/i{inter}/t{tokens}/{'shared' if shared else 'noshared'}/{ids}",
+        f"moe/experts/{dtype}/e{n_exp}/k{top_k}/d{dim}/i{inter}/t{tokens}/{'shared' if shared else 'noshared'}/{ids}"
+        + ("/out_fp32" if out == "fp32" else ""),
         FAMILY, tier, {"weight_dtype": "fp8_e4m3" if fp8 else "bf16"}, build, run, check,  # type: ignore[arg-type]
-        f"SwiGLU experts, {dtype} weights, ids -1 skipped, shared expert {'on' if shared else 'off'}",
+        f"SwiGLU experts, {dtype} weights, ids -1 skipped, shared expert {'on' if shared else 'off'}, {out} out",
     )
 
 
@@ -150,6 +157,11 @@ def cases() -> list[Case]:
                 (6, 8, 8, 128, 64, dtype, False, "all_neg"),
             ]
         ]
+        # fp32 out at decode and at prefill sizes (backends often switch paths past a few dozen tokens).
+        out += [_experts_case(*spec, "quick", out="fp32") for spec in [
+            (7, 6, 3, 256, 128, dtype, True, "neg_ids"),
+            (96, 8, 4, 256, 128, dtype, True, "neg_ids"),
+        ]]
         out += [
             _experts_case(64, 16, 8, 7168, 2048, dtype, True, "neg_ids", "full"),
             _experts_case(512, 64 if dtype == "fp8" else 32, 8, 7168, 2048, dtype, False, "neg_ids", "full"),

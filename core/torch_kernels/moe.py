@@ -113,7 +113,7 @@ class TorchMoE:
         experts: ExpertWeights,
         shared: ExpertWeights | None = None,
         *,
-        out_dtype: torch.dtype = torch.bfloat16,
+        out_dtype: torch.dtype | None = None,
     ) -> Tensor:
         """``out[t] = sum_j w[t, j] * E_{ids[t, j]}(x[t]) + shared(x[t])``: ``[T, D]`` bf16 (``out_dtype``
         float32: the fp32 accumulation unrounded, each expert's down projection too, for TP partial sums),

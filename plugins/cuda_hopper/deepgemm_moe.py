@@ -125,8 +125,13 @@ class DeepGEMMMoE:
         shared: ExpertWeights | None = None,
         *,
         scale_fmt: ScaleFmt | None = None,
+        out_dtype: torch.dtype | None = None,
     ) -> Tensor:
-        """See :meth:`dsa_runtime.families.MoEKernels.experts`: ``[T, D]`` bf16 out."""
+        """See :meth:`dsa_runtime.families.MoEKernels.experts`: ``[T, D]`` in ``out_dtype`` (bf16 by default;
+        float32: the fp32 sum before its rounding, of bf16 down-projection rows on the DeepGEMM paths)."""
+        out_dtype = out_dtype or torch.bfloat16
+        if out_dtype not in (torch.bfloat16, torch.float32):
+            raise ValueError(f"out_dtype must be bfloat16 or float32, got {out_dtype}")
         fmt = scale_fmt or self.scale_fmt
         if x.dim() != 2:
             raise ValueError(f"x must be [T, D], got shape {tuple(x.shape)}")
@@ -142,19 +147,19 @@ class DeepGEMMMoE:
         if not experts.is_fp8 or dim % QUANT_BLOCK or inter % QUANT_BLOCK or (shared is not None and not shared.is_fp8):
             from dsa_runtime.torch_kernels.moe import TorchMoE  # outside DeepGEMM's layouts: plain torch
 
-            return TorchMoE().experts(x, topk_weights, topk_ids, experts, shared)
+            return TorchMoE().experts(x, topk_weights, topk_ids, experts, shared, out_dtype=out_dtype)
         ids = topk_ids.to(device=x.device, dtype=torch.int32)
         bad = (ids < -1) | (ids >= n_exp)
         ids = torch.where(bad, -1, ids)
         if tokens <= self.masked_max_tokens and self.decode == "triton" and x.is_cuda and _triton_glue(x):
             # Decode-sized batches: the Triton kernels stream only the chosen experts' weights at the copy
             # ceiling (64 tokens: 2.24 ms on the H200) where DeepGEMM's masked layout took 3.92 ms.
-            return self._triton_moe(fmt).experts(x, topk_weights, topk_ids, experts, shared)
+            return self._triton_moe(fmt).experts(x, topk_weights, topk_ids, experts, shared, out_dtype=out_dtype)
         if tokens > self.masked_max_tokens and _triton_glue(x):
-            out16 = self._prefill_cuda(x, topk_weights, ids, experts, shared, fmt)
+            y = self._prefill_cuda(x, topk_weights, ids, experts, shared, fmt, out_dtype)
             if self.check_ids and bool(bad.any()):
                 raise ValueError(f"expert ids must be -1 or in [0, {n_exp})")
-            return out16
+            return y
         out = torch.zeros(tokens, dim, dtype=torch.float32, device=x.device)
         if tokens:
             x8, xs = quantize_blocks(x, fmt)  # type: ignore[arg-type]
@@ -167,7 +172,7 @@ class DeepGEMMMoE:
         capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
         if self.check_ids and not capturing and bool(bad.any()):
             raise ValueError(f"expert ids must be -1 or in [0, {n_exp})")
-        return out.to(torch.bfloat16)
+        return out.to(out_dtype)
 
     def _grouped(
         self, x8: Tensor, xs: Tensor, wts: Tensor, ids: Tensor, experts: ExpertWeights, fmt: str, out: Tensor
@@ -186,10 +191,10 @@ class DeepGEMMMoE:
 
     def _prefill_cuda(
         self, x: Tensor, topk_weights: Tensor, ids: Tensor, experts: ExpertWeights, shared: ExpertWeights | None,
-        fmt: str,
+        fmt: str, out_dtype: torch.dtype,
     ) -> Tensor:
         """Many tokens on CUDA: DeepGEMM's contiguous grouped GEMMs with Triton glue (SwiGLU + re-quantization
-        in one pass, one weighted combine of the expert-sorted rows straight to bf16). The torch glue cost more
+        in one pass, one weighted combine of the expert-sorted rows straight to ``out_dtype``). The torch glue cost more
         than both GEMMs together at 8192 tokens on the H200 (26 ms vs 7.2 ms of DeepGEMM kernels)."""
         from dsa_runtime.plugins.cuda_hopper.triton.moe_gemm import combine_sorted
         from dsa_runtime.plugins.cuda_hopper.triton.moe_quant import quantize_rows
@@ -202,7 +207,7 @@ class DeepGEMMMoE:
             zeros = torch.zeros(tokens, 1, dtype=torch.int32, device=x.device)
             ys, pos_s, _, _ = self._contiguous_rows(x8, xs, zeros, _weights(shared), fmt)
         wts = topk_weights.to(device=x.device, dtype=torch.float32).contiguous()
-        out = torch.empty(tokens, dim, dtype=torch.bfloat16, device=x.device)
+        out = torch.empty(tokens, dim, dtype=out_dtype, device=x.device)  # combine_sorted stores in out's dtype
         block = 1024
         combine_sorted[(tokens, -(-dim // block))](
             y, pos, wts, ys, pos_s, out, dim, y.stride(0), ys.stride(0), out.stride(0),

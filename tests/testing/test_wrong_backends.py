@@ -45,6 +45,8 @@ WRONG_EDGES = [
     (W.MoENaNOnUnderflow, "moe", ["moe/route/e64/g8x4/k8/t7/renorm/s2.5/underflow"]),
     (W.MoEScaleOnlyWhenRenorm, "moe", ["moe/route/e64/g8x4/k8/t9/norenorm/s2.5/random"]),
     (W.MoEBf16Bias, "moe", ["moe/route/e16/g1x1/k4/t6/renorm/s2.5/near_tie_bf16"]),
+    (W.MoERoundsPartialSums, "moe", ["moe/experts/bf16/e6/k3/d256/i128/t7/shared/neg_ids/out_fp32",
+                                     "moe/experts/fp8/e8/k4/d256/i128/t96/shared/neg_ids/out_fp32"]),
 ]
 WRONG += WRONG_EDGES
 

@@ -127,9 +127,16 @@ class MoEBiasedWeights(ReferenceMoE):
 class MoEMinusOneIsLastExpert(ReferenceMoE):
     """Treats expert id -1 as the last expert instead of skipping it."""
 
-    def experts(self, x, topk_weights, topk_ids, experts, shared=None):
+    def experts(self, x, topk_weights, topk_ids, experts, shared=None, *, out_dtype=None):
         ids = torch.where(topk_ids < 0, experts.w13.shape[0] - 1, topk_ids)
-        return super().experts(x, topk_weights, ids, experts, shared)
+        return super().experts(x, topk_weights, ids, experts, shared, out_dtype=out_dtype)
+
+
+class MoERoundsPartialSums(ReferenceMoE):
+    """Returns bf16 whatever ``out_dtype`` asks: a TP rank's partial sum rounded before the all-reduce."""
+
+    def experts(self, x, topk_weights, topk_ids, experts, shared=None, *, out_dtype=None):
+        return super().experts(x, topk_weights, topk_ids, experts, shared)
 
 
 def _fake_quant_act(x: torch.Tensor) -> torch.Tensor:
@@ -144,9 +151,9 @@ def _fake_quant_act(x: torch.Tensor) -> torch.Tensor:
 class MoEFP8Activations(ReferenceMoE):
     """Right answer the GPU way: activations (x and the SwiGLU output) FP8-quantized per 128: must pass."""
 
-    def experts(self, x, topk_weights, topk_ids, experts, shared=None):
+    def experts(self, x, topk_weights, topk_ids, experts, shared=None, *, out_dtype=None):
         if not experts.is_fp8:
-            return super().experts(x, topk_weights, topk_ids, experts, shared)
+            return super().experts(x, topk_weights, topk_ids, experts, shared, out_dtype=out_dtype)
 
         def weights(ew, e):
             if ew.is_fp8:
@@ -165,7 +172,7 @@ class MoEFP8Activations(ReferenceMoE):
             out.index_add_(0, tok, ffn(xf[tok], *weights(experts, e)) * topk_weights[tok, slot, None].float())
         if shared is not None:
             out += ffn(xf, *weights(shared, 0))
-        return out.to(torch.bfloat16)
+        return out if out_dtype == torch.float32 else out.to(torch.bfloat16)
 
 
 # --- indexer -----------------------------------------------------------------------------------------------

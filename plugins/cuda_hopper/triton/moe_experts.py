@@ -114,11 +114,12 @@ class TritonMoE:
         shared: ExpertWeights | None = None,
         *,
         scale_fmt: ScaleFmt | None = None,
-        out_dtype: torch.dtype = torch.bfloat16,
+        out_dtype: torch.dtype | None = None,
     ) -> Tensor:
         """See :meth:`dsa_runtime.families.MoEKernels.experts`: ``[T, D]`` bf16 out; ``out_dtype`` float32
         keeps the per-pair down-projection outputs and their sum in fp32 (a TP rank's unrounded partial sum;
         twice the bytes of the per-pair buffer)."""
+        out_dtype = out_dtype or torch.bfloat16
         if out_dtype not in (torch.bfloat16, torch.float32):
             raise ValueError(f"out_dtype must be bfloat16 or float32, got {out_dtype}")
         fmt = scale_fmt or self.scale_fmt
