@@ -69,6 +69,10 @@ def main() -> int:
                      f"(rel {rel(got, torch_glue):.4f})")
         if shared is None:
             bad += check("token without routed experts is zero", bool((got[5] == 0).all()))
+    got32 = kern.experts(x, w, ids, ew, sh, out_dtype=torch.float32)  # a TP rank's partial sum, unrounded
+    bad += check("prefill Triton glue, out_dtype float32: fp32, within one bf16 step of the bf16 output",
+                 got32.dtype == torch.float32 and rel(got32, got) < 2**-7,  # one bf16 step, either rounding
+                 f"({got32.dtype}, rel {rel(got32, got):.5f})")
     return 1 if bad else 0
 
 

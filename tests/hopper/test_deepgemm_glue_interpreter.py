@@ -18,4 +18,4 @@ def test_deepgemm_prefill_glue_matches_torch_glue_and_reference_under_the_interp
                          capture_output=True, text=True, env=env, timeout=600, cwd=Path(__file__).parents[2])
     lines = run.stdout.strip().splitlines()
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert len(lines) == 7 and all(ln.startswith("passed ") for ln in lines), lines
+    assert len(lines) == 8 and all(ln.startswith("passed ") for ln in lines), lines
