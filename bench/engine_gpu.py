@@ -166,10 +166,7 @@ def main() -> None:
             rows.append(row)
             print(f"  batch {batch:4d}: {row['wall_ms']:.3f} ms/step wall, {row['kernel_ms']:.3f} ms kernels, "
                   f"ratio {row['ratio']:.2f}, {row['tokens_per_s']:.0f} tok/s", flush=True)
-        from dsa_runtime.distributed.runtime import DistributedRunner
-
-        if isinstance(engine.runner, DistributedRunner):
-            engine.runner.shutdown()
+        engine.close()  # the mp mode's worker process and process group (nothing to stop otherwise)
         del engine
         import gc
 

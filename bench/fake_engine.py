@@ -88,6 +88,9 @@ class FakeEngine:
     def has_unfinished(self) -> bool:
         return bool(self._waiting or self._running or self._aborted)
 
+    def close(self) -> None:
+        """Nothing to stop: the fake runs in the server's process."""
+
     def stats(self) -> Any:
         from dsa_runtime.engine import EngineStats
 

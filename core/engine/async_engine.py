@@ -43,6 +43,7 @@ class EngineLike(Protocol):
     def abort(self, request_id: str) -> None: ...
     def has_unfinished(self) -> bool: ...
     def stats(self) -> Any: ...
+    def close(self) -> None: ...
 
 
 class EngineDeadError(RuntimeError):
@@ -123,9 +124,8 @@ class AsyncEngine:
         await self._close_engine()
 
     async def _close_engine(self) -> None:
-        close = getattr(self.engine, "close", None)  # an engine in its own process stops with the server
-        if close is not None:
-            await asyncio.get_running_loop().run_in_executor(None, close)
+        # The engine's process or its workers stop with the server (off the loop: it may wait on them).
+        await asyncio.get_running_loop().run_in_executor(None, self.engine.close)
 
     # -- requests ------------------------------------------------------------------------------------
     async def generate(self, prompt_token_ids: list[int], params: Any, request_id: str) -> AsyncIterator[Any]:

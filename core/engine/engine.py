@@ -157,6 +157,10 @@ class Engine:
         """True while a request is queued or running, or an abort is still to be reported."""
         return bool(self._requests or self._pending or self._inflight)
 
+    def close(self) -> None:
+        """Stop the runner's workers, if any (a ``--tp`` / ``--dp`` engine's ranks); the engine steps no more."""
+        self.runner.shutdown()
+
     # --- the step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one scheduler iteration; outputs of the requests that produced a token, finished or were aborted.

@@ -287,6 +287,9 @@ class ModelRunner:
         """Each slot's newly sampled token (``tokens`` on the device), read by the next step's rows of token -1."""
         self.state.publish(slots, tokens)
 
+    def shutdown(self) -> None:
+        """Nothing to stop: one process, no workers (its memory goes with the runner)."""
+
     def _pages(self, longest: int) -> int:
         return min(-(-longest // self.cache.page_size), self.state.max_pages)
 

@@ -134,3 +134,6 @@ class Runner(Protocol):
 
     def publish(self, slots: Tensor, tokens: Tensor) -> None:
         """Each slot's newly sampled token (host slots ``[S]``, device tokens ``[S]``), read by rows of token -1."""
+
+    def shutdown(self) -> None:
+        """Stop the workers and leave the process group, if any (idempotent); the runner runs nothing after."""

@@ -66,7 +66,7 @@ def test_ep_under_dp_attention_with_mtp_generates_the_tp1_tokens():
         assert [o.token_ids for o in llm.generate(prompts, params)] == want
         assert llm.engine.stats().spec_accept_length >= 2.0
     finally:
-        llm.engine.runner.shutdown()
+        llm.engine.close()
 
 
 def test_a_rank_loads_only_its_experts(tiny_checkpoint):

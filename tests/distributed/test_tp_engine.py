@@ -35,7 +35,7 @@ def test_llm_tp_generates_the_tp1_tokens(greedy_tp1, layout):
         out = llm.generate(PROMPTS, SamplingParams(max_tokens=8, temperature=0))
         assert [o.token_ids for o in out] == greedy_tp1
     finally:
-        llm.engine.runner.shutdown()
+        llm.engine.close()
 
 
 def test_layouts_that_cannot_split_are_clear_errors(capsys):
@@ -91,7 +91,7 @@ def test_tp_with_the_prefix_cache_generates_the_uncached_tp1_tokens(layout):
         stats = llm.engine.stats()
         assert stats.pages_used == 0 and stats.pages_cached == llm.engine.prefix_cache.num_nodes > 0
     finally:
-        llm.engine.runner.shutdown()
+        llm.engine.close()
 
 
 @pytest.mark.parametrize("layout", [{"tp": 2}, {"tp": 2, "dp": 2, "enable_dp_attention": True},
@@ -112,7 +112,7 @@ def test_speculative_decoding_under_tp_generates_the_tp1_tokens(layout):
         assert [o.token_ids for o in llm.generate(prompts, params)] == want
         assert llm.engine.stats().spec_accept_length >= 2.5
     finally:
-        llm.engine.runner.shutdown()
+        llm.engine.close()
 
 
 def _refuse_objects(monkeypatch):
@@ -165,7 +165,9 @@ def test_steps_send_tensors_and_aborts_preemption_and_grammars_match_tp1(monkeyp
         assert stats.pages_used == 0 and engine.slots.num_free == engine.slots.max_requests
     finally:
         monkeypatch.undo()
-        engine.runner.shutdown()
+        runner = engine.runner
+        engine.close()
+        assert runner.closed and not any(p.is_alive() for p in runner.procs), "close() left a worker running"
 
 
 @pytest.mark.parametrize("layout", [{"tp": 2}, {"tp": 2, "dp": 2, "enable_dp_attention": True}])
@@ -190,8 +192,7 @@ def test_overlap_under_tp_reads_the_published_tokens_on_every_rank(layout):
         while engine.has_unfinished():
             for out in engine.step():
                 got[out.request_id] = out.token_ids
-        if fields:
-            engine.runner.shutdown()
+        engine.close()  # tp 1: nothing to stop
         return got, rows
 
     want, _ = run(False)

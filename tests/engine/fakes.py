@@ -133,6 +133,7 @@ class FakeRunner:
         self.vocab, self.page_size, self.num_pages = vocab, page_size, num_pages
         self.max_requests = max_requests
         self.max_pages = num_pages
+        self.stopped = False  # set by shutdown()
         self.table = [[0] * num_pages for _ in range(max_requests + 1)]
         self.last = [0] * (max_requests + 1)
         self.slots: list[int | None] = [None] * (num_pages * page_size)
@@ -147,6 +148,9 @@ class FakeRunner:
     def publish(self, slots: torch.Tensor, tokens: torch.Tensor) -> None:
         for slot, token in zip(slots.tolist(), tokens.tolist(), strict=True):
             self.last[slot] = token
+
+    def shutdown(self) -> None:
+        self.stopped = True
 
     def run(self, step) -> torch.Tensor:
         from dsa_runtime.model.step import StepKind, spans

@@ -119,6 +119,7 @@ class ScriptedEngine:
         self.waiting: list[_Req] = []
         self.running: list[_Req] = []
         self.added: list[str] = []
+        self.closed = False  # set by close(): the server stopped its engine
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
         if len(prompt_token_ids) >= self.max_model_len:
@@ -136,6 +137,9 @@ class ScriptedEngine:
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
+
+    def close(self) -> None:
+        self.closed = True
 
     def stats(self) -> EngineStats:
         return EngineStats(

@@ -137,6 +137,7 @@ def test_shutdown_drains_short_requests_and_aborts_long_ones():
         assert (await short)[-1].finish_reason == "length"
         assert (await long)[-1].finish_reason == "abort"
         assert engine.stats().pages_used == 0
+        assert engine.engine.closed  # the engine (its process or its workers) stopped with the server
         with pytest.raises(EngineShuttingDown):
             await _collect(engine, _prompt(engine, "x"), SamplingParams(), "late")
 
