@@ -123,7 +123,7 @@ def build_distributed_parts(config: Any, path: Path, extra_eos: set[int]) -> Any
 
         ep_load = EPLoad(runner)
     tokenizer = load_tokenizer(layout.folder) if (layout.folder / "tokenizer.json").is_file() else None
-    eos = {model_config.eos_token_id, getattr(tokenizer, "eos_id", model_config.eos_token_id)} | extra_eos
+    eos = {model_config.eos_token_id, tokenizer.eos_id if tokenizer is not None else None} | extra_eos
     return EngineParts(
         runner=runner, tokenizer=tokenizer, allocator=PageAllocator(num_pages), page_size=page_size,
         max_model_len=max_context, vocab_size=model_config.vocab_size,

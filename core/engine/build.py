@@ -11,10 +11,13 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dsa_runtime.engine.config import EngineConfig
 from dsa_runtime.engine.parts import EngineParts
+
+if TYPE_CHECKING:
+    from dsa_runtime.loader.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 CPU_DEFAULT_TOKENS = 32768
@@ -64,10 +67,10 @@ def build_parts_from_weights(
     config: EngineConfig,
     model_config: Any,
     tensors: dict[str, Any],
-    tokenizer: Any,
+    tokenizer: Tokenizer | None,
     extra_eos: set[int] | None = None,
 ) -> EngineParts:
-    """Assemble parts from an in-memory model (HF-named tensors) and a tokenizer."""
+    """Assemble parts from an in-memory model (HF-named tensors) and its tokenizer (None: token ids only)."""
     import torch
 
     from dsa_runtime.cache import KVCache, PageAllocator, device_budget_bytes, plan_capacity
@@ -134,7 +137,7 @@ def build_parts_from_weights(
         "KV cache: %d pages x %d tokens (%s), %.1f MiB; workspace %.1f MiB",
         plan.num_pages, page_size, kernels.kv_layout, plan.cache_bytes / 2**20, plan.workspace_bytes / 2**20,
     )  # fmt: skip
-    eos = {model_config.eos_token_id, getattr(tokenizer, "eos_id", model_config.eos_token_id)}
+    eos = {model_config.eos_token_id, tokenizer.eos_id if tokenizer is not None else None}
     eos |= extra_eos or set()
     return EngineParts(
         runner=runner,

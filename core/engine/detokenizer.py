@@ -88,7 +88,7 @@ class ByteDetokenizer:
 
     def __init__(self, tokenizer: Any, skip_special_tokens: bool = True) -> None:
         self._tok = tokenizer
-        self._skip = frozenset(getattr(tokenizer, "special_ids", ())) if skip_special_tokens else frozenset()
+        self._skip = frozenset(tokenizer.special_ids) if skip_special_tokens else frozenset()
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def add(self, token_id: int) -> str:

@@ -92,8 +92,8 @@ class GrammarBackend:
         # Raw bytes per id; special tokens (BOS, EOS, role markers) as empty strings, which xgrammar treats as
         # special: never part of a constrained output. Added tokens that are not special (｜DSML｜, <think>,
         # V3.1's tool markers) keep their text: DSML tool calls are written with them.
-        special = set(getattr(tokenizer, "special_ids", ()))
-        added = set(getattr(tokenizer, "added_tokens", {}).values())
+        special = set(tokenizer.special_ids)
+        added = set(tokenizer.added_tokens.values())
         vocab = [b"" if i in special else tokenizer.token_bytes(i) for i in range(min(len(tokenizer), vocab_size))]
         self.vocab_size = vocab_size
 

@@ -29,6 +29,7 @@ class FakeTokenizer:
         self.vocab_size = len(self.pieces)
         self.bos_id, self.eos_id = BOS, EOS
         self.special_ids = set(SPECIALS)
+        self.added_tokens: dict[str, int] = {}  # text -> id of tokens added past the base vocabulary: none
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         data = text.encode()

@@ -38,6 +38,7 @@ class CharTokenizer:
 
     def __init__(self) -> None:
         self.special_ids = set(range(len(SPECIALS)))
+        self.added_tokens: dict[str, int] = {}  # text -> id of tokens added past the base vocabulary: none
         self.bos_id, self.eos_id = 0, 1
         self.vocab_size = len(SPECIALS) + 0x110000
 
