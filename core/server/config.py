@@ -123,13 +123,14 @@ FLAVORS = {
 
 
 def detect_flavor(model_config: Any, name: str | None) -> ModelFlavor:
-    """The model family from the config (DSA keys mean V3.2) and the checkpoint/served name.
+    """The model family from the config (a ``ModelConfig`` with DSA keys means V3.2; None when unknown) and the
+    checkpoint/served name.
 
     V3.2-Exp is a DSA model that speaks the V3.1 format; R1 and V3.1 share V3's architecture, so only the name
     tells them apart (``DeepSeek-R1-0528``, ``DeepSeek-V3.1-Terminus``).
     """
     lowered = (name or "").lower()
-    if getattr(model_config, "is_dsa", False):
+    if model_config is not None and model_config.is_dsa:
         return FLAVORS["v3.2-exp" if re.search(r"v3\.?2[-_.]?exp", lowered) else "v3.2"]
     if re.search(r"(^|[^a-z0-9])r1([^0-9]|$)", lowered):
         return FLAVORS["r1"]

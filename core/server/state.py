@@ -101,8 +101,8 @@ class Tracker:
         if count:
             if self.last is None:
                 self.metrics.ttft.observe(now - self.arrival)
-                m = getattr(out, "metrics", None)
-                if m is not None and getattr(m, "scheduled", None) is not None:
+                m = out.metrics  # RequestMetrics, or None from an engine that keeps none
+                if m is not None and m.scheduled is not None:
                     self.metrics.queue.observe(max(0.0, m.scheduled - m.arrival))
             else:
                 self.metrics.itl.observe((now - self.last) / count)
