@@ -85,17 +85,83 @@ def make_engine(mode: str, max_bs: int) -> Any:
                                distributed_executor_backend="mp" if mode == "mp" else "uni"))
 
 
+def triton_launches(step, steps: int = 8) -> None:
+    """Triton launches per step by kernel, with the host time each launch call takes (``JITFunction.run``:
+    argument binding, cache lookup, the launch itself)."""
+    import collections
+
+    import triton.runtime.jit as jit
+
+    count: collections.Counter = collections.Counter()
+    host: collections.Counter = collections.Counter()
+    real = jit.JITFunction.run
+
+    def timed(self, *args, **kwargs):
+        t = time.perf_counter()
+        out = real(self, *args, **kwargs)
+        host[self.fn.__name__] += time.perf_counter() - t
+        count[self.fn.__name__] += 1
+        return out
+
+    jit.JITFunction.run = timed
+    try:
+        for _ in range(steps):
+            step()
+    finally:
+        jit.JITFunction.run = real
+    print(f"Triton: {sum(count.values()) / steps:.1f} launches a step, {sum(host.values()) / steps * 1e3:.3f} ms "
+          "of host time in them")
+    for name, n in count.most_common(30):
+        print(f"  {n / steps:6.1f} a step  {host[name] / n * 1e6:7.1f} us each  {name}")
+
+
+def torch_calls(step, steps: int = 4) -> None:
+    """torch functions called per step, by the repository line that called them (properties and metadata
+    reads left out)."""
+    import collections
+    import sys
+
+    from torch.overrides import TorchFunctionMode
+
+    skip = {"__get__", "shape", "dtype", "device", "size", "dim", "is_cuda", "__len__", "numel", "stride",
+            "data_ptr", "is_contiguous", "element_size", "storage_offset", "__hash__", "__eq__"}
+    by_line: collections.Counter = collections.Counter()
+    root = str(Path(__file__).resolve().parents[1]) + "/"
+
+    class Count(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            name = getattr(func, "__name__", str(func))
+            if name not in skip:
+                frame = sys._getframe(1)
+                while frame is not None and (not frame.f_code.co_filename.startswith(root)
+                                             or "site-packages" in frame.f_code.co_filename):
+                    frame = frame.f_back
+                where = f"{frame.f_code.co_filename[len(root):]}:{frame.f_lineno}" if frame else "?"
+                by_line[(where, name)] += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        for _ in range(steps):
+            step()
+    print(f"torch: {sum(by_line.values()) / steps:.0f} calls a step")
+    for (where, name), n in by_line.most_common(40):
+        print(f"  {n / steps:6.1f}  {where} {name}")
+
+
 def profile_host(mode: str) -> None:
-    """Where a decode step's host time goes: cProfile of 16 steps of one request in ``mode``."""
+    """Where a decode step's host time goes, one request in ``mode``: Triton launches by kernel, torch calls by
+    line, then cProfile of 16 steps."""
     import cProfile
     import pstats
 
     from dsa_runtime.engine import SamplingParams
 
     engine = make_engine(mode, 1)
-    engine.add_request("p", list(range(3, 67)), SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
+    engine.add_request("p", list(range(3, 67)), SamplingParams(temperature=0, max_tokens=400, ignore_eos=True))
     for _ in range(8):
         engine.step()
+    triton_launches(engine.step)
+    torch_calls(engine.step)
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(16):
@@ -133,7 +199,8 @@ def main() -> None:
     ap.add_argument("--cold-start", action="store_true",
                     help="also time two fresh processes from start to first token (the second finds the kernel caches)")
     ap.add_argument("--cprofile", metavar="MODE",
-                    help="instead of the table: cProfile 16 decode steps at batch 1 in MODE, top 25 by own time")
+                    help="instead of the table: where a decode step's host time goes at batch 1 in MODE (Triton "
+                         "launches by kernel with their host time, torch calls by line, cProfile top 25)")
     ap.add_argument("--speculative", action="store_true",
                     help="also tokens/s with and without MTP speculation at --spec-batches (bench/spec_decode.py: "
                          "held-out chat prompts to completion, 3 draft steps)")
