@@ -25,7 +25,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from dsa_runtime.families import QUANT_BLOCK, ExpertWeights, ScaleFmt
+from dsa_runtime.families import QUANT_BLOCK, ExpertWeights, ScaleFmt, experts_out_dtype
 from dsa_runtime.plugins.cuda_hopper.deepgemm_api import DeepGEMMAPI, load_api, tma_ready
 from dsa_runtime.plugins.cuda_hopper.triton.moe_align import align_pairs
 from dsa_runtime.torch_kernels.quant import quantize_blocks
@@ -129,9 +129,7 @@ class DeepGEMMMoE:
     ) -> Tensor:
         """See :meth:`dsa_runtime.families.MoEKernels.experts`: ``[T, D]`` in ``out_dtype`` (bf16 by default;
         float32: the fp32 sum before its rounding, of bf16 down-projection rows on the DeepGEMM paths)."""
-        out_dtype = out_dtype or torch.bfloat16
-        if out_dtype not in (torch.bfloat16, torch.float32):
-            raise ValueError(f"out_dtype must be bfloat16 or float32, got {out_dtype}")
+        out_dtype = experts_out_dtype(out_dtype)
         fmt = scale_fmt or self.scale_fmt
         if x.dim() != 2:
             raise ValueError(f"x must be [T, D], got shape {tuple(x.shape)}")

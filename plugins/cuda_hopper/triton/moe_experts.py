@@ -17,7 +17,7 @@ import torch
 import triton
 from torch import Tensor
 
-from dsa_runtime.families import ExpertWeights, ScaleFmt
+from dsa_runtime.families import ExpertWeights, ScaleFmt, experts_out_dtype
 from dsa_runtime.plugins.cuda_hopper.triton import moe_gemm
 from dsa_runtime.plugins.cuda_hopper.triton.moe_align import align_pairs
 from dsa_runtime.plugins.cuda_hopper.triton.moe_align_small import align_pairs_small
@@ -119,9 +119,7 @@ class TritonMoE:
         """See :meth:`dsa_runtime.families.MoEKernels.experts`: ``[T, D]`` bf16 out; ``out_dtype`` float32
         keeps the per-pair down-projection outputs and their sum in fp32 (a TP rank's unrounded partial sum;
         twice the bytes of the per-pair buffer)."""
-        out_dtype = out_dtype or torch.bfloat16
-        if out_dtype not in (torch.bfloat16, torch.float32):
-            raise ValueError(f"out_dtype must be bfloat16 or float32, got {out_dtype}")
+        out_dtype = experts_out_dtype(out_dtype)
         fmt = scale_fmt or self.scale_fmt
         if x.dim() != 2:
             raise ValueError(f"x must be [T, D], got shape {tuple(x.shape)}")
