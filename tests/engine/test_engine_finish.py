@@ -137,3 +137,12 @@ def test_duplicate_live_id_and_bad_params_refused():
 def test_max_model_len_is_capped_by_cache_capacity():
     engine = make_engine(EngineConfig(max_model_len=10_000), num_pages=11, page_size=4)
     assert engine.max_model_len == 40 and engine.stats().pages_total == 10
+
+
+def test_close_stops_the_runner_after_the_last_request():
+    engine = make_engine()
+    engine.add_request("r", [BYTE0 + 1, BYTE0 + 2], SamplingParams(max_tokens=3, ignore_eos=True))
+    assert len(run_all(engine)["r"]) > 0
+    assert not engine.runner.stopped
+    engine.close()
+    assert engine.runner.stopped
