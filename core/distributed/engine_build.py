@@ -100,7 +100,7 @@ def build_distributed_parts(config: Any, path: Path, extra_eos: set[int]) -> Any
     """EngineParts whose runner is a :class:`~dsa_runtime.distributed.runtime.DistributedRunner`."""
     from dsa_runtime.cache import PageAllocator
     from dsa_runtime.distributed.runtime import DistributedRunner
-    from dsa_runtime.engine.parts import EngineParts
+    from dsa_runtime.engine.parts import EngineParts, eos_token_ids
     from dsa_runtime.loader.overrides import override_config
     from dsa_runtime.loader.tokenizer import load_tokenizer
     from dsa_runtime.loader.validate import inspect_layout
@@ -123,10 +123,9 @@ def build_distributed_parts(config: Any, path: Path, extra_eos: set[int]) -> Any
 
         ep_load = EPLoad(runner)
     tokenizer = load_tokenizer(layout.folder) if (layout.folder / "tokenizer.json").is_file() else None
-    eos = {model_config.eos_token_id, tokenizer.eos_id if tokenizer is not None else None} | extra_eos
     return EngineParts(
         runner=runner, tokenizer=tokenizer, allocator=PageAllocator(num_pages), page_size=page_size,
         max_model_len=max_context, vocab_size=model_config.vocab_size,
-        eos_token_ids=frozenset(e for e in eos if e is not None), model_config=model_config,
+        eos_token_ids=eos_token_ids(model_config, tokenizer, extra_eos), model_config=model_config,
         model_path=str(path), kernels=runner.kernels, ep_load=ep_load,
     )

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dsa_runtime.engine.config import EngineConfig
-from dsa_runtime.engine.parts import EngineParts
+from dsa_runtime.engine.parts import EngineParts, eos_token_ids
 
 if TYPE_CHECKING:
     from dsa_runtime.loader.tokenizer import Tokenizer
@@ -137,8 +137,6 @@ def build_parts_from_weights(
         "KV cache: %d pages x %d tokens (%s), %.1f MiB; workspace %.1f MiB",
         plan.num_pages, page_size, kernels.kv_layout, plan.cache_bytes / 2**20, plan.workspace_bytes / 2**20,
     )  # fmt: skip
-    eos = {model_config.eos_token_id, tokenizer.eos_id if tokenizer is not None else None}
-    eos |= extra_eos or set()
     return EngineParts(
         runner=runner,
         tokenizer=tokenizer,
@@ -146,7 +144,7 @@ def build_parts_from_weights(
         page_size=page_size,
         max_model_len=max_context,
         vocab_size=model_config.vocab_size,
-        eos_token_ids=frozenset(e for e in eos if e is not None),
+        eos_token_ids=eos_token_ids(model_config, tokenizer, extra_eos),
         model_config=model_config,
         kernels=kernels,
     )

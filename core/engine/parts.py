@@ -28,3 +28,10 @@ class EngineParts:
     model_path: str | None = None  # the checkpoint folder (chat template, served name); None without one
     kernels: Any = None  # the ResolvedKernels the runner uses (the start-up log); None for a stand-in runner
     ep_load: Any = None  # --ep-size: the EPLoad counters read by stats(); None otherwise
+
+
+def eos_token_ids(model_config: Any, tokenizer: Any, extra: set[int] | None = None) -> frozenset[int]:
+    """:attr:`EngineParts.eos_token_ids`: the config's ``eos_token_id``, the tokenizer's ``eos_id`` (no tokenizer:
+    None) and ``extra`` (``generation_config.json``'s), the unset ones left out."""
+    ids = {model_config.eos_token_id, tokenizer.eos_id if tokenizer is not None else None} | (extra or set())
+    return frozenset(i for i in ids if i is not None)
